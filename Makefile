@@ -1,0 +1,62 @@
+# Every target does its own set-up on a fresh Debian machine with Python 3.11 (venv, pip, mosquitto).
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+EXTRAS ?= cpu,build,cloud,plots,dev
+PYTEST_ARGS ?=
+
+.PHONY: help setup mosquitto lint typecheck test test-fast demo bench model clean
+
+help:
+	@echo "make demo   build the model and run the bundle on a simulated Greengrass core"
+	@echo "make test   lint, type-check and run the whole test suite"
+	@echo "make bench  run the benchmarks and record them under bench/results/"
+
+$(STAMP): pyproject.toml setup.py
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet --progress-bar off -e ".[$(EXTRAS)]"
+	@touch $@
+
+setup: $(STAMP) mosquitto
+
+# The simulated core starts its own broker on a free port; it only needs the binary.
+mosquitto:
+	@if ! command -v mosquitto >/dev/null && [ ! -x /usr/sbin/mosquitto ]; then \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq mosquitto >/dev/null; \
+	fi
+
+# mypy cannot follow setuptools' editable import hook, so it reads the package through a symlink tree
+# that mirrors the installed layout (edgeinfer -> components/, edgeinfer.cloud -> cloud/).
+build/typing: $(wildcard components/*) cloud
+	@rm -rf build/typing && mkdir -p build/typing/edgeinfer
+	@for f in components/*; do ln -s ../../../$$f build/typing/edgeinfer/; done
+	@ln -s ../../../cloud build/typing/edgeinfer/cloud
+
+lint: $(STAMP)
+	$(BIN)/ruff check components cloud tests bench
+	$(BIN)/ruff format --check components cloud tests bench
+
+typecheck: $(STAMP) build/typing
+	$(BIN)/mypy
+
+test: setup lint typecheck
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: setup
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+model: setup
+	$(BIN)/edgeinfer model build
+
+demo: setup model
+	$(BIN)/edgeinfer demo
+
+bench: setup model
+	$(BIN)/edgeinfer bench model --json bench/results/model.json
+
+clean:
+	rm -rf build artifacts greengrass-build .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""The cloud-side hybrid router: serves requests the edge offloads."""

@@ -1,0 +1,110 @@
+"""The `edgeinfer` command. Subcommands live next to the code they drive; this module only wires them.
+
+Each module named in `_COMMANDS` exposes `register(subparsers)`, which adds its parser and sets
+`func(args) -> int` as the default. Those modules import heavy libraries (onnxruntime, torch, boto3)
+inside their functions so that `edgeinfer --help` stays instant. Benchmark scenarios register under
+`edgeinfer bench` the same way through `register_bench(subparsers)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import logging
+import sys
+from collections.abc import Sequence
+
+from edgeinfer import __version__
+from edgeinfer.errors import EdgeinferError
+
+log = logging.getLogger(__name__)
+
+_COMMANDS = (
+    "edgeinfer.model.cli",  # model build / classify / inspect
+    "edgeinfer.bundle.cli",  # build
+    "edgeinfer.sim.cli",  # sim up / status / logs / down
+    "edgeinfer.cloud.aws_cli",  # publish / deploy
+    "edgeinfer.cloud.router.cli",  # cloud router
+    "edgeinfer.telemetry.cli",  # watch / report
+    "edgeinfer.demo",  # demo
+)
+
+_BENCHES = (
+    "edgeinfer.model.bench",  # bench model
+    "edgeinfer.sim.bench",  # bench sim
+    "edgeinfer.runtime.bench",  # bench runtime
+    "edgeinfer.telemetry.bench",  # bench telemetry
+    "edgeinfer.cloud.router.bench",  # bench offload
+)
+
+_EPILOG = """\
+examples:
+  edgeinfer model build                 build the INT8 model store into artifacts/
+  edgeinfer sim up --detach             run the bundle on a simulated Greengrass core
+  edgeinfer bench model --json out.json compare FP32 and INT8 side by side
+  edgeinfer watch --thing my-device     live latency dashboard from the broker
+
+Run 'edgeinfer COMMAND --help' for the options of each command.
+"""
+
+
+def _present(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edgeinfer",
+        description="Low-latency ML inference on AWS IoT Greengrass v2.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"edgeinfer {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _COMMANDS:
+        if _present(name):
+            importlib.import_module(name).register(sub)
+    bench = sub.add_parser(
+        "bench",
+        help="benchmarks: each compares against the raw baseline side by side in one run",
+        description="Benchmarks. Each prints a table and, with --json FILE, writes the figures as JSON.",
+    )
+    bench_sub = bench.add_subparsers(dest="scenario", metavar="SCENARIO")
+    for name in _BENCHES:
+        if _present(name):
+            importlib.import_module(name).register_bench(bench_sub)
+    bench.set_defaults(func=lambda _args: _usage(bench))
+    parser.set_defaults(func=lambda _args: _usage(parser))
+    return parser
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        code = args.func(args)
+    except EdgeinferError as exc:
+        print(f"edgeinfer: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("edgeinfer: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 1
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""com.edgeinfer.RuntimeInstaller: detects the platform and installs exactly one ONNX Runtime."""

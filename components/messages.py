@@ -1,0 +1,663 @@
+"""The message contract: topics, requests, results, timing events and telemetry windows.
+
+Every side (runtime, telemetry, cloud router, tests, tools) imports this module; nothing else defines
+a wire shape. All payloads are UTF-8 JSON with snake_case keys and ISO-8601 UTC timestamps with `Z`
+(see DESIGN.md, "Topics and messages").
+
+Parsing never raises anything but `MessageError`, which carries the stable error code and, when the
+payload had one, the request id, so that the caller can always answer with exactly one result.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import datetime as _dt
+import enum
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "TIMINGS_TOPIC",
+    "ErrorCode",
+    "ErrorInfo",
+    "Latency",
+    "MessageError",
+    "ModelRef",
+    "OffloadOrigin",
+    "OffloadRequest",
+    "Prediction",
+    "Request",
+    "Result",
+    "StageQuantiles",
+    "TelemetryWindow",
+    "TimingBatch",
+    "TimingRecord",
+    "error_result",
+    "infer_topic",
+    "iso_utc",
+    "offload_result_topic",
+    "offload_topic",
+    "parse_iso_utc",
+    "parse_request",
+    "result_topic",
+    "telemetry_topic",
+]
+
+# --------------------------------------------------------------------------------------------- topics
+
+TIMINGS_TOPIC = "edgeinfer/local/timings"
+"""Local pub/sub only: batched per-request stage timings from the runtime to the telemetry component."""
+
+
+def infer_topic(thing: str) -> str:
+    return f"edgeinfer/{thing}/infer"
+
+
+def result_topic(thing: str) -> str:
+    return f"edgeinfer/{thing}/result"
+
+
+def offload_topic(thing: str) -> str:
+    return f"edgeinfer/{thing}/offload"
+
+
+def offload_result_topic(thing: str) -> str:
+    return f"edgeinfer/{thing}/offload/result"
+
+
+def telemetry_topic(thing: str) -> str:
+    return f"edgeinfer/{thing}/telemetry"
+
+
+# ------------------------------------------------------------------------------------------- helpers
+
+
+def iso_utc(epoch_s: float) -> str:
+    """`2026-11-29T14:52:13.123Z` — millisecond precision, always UTC with a `Z`."""
+    moment = _dt.datetime.fromtimestamp(epoch_s, tz=_dt.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def parse_iso_utc(text: str) -> float:
+    """Inverse of `iso_utc` (accepts any ISO-8601 form ending in `Z` or an offset)."""
+    moment = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=_dt.timezone.utc)
+    return moment.timestamp()
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
+def _round(value: float, digits: int = 3) -> float:
+    return round(float(value), digits)
+
+
+# --------------------------------------------------------------------------------------------- errors
+
+
+class ErrorCode(str, enum.Enum):
+    """Stable error codes: clients switch on these, so they never change meaning."""
+
+    BAD_REQUEST = "BAD_REQUEST"
+    BAD_IMAGE = "BAD_IMAGE"
+    TOO_LARGE = "TOO_LARGE"
+    OVERLOADED = "OVERLOADED"
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    INTERNAL = "INTERNAL"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class MessageError(Exception):
+    """A payload that cannot be served. `request_id` is set when the payload carried a usable id."""
+
+    def __init__(self, code: ErrorCode, message: str, request_id: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    code: ErrorCode
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code.value, "message": self.message}
+
+
+# ------------------------------------------------------------------------------------------- requests
+
+OffloadMode = Literal["auto", "never", "always"]
+ResultFormat = Literal["edgeinfer", "dlr"]
+_OFFLOAD_MODES = ("auto", "never", "always")
+_RESULT_FORMATS = ("edgeinfer", "dlr")
+_MAX_ID_LEN = 256
+_MAX_TOPIC_LEN = 256
+MAX_TOP_K = 100
+
+
+@dataclass
+class Request:
+    """An inference request. `image` holds the encoded image bytes (already base64-decoded)."""
+
+    id: str
+    image: bytes | None = None
+    image_path: str | None = None
+    reply_to: str | None = None
+    deadline_ms: float | None = None
+    top_k: int = 5
+    offload: OffloadMode = "auto"
+    model: str | None = None
+    result_format: ResultFormat = "edgeinfer"
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id}
+        if self.image is not None:
+            out["image"] = base64.b64encode(self.image).decode("ascii")
+        if self.image_path is not None:
+            out["image_path"] = self.image_path
+        for key in ("reply_to", "deadline_ms", "model"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        out["top_k"] = self.top_k
+        out["offload"] = self.offload
+        if self.result_format != "edgeinfer":
+            out["result_format"] = self.result_format
+        return out
+
+    def to_json(self) -> bytes:
+        return _dumps(self.to_dict())
+
+
+def _request_id(doc: Mapping[str, Any]) -> str | None:
+    raw = doc.get("id")
+    if isinstance(raw, bool) or not isinstance(raw, (str, int)):
+        return None
+    text = str(raw)
+    if not text or len(text) > _MAX_ID_LEN:
+        return None
+    return text
+
+
+def _load_object(payload: bytes | str | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(payload, Mapping):
+        return dict(payload)
+    try:
+        doc = json.loads(payload)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise MessageError(ErrorCode.BAD_REQUEST, f"payload is not valid UTF-8 JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise MessageError(ErrorCode.BAD_REQUEST, "payload must be a JSON object")
+    return doc
+
+
+def parse_request(
+    payload: bytes | str | Mapping[str, Any],
+    *,
+    max_bytes: int | None = None,
+    allow_image_path: bool = True,
+) -> Request:
+    """Validate a request payload. Raises `MessageError` with the right code, and the id if known.
+
+    `max_bytes` bounds the raw payload (TOO_LARGE); `allow_image_path` is False for requests that
+    came from IoT Core, which may not name files on the device.
+    """
+    size = len(payload) if isinstance(payload, (bytes, str)) else 0
+    if max_bytes is not None and size > max_bytes:
+        # Still try to echo the id: the client needs it to match the error to its request.
+        rid = None
+        with contextlib.suppress(MessageError):
+            rid = _request_id(_load_object(payload))
+        raise MessageError(
+            ErrorCode.TOO_LARGE, f"payload is {size} bytes, over the limit of {max_bytes}", rid
+        )
+    doc = _load_object(payload)
+    rid = _request_id(doc)
+    if rid is None:
+        raise MessageError(ErrorCode.BAD_REQUEST, "'id' is required: a non-empty string of at most 256 chars")
+
+    def bad(message: str, code: ErrorCode = ErrorCode.BAD_REQUEST) -> MessageError:
+        return MessageError(code, message, rid)
+
+    image: bytes | None = None
+    image_path: str | None = None
+    raw_image = doc.get("image")
+    raw_path = doc.get("image_path")
+    if raw_image is not None and raw_path is not None:
+        raise bad("give either 'image' or 'image_path', not both")
+    if raw_image is not None:
+        if not isinstance(raw_image, str) or not raw_image:
+            raise bad("'image' must be a non-empty base64 string", ErrorCode.BAD_IMAGE)
+        try:
+            image = base64.b64decode(raw_image, validate=True)
+        except (binascii.Error, ValueError):
+            raise bad("'image' is not valid base64", ErrorCode.BAD_IMAGE) from None
+        if not image:
+            raise bad("'image' decodes to zero bytes", ErrorCode.BAD_IMAGE)
+    elif raw_path is not None:
+        if not allow_image_path:
+            raise bad("'image_path' is only accepted on local pub/sub")
+        if not isinstance(raw_path, str) or not raw_path or "\x00" in raw_path:
+            raise bad("'image_path' must be a non-empty path string")
+        image_path = raw_path
+    else:
+        raise bad("one of 'image' (base64) or 'image_path' is required")
+
+    reply_to = doc.get("reply_to")
+    if reply_to is not None and (
+        not isinstance(reply_to, str)
+        or not reply_to
+        or len(reply_to) > _MAX_TOPIC_LEN
+        or any(c in reply_to for c in "+#\x00")
+    ):
+        raise bad("'reply_to' must be a topic name without wildcards")
+
+    deadline_ms = doc.get("deadline_ms")
+    if deadline_ms is not None:
+        if (
+            isinstance(deadline_ms, bool)
+            or not isinstance(deadline_ms, (int, float))
+            or not math.isfinite(deadline_ms)
+            or deadline_ms <= 0
+        ):
+            raise bad("'deadline_ms' must be a positive number")
+        deadline_ms = float(deadline_ms)
+
+    top_k = doc.get("top_k", 5)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
+        raise bad(f"'top_k' must be an integer from 1 to {MAX_TOP_K}")
+
+    offload = doc.get("offload", "auto")
+    if offload not in _OFFLOAD_MODES:
+        raise bad("'offload' must be one of auto, never, always")
+
+    model = doc.get("model")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise bad("'model' must be a non-empty string")
+
+    result_format = doc.get("result_format", "edgeinfer")
+    if result_format not in _RESULT_FORMATS:
+        raise bad("'result_format' must be 'edgeinfer' or 'dlr'")
+
+    return Request(
+        id=rid,
+        image=image,
+        image_path=image_path,
+        reply_to=reply_to,
+        deadline_ms=deadline_ms,
+        top_k=top_k,
+        offload=offload,
+        model=model,
+        result_format=result_format,
+    )
+
+
+@dataclass(frozen=True)
+class OffloadOrigin:
+    thing: str
+    deadline_left_ms: float | None = None
+    sent_at: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"thing": self.thing}
+        if self.deadline_left_ms is not None:
+            out["deadline_left_ms"] = _round(self.deadline_left_ms)
+        if self.sent_at is not None:
+            out["sent_at"] = self.sent_at
+        return out
+
+
+@dataclass
+class OffloadRequest:
+    """A request the edge hands to the cloud router on `edgeinfer/{thing}/offload`."""
+
+    request: Request
+    origin: OffloadOrigin
+
+    def to_json(self) -> bytes:
+        doc = self.request.to_dict()
+        doc["origin"] = self.origin.to_dict()
+        return _dumps(doc)
+
+    @classmethod
+    def parse(cls, payload: bytes | str, *, max_bytes: int | None = None) -> OffloadRequest:
+        doc = _load_object(payload)
+        rid = _request_id(doc)
+        origin = doc.pop("origin", None)
+        if not isinstance(origin, dict) or not isinstance(origin.get("thing"), str) or not origin["thing"]:
+            raise MessageError(ErrorCode.BAD_REQUEST, "'origin.thing' is required", rid)
+        left = origin.get("deadline_left_ms")
+        if left is not None and (isinstance(left, bool) or not isinstance(left, (int, float))):
+            raise MessageError(ErrorCode.BAD_REQUEST, "'origin.deadline_left_ms' must be a number", rid)
+        if max_bytes is not None and len(payload) > max_bytes:
+            raise MessageError(ErrorCode.TOO_LARGE, f"payload over the limit of {max_bytes} bytes", rid)
+        request = parse_request(doc, allow_image_path=False)
+        sent_at = origin.get("sent_at")
+        return cls(
+            request,
+            OffloadOrigin(
+                origin["thing"],
+                float(left) if left is not None else None,
+                sent_at if isinstance(sent_at, str) else None,
+            ),
+        )
+
+
+# -------------------------------------------------------------------------------------------- results
+
+Placement = Literal["edge", "cloud"]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    index: int
+    label: str
+    score: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "label": self.label, "score": _round(self.score, 6)}
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    name: str
+    version: str
+    variant: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Latency:
+    """Milliseconds per stage. `queue` is the wait before decode/compute, Triton-style."""
+
+    queue: float = 0.0
+    decode: float = 0.0
+    inference: float = 0.0
+    postprocess: float = 0.0
+    total: float = 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: _round(v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Latency:
+        return cls(
+            **{k: float(doc.get(k, 0.0)) for k in ("queue", "decode", "inference", "postprocess", "total")}
+        )
+
+
+@dataclass
+class Result:
+    id: str | None
+    status: Literal["ok", "error"]
+    timestamp: str
+    predictions: list[Prediction] = field(default_factory=list)
+    model: ModelRef | None = None
+    placement: Placement = "edge"
+    provider: str | None = None
+    batch_size: int = 0
+    latency_ms: Latency = field(default_factory=Latency)
+    error: ErrorInfo | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "status": self.status}
+        if self.status == "ok":
+            out["predictions"] = [p.to_dict() for p in self.predictions]
+        if self.model is not None:
+            out["model"] = self.model.to_dict()
+        out["placement"] = self.placement
+        if self.provider is not None:
+            out["provider"] = self.provider
+        out["batch_size"] = self.batch_size
+        out["latency_ms"] = self.latency_ms.to_dict()
+        if self.error is not None:
+            out["error"] = self.error.to_dict()
+        out["timestamp"] = self.timestamp
+        return out
+
+    def to_json(self) -> bytes:
+        return _dumps(self.to_dict())
+
+    def to_dlr_dict(self) -> dict[str, Any]:
+        """The message shape of AWS's `aws.greengrass.DLRImageClassification`, for migrating users.
+
+        That component publishes `{"timestamp", "inference-type", "inference-description",
+        "inference-results": [{"Label", "Score"}]}` with scores as strings; we keep its shape and types.
+        """
+        return {
+            "timestamp": self.timestamp,
+            "inference-type": "image-classification",
+            "inference-description": f"Top {len(self.predictions)} predictions with score 0.3 or above ",
+            "inference-results": [
+                {"Label": p.label, "Score": str(round(p.score, 6))} for p in self.predictions
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Result:
+        model = doc.get("model")
+        error = doc.get("error")
+        return cls(
+            id=doc.get("id"),
+            status=doc["status"],
+            timestamp=doc.get("timestamp", ""),
+            predictions=[
+                Prediction(int(p["index"]), str(p["label"]), float(p["score"]))
+                for p in doc.get("predictions", [])
+            ],
+            model=ModelRef(**model) if isinstance(model, dict) else None,
+            placement=doc.get("placement", "edge"),
+            provider=doc.get("provider"),
+            batch_size=int(doc.get("batch_size", 0)),
+            latency_ms=Latency.from_dict(doc.get("latency_ms", {})),
+            error=ErrorInfo(ErrorCode(error["code"]), str(error.get("message", ""))) if error else None,
+        )
+
+    @classmethod
+    def parse(cls, payload: bytes | str) -> Result:
+        return cls.from_dict(json.loads(payload))
+
+
+def error_result(
+    request_id: str | None,
+    code: ErrorCode,
+    message: str,
+    *,
+    timestamp: str,
+    latency: Latency | None = None,
+    placement: Placement = "edge",
+    model: ModelRef | None = None,
+    provider: str | None = None,
+) -> Result:
+    return Result(
+        id=request_id,
+        status="error",
+        timestamp=timestamp,
+        model=model,
+        placement=placement,
+        provider=provider,
+        latency_ms=latency or Latency(),
+        error=ErrorInfo(code, message),
+    )
+
+
+# ------------------------------------------------------------------------------------- timing events
+
+
+@dataclass
+class TimingRecord:
+    """One request's stage timings, as the runtime saw it."""
+
+    id: str | None
+    status: Literal["ok", "error"]
+    latency_ms: Latency
+    batch_size: int = 0
+    provider: str | None = None
+    placement: Placement = "edge"
+    code: ErrorCode | None = None
+    offloaded: bool = False
+    cascaded: bool = False
+    dropped: bool = False
+    queue_depth: int = 0
+    end: float = 0.0  # epoch seconds when the result was published
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.id,
+            "status": self.status,
+            "latency_ms": self.latency_ms.to_dict(),
+            "batch_size": self.batch_size,
+            "provider": self.provider,
+            "placement": self.placement,
+            "queue_depth": self.queue_depth,
+            "end": round(self.end, 6),
+        }
+        if self.code is not None:
+            out["code"] = self.code.value
+        for flag in ("offloaded", "cascaded", "dropped"):
+            if getattr(self, flag):
+                out[flag] = True
+        return out
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> TimingRecord:
+        code = doc.get("code")
+        return cls(
+            id=doc.get("id"),
+            status=doc.get("status", "ok"),
+            latency_ms=Latency.from_dict(doc.get("latency_ms", {})),
+            batch_size=int(doc.get("batch_size", 0)),
+            provider=doc.get("provider"),
+            placement=doc.get("placement", "edge"),
+            code=ErrorCode(code) if code else None,
+            offloaded=bool(doc.get("offloaded", False)),
+            cascaded=bool(doc.get("cascaded", False)),
+            dropped=bool(doc.get("dropped", False)),
+            queue_depth=int(doc.get("queue_depth", 0)),
+            end=float(doc.get("end", 0.0)),
+        )
+
+
+@dataclass
+class TimingBatch:
+    """What the runtime publishes on `edgeinfer/local/timings`: records plus batch executions.
+
+    `executions` lists the batch sizes the engine ran since the previous message, so the telemetry
+    component can tell executions from inferences (Triton's split).
+    """
+
+    thing: str
+    records: list[TimingRecord]
+    executions: list[int] = field(default_factory=list)
+    timestamp: str = ""
+
+    def to_json(self) -> bytes:
+        return _dumps(
+            {
+                "thing": self.thing,
+                "records": [r.to_dict() for r in self.records],
+                "executions": self.executions,
+                "timestamp": self.timestamp,
+            }
+        )
+
+    @classmethod
+    def parse(cls, payload: bytes | str) -> TimingBatch:
+        doc = _load_object(payload)
+        records = doc.get("records")
+        if not isinstance(records, list):
+            raise MessageError(ErrorCode.BAD_REQUEST, "'records' must be a list")
+        return cls(
+            thing=str(doc.get("thing", "")),
+            records=[TimingRecord.from_dict(r) for r in records if isinstance(r, dict)],
+            executions=[int(n) for n in doc.get("executions", []) if isinstance(n, int)],
+            timestamp=str(doc.get("timestamp", "")),
+        )
+
+
+# ---------------------------------------------------------------------------------- telemetry window
+
+
+@dataclass
+class StageQuantiles:
+    p50: float = 0.0
+    p90: float = 0.0
+    p99: float = 0.0
+    max: float = 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: _round(v) for k, v in asdict(self).items()}
+
+
+@dataclass
+class TelemetryWindow:
+    thing: str
+    seq: int
+    window_s: float
+    count: int
+    errors: dict[str, int]
+    dropped: int
+    offloaded: int
+    throughput_rps: float
+    latency_ms: dict[str, StageQuantiles]
+    batch: dict[str, float]
+    queue_depth: dict[str, float]
+    provider: str | None
+    system: dict[str, Any]
+    timestamp: str
+    cascaded: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "thing": self.thing,
+            "seq": self.seq,
+            "window_s": self.window_s,
+            "count": self.count,
+            "errors": dict(self.errors),
+            "dropped": self.dropped,
+            "offloaded": self.offloaded,
+            "cascaded": self.cascaded,
+            "throughput_rps": _round(self.throughput_rps),
+            "latency_ms": {stage: q.to_dict() for stage, q in self.latency_ms.items()},
+            "batch": dict(self.batch),
+            "queue_depth": dict(self.queue_depth),
+            "provider": self.provider,
+            "system": dict(self.system),
+            "timestamp": self.timestamp,
+        }
+
+    def to_json(self) -> bytes:
+        return _dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> TelemetryWindow:
+        return cls(
+            thing=doc["thing"],
+            seq=int(doc["seq"]),
+            window_s=float(doc["window_s"]),
+            count=int(doc["count"]),
+            errors={str(k): int(v) for k, v in doc.get("errors", {}).items()},
+            dropped=int(doc.get("dropped", 0)),
+            offloaded=int(doc.get("offloaded", 0)),
+            cascaded=int(doc.get("cascaded", 0)),
+            throughput_rps=float(doc.get("throughput_rps", 0.0)),
+            latency_ms={s: StageQuantiles(**q) for s, q in doc.get("latency_ms", {}).items()},
+            batch=dict(doc.get("batch", {})),
+            queue_depth=dict(doc.get("queue_depth", {})),
+            provider=doc.get("provider"),
+            system=dict(doc.get("system", {})),
+            timestamp=str(doc.get("timestamp", "")),
+        )

@@ -1,0 +1,1 @@
+"""com.edgeinfer.InferenceRuntime: serves inference requests with dynamic batching on ONNX Runtime."""

@@ -1,0 +1,1 @@
+"""The simulated Greengrass core: runs unmodified components locally (`edgeinfer sim`)."""

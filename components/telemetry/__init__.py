@@ -1,0 +1,1 @@
+"""com.edgeinfer.Telemetry: windowed latency histograms and counters streamed to IoT Core."""

@@ -1,0 +1,84 @@
+"""The one seam through which components do I/O: pub/sub, IoT Core, configuration and state.
+
+Core logic (batcher, handlers, telemetry windows, the router) is written against these protocols and
+tested with `MemoryBus`; the real implementations (`ipc.GreengrassIpcBus` over the Greengrass IPC
+socket, `mqtt.MqttPubSub` over MQTT 5) are tested against the real nucleus protocol and broker.
+Handlers are called on a transport thread: they must return quickly and never raise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
+
+Target = Literal["local", "iot"]
+"""`local`: Greengrass local pub/sub. `iot`: AWS IoT Core (MQTT), or the broker that stands in for it."""
+
+
+@dataclass(frozen=True)
+class Message:
+    topic: str
+    payload: bytes
+    target: Target = "local"
+
+
+class TransportError(Exception):
+    """An I/O operation failed (not connected, refused, timed out). The message says which and why."""
+
+
+class UnauthorizedError(TransportError):
+    """The nucleus refused the operation: the component's accessControl does not grant it."""
+
+
+@runtime_checkable
+class Subscription(Protocol):
+    def close(self) -> None: ...
+
+
+MessageHandler = Callable[[Message], None]
+ConfigUpdateHandler = Callable[[list[str]], None]
+ConfigValidator = Callable[[dict[str, Any]], "str | None"]
+"""Returns None to accept the proposed configuration, or the reason for refusing it."""
+
+
+class PubSub(Protocol):
+    """Publish and subscribe, the part every side (device and cloud) needs."""
+
+    def publish(self, topic: str, payload: bytes, *, target: Target = "local", qos: int = 0) -> None: ...
+
+    def subscribe(
+        self, topic: str, handler: MessageHandler, *, target: Target = "local", qos: int = 0
+    ) -> Subscription: ...
+
+    def close(self) -> None: ...
+
+
+class Bus(PubSub, Protocol):
+    """What a Greengrass component sees of its nucleus."""
+
+    def get_configuration(self, key_path: Sequence[str] = (), component: str | None = None) -> Any: ...
+
+    def update_configuration(self, key_path: Sequence[str], value: Any) -> None: ...
+
+    def on_configuration_update(self, handler: ConfigUpdateHandler) -> Subscription: ...
+
+    def on_validate_configuration(self, validator: ConfigValidator) -> Subscription: ...
+
+    def update_state(self, state: Literal["RUNNING", "ERRORED"]) -> None: ...
+
+
+def topic_matches(topic_filter: str, topic: str) -> bool:
+    """MQTT filter matching with `+` (one level) and `#` (the rest, including the parent level)."""
+    if topic_filter == topic:
+        return True
+    f_parts = topic_filter.split("/")
+    t_parts = topic.split("/")
+    for i, part in enumerate(f_parts):
+        if part == "#":
+            return i == len(f_parts) - 1
+        if i >= len(t_parts):
+            return False
+        if part != "+" and part != t_parts[i]:
+            return False
+    return len(f_parts) == len(t_parts)
