@@ -1,0 +1,1 @@
+"""pytest fixtures for the simulated Greengrass core (filled in by the sim work)."""

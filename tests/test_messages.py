@@ -1,0 +1,226 @@
+"""The message contract: parsing never raises anything but MessageError, and shapes round-trip."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from edgeinfer.messages import (
+    ErrorCode,
+    Latency,
+    MessageError,
+    ModelRef,
+    OffloadOrigin,
+    OffloadRequest,
+    Prediction,
+    Request,
+    Result,
+    StageQuantiles,
+    TelemetryWindow,
+    TimingBatch,
+    TimingRecord,
+    error_result,
+    infer_topic,
+    iso_utc,
+    offload_result_topic,
+    parse_iso_utc,
+    parse_request,
+)
+
+# The machines are shared: generation speed is not what these tests check.
+_relaxed = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+IMG = base64.b64encode(b"\xff\xd8\xff fake jpeg").decode()
+
+
+def _code(payload: Any, **kwargs: Any) -> tuple[ErrorCode, str | None]:
+    with pytest.raises(MessageError) as info:
+        parse_request(payload, **kwargs)
+    return info.value.code, info.value.request_id
+
+
+def test_minimal_request_gets_defaults() -> None:
+    req = parse_request(json.dumps({"id": "r1", "image": IMG}).encode())
+    assert req.id == "r1"
+    assert req.image == base64.b64decode(IMG)
+    assert (req.top_k, req.offload, req.result_format, req.deadline_ms) == (5, "auto", "edgeinfer", None)
+
+
+def test_numeric_id_is_echoed_as_text() -> None:
+    assert parse_request({"id": 7, "image": IMG}).id == "7"
+
+
+@pytest.mark.parametrize(
+    ("payload", "code", "rid"),
+    [
+        (b"{not json", ErrorCode.BAD_REQUEST, None),
+        (b"\xff\xfe", ErrorCode.BAD_REQUEST, None),
+        (b"[1, 2]", ErrorCode.BAD_REQUEST, None),
+        (b'{"image": "aGk="}', ErrorCode.BAD_REQUEST, None),
+        (b'{"id": "", "image": "aGk="}', ErrorCode.BAD_REQUEST, None),
+        (b'{"id": true, "image": "aGk="}', ErrorCode.BAD_REQUEST, None),
+        (b'{"id": "a"}', ErrorCode.BAD_REQUEST, "a"),
+        (b'{"id": "a", "image": "***"}', ErrorCode.BAD_IMAGE, "a"),
+        (b'{"id": "a", "image": ""}', ErrorCode.BAD_IMAGE, "a"),
+        (b'{"id": "a", "image": "aGk=", "image_path": "/x"}', ErrorCode.BAD_REQUEST, "a"),
+        (b'{"id": "a", "image": "aGk=", "top_k": 0}', ErrorCode.BAD_REQUEST, "a"),
+        (b'{"id": "a", "image": "aGk=", "top_k": true}', ErrorCode.BAD_REQUEST, "a"),
+        (b'{"id": "a", "image": "aGk=", "deadline_ms": -1}', ErrorCode.BAD_REQUEST, "a"),
+        (b'{"id": "a", "image": "aGk=", "offload": "sometimes"}', ErrorCode.BAD_REQUEST, "a"),
+        (b'{"id": "a", "image": "aGk=", "reply_to": "x/+/y"}', ErrorCode.BAD_REQUEST, "a"),
+        (b'{"id": "a", "image": "aGk=", "result_format": "xml"}', ErrorCode.BAD_REQUEST, "a"),
+        (b'{"id": "a", "image": "aGk=", "model": 3}', ErrorCode.BAD_REQUEST, "a"),
+    ],
+)
+def test_bad_requests_get_a_stable_code_and_keep_the_id(
+    payload: bytes, code: ErrorCode, rid: str | None
+) -> None:
+    assert _code(payload) == (code, rid)
+
+
+def test_oversized_payload_is_too_large_and_still_echoes_the_id() -> None:
+    payload = json.dumps({"id": "big", "image": IMG}).encode()
+    assert _code(payload, max_bytes=10) == (ErrorCode.TOO_LARGE, "big")
+
+
+def test_image_path_is_refused_from_iot_core() -> None:
+    assert _code({"id": "p", "image_path": "/tmp/x.jpg"}, allow_image_path=False) == (
+        ErrorCode.BAD_REQUEST,
+        "p",
+    )
+
+
+@_relaxed
+@given(st.binary(max_size=200))
+def test_garbage_bytes_only_ever_raise_message_error(payload: bytes) -> None:
+    try:
+        parse_request(payload)
+    except MessageError as exc:
+        assert isinstance(exc.code, ErrorCode)
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@_relaxed
+@given(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "id": _json,
+            "image": st.one_of(_json, st.just(IMG)),
+            "image_path": _json,
+            "top_k": _json,
+            "deadline_ms": _json,
+            "offload": _json,
+            "reply_to": _json,
+            "result_format": _json,
+            "model": _json,
+        },
+    )
+)
+def test_generated_documents_parse_or_fail_with_a_code(doc: dict[str, Any]) -> None:
+    try:
+        req = parse_request(json.dumps(doc))
+    except MessageError as exc:
+        assert isinstance(exc.code, ErrorCode)
+    else:
+        assert req.id
+        assert (req.image is None) != (req.image_path is None)
+
+
+def test_request_round_trips() -> None:
+    req = Request(id="r", image=b"abc", reply_to="a/b", deadline_ms=50.0, top_k=3, offload="never")
+    assert parse_request(req.to_json()) == req
+
+
+def test_offload_request_round_trips_and_requires_origin() -> None:
+    off = OffloadRequest(Request(id="o", image=b"abc"), OffloadOrigin("dev-1", 42.5))
+    back = OffloadRequest.parse(off.to_json())
+    assert back.request == off.request
+    assert back.origin.thing == "dev-1"
+    assert back.origin.deadline_left_ms == 42.5
+    with pytest.raises(MessageError) as info:
+        OffloadRequest.parse(Request(id="o", image=b"abc").to_json())
+    assert info.value.request_id == "o"
+
+
+def test_result_shape_and_round_trip() -> None:
+    result = Result(
+        id="r",
+        status="ok",
+        timestamp=iso_utc(0),
+        predictions=[Prediction(281, "tabby", 0.5)],
+        model=ModelRef("efficientnet-lite0", "0.1.0", "int8-cpu"),
+        provider="CPUExecutionProvider",
+        batch_size=4,
+        latency_ms=Latency(1, 2, 3, 4, 10),
+    )
+    doc = json.loads(result.to_json())
+    assert doc["predictions"] == [{"index": 281, "label": "tabby", "score": 0.5}]
+    assert doc["timestamp"] == "1970-01-01T00:00:00.000Z"
+    assert set(doc["latency_ms"]) == {"queue", "decode", "inference", "postprocess", "total"}
+    assert "error" not in doc
+    assert Result.parse(result.to_json()) == result
+
+
+def test_error_result_carries_code_and_no_predictions() -> None:
+    doc = json.loads(error_result("x", ErrorCode.OVERLOADED, "queue full", timestamp=iso_utc(1)).to_json())
+    assert doc["status"] == "error"
+    assert doc["error"] == {"code": "OVERLOADED", "message": "queue full"}
+    assert "predictions" not in doc
+
+
+def test_dlr_shape_keeps_aws_field_names() -> None:
+    result = Result(id="r", status="ok", timestamp="t", predictions=[Prediction(1, "goldfish", 0.9)])
+    dlr = result.to_dlr_dict()
+    assert dlr["inference-results"] == [{"Label": "goldfish", "Score": "0.9"}]
+    assert dlr["inference-type"] == "image-classification"
+
+
+def test_timing_batch_round_trips() -> None:
+    batch = TimingBatch(
+        "dev",
+        [TimingRecord("a", "error", Latency(total=5), code=ErrorCode.BAD_IMAGE, offloaded=True, end=2.5)],
+        executions=[4, 1],
+        timestamp=iso_utc(3),
+    )
+    back = TimingBatch.parse(batch.to_json())
+    assert back.records[0].code is ErrorCode.BAD_IMAGE
+    assert back.records[0].offloaded
+    assert back.executions == [4, 1]
+
+
+def test_telemetry_window_round_trips() -> None:
+    window = TelemetryWindow(
+        thing="dev",
+        seq=3,
+        window_s=10.0,
+        count=5,
+        errors={"BAD_IMAGE": 1},
+        dropped=0,
+        offloaded=1,
+        throughput_rps=0.5,
+        latency_ms={"total": StageQuantiles(1, 2, 3, 4)},
+        batch={"executions": 2, "mean_size": 2.5},
+        queue_depth={"mean": 0.5, "max": 2},
+        provider="CPUExecutionProvider",
+        system={"cpu_percent": 12.0},
+        timestamp=iso_utc(0),
+    )
+    assert TelemetryWindow.from_dict(json.loads(window.to_json())) == window
+
+
+def test_topics_and_timestamps() -> None:
+    assert infer_topic("t") == "edgeinfer/t/infer"
+    assert offload_result_topic("t") == "edgeinfer/t/offload/result"
+    assert parse_iso_utc(iso_utc(1234.5)) == pytest.approx(1234.5)
