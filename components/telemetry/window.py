@@ -1,0 +1,244 @@
+"""Turns the runtime's `TimingBatch` messages into one `TelemetryWindow` per window.
+
+The aggregator is plain, synchronous and clock-driven: `add()` folds records in (cheap: five histogram
+records and a few counters per request), `poll()` closes every window whose end has passed on the
+injected clock. Tests drive it with a fake clock; the component calls `poll()` from its loop.
+
+What a window counts (DESIGN.md, "Telemetry window"):
+
+- `count`: requests answered in the window (ok and error; dropped frames are not requests);
+- `latency_ms`: p50/p90/p99/max per stage over the requests answered `ok` (errors such as BAD_REQUEST
+  answer in microseconds and would only hide the real latency), edge and cloud alike;
+- `errors`: error results by stable code; `dropped`, `offloaded`, `cascaded`: flagged records;
+- `throughput_rps`: `count / window_s`;
+- `batch`: `executions` (engine runs), `inferences` (images run) and `mean_size` (inferences/execution);
+- `queue_depth`: mean and max of the depth each record saw when it was queued;
+- `provider`: the execution provider that ran most requests in the window (the last one seen when the
+  window is empty).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from edgeinfer.messages import (
+    ErrorCode,
+    StageQuantiles,
+    TelemetryWindow,
+    TimingBatch,
+    TimingRecord,
+    iso_utc,
+)
+from edgeinfer.telemetry.histogram import Histogram
+
+__all__ = ["STAGES", "WindowAggregator"]
+
+log = logging.getLogger(__name__)
+
+STAGES = ("queue", "decode", "inference", "postprocess", "total")
+_QUANTILES = (0.5, 0.9, 0.99)
+
+SystemSampler = Callable[[], Mapping[str, Any]]
+
+
+class _Accumulator:
+    """The counters of one open window."""
+
+    def __init__(self) -> None:
+        self.hists = {stage: Histogram() for stage in STAGES}
+        self.count = 0
+        self.errors: Counter[str] = Counter()
+        self.dropped = 0
+        self.offloaded = 0
+        self.cascaded = 0
+        self.executions = 0
+        self.inferences = 0
+        self.depth_sum = 0
+        self.depth_n = 0
+        self.depth_max = 0
+        self.providers: Counter[str] = Counter()
+
+    def add(self, rec: TimingRecord) -> None:
+        if rec.dropped:
+            self.dropped += 1
+            return
+        self.count += 1
+        if rec.offloaded:
+            self.offloaded += 1
+        if rec.cascaded:
+            self.cascaded += 1
+        depth = rec.queue_depth
+        self.depth_sum += depth
+        self.depth_n += 1
+        if depth > self.depth_max:  # noqa: PLR1730
+            self.depth_max = depth
+        if rec.provider:
+            self.providers[rec.provider] += 1
+        if rec.status != "ok":
+            self.errors[(rec.code or ErrorCode.INTERNAL).value] += 1
+            return
+        lat = rec.latency_ms
+        hists = self.hists
+        hists["queue"].record(lat.queue)
+        hists["decode"].record(lat.decode)
+        hists["inference"].record(lat.inference)
+        hists["postprocess"].record(lat.postprocess)
+        hists["total"].record(lat.total)
+
+    def add_executions(self, sizes: Iterable[int]) -> None:
+        for size in sizes:
+            if size > 0:
+                self.executions += 1
+                self.inferences += size
+
+
+class WindowAggregator:
+    """Folds timing records into fixed windows of `window_s` seconds and emits `TelemetryWindow`s.
+
+    Thread-safe: `add()` is called on the transport's thread, `poll()` on the component's loop.
+    `clock` measures the windows (monotonic); `wall` stamps them (epoch seconds). `first_seq` lets a
+    restarted component continue the sequence its spool remembers.
+    """
+
+    def __init__(
+        self,
+        thing: str,
+        *,
+        window_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        system: SystemSampler | None = None,
+        first_seq: int = 0,
+    ) -> None:
+        if not window_s > 0:
+            raise ValueError("window_s must be positive")
+        self.thing = thing
+        self.window_s = float(window_s)
+        self._clock = clock
+        self._wall = wall
+        self._system = system
+        self._lock = threading.Lock()
+        self._acc = _Accumulator()
+        self._start = clock()
+        self._next_window_s = self.window_s
+        self._end = self._start + self.window_s
+        self.next_seq = first_seq
+        self._last_provider: str | None = None
+        self.records_total = 0
+        self.bad_messages = 0
+
+    # ---------------------------------------------------------------------------------------- input
+
+    def add(self, batch: TimingBatch) -> None:
+        with self._lock:
+            acc = self._acc
+            for rec in batch.records:
+                acc.add(rec)
+            acc.add_executions(batch.executions)
+            self.records_total += len(batch.records)
+
+    def add_records(self, records: Iterable[TimingRecord], executions: Iterable[int] = ()) -> None:
+        with self._lock:
+            acc = self._acc
+            n = 0
+            for rec in records:
+                acc.add(rec)
+                n += 1
+            acc.add_executions(executions)
+            self.records_total += n
+
+    def add_payload(self, payload: bytes) -> bool:
+        """Parse and add a `TimingBatch` payload; a malformed one is counted and skipped, never raised."""
+        try:
+            batch = TimingBatch.parse(payload)
+        except Exception as exc:  # any malformed payload: log and keep going
+            self.bad_messages += 1
+            log.warning("skipping a malformed timing message: %s", exc)
+            return False
+        self.add(batch)
+        return True
+
+    def set_window(self, window_s: float) -> None:
+        """Change the window length; applies from the next window on."""
+        if not window_s > 0:
+            raise ValueError("window_s must be positive")
+        with self._lock:
+            self._next_window_s = float(window_s)
+
+    # --------------------------------------------------------------------------------------- output
+
+    def seconds_left(self) -> float:
+        return max(0.0, self._end - self._clock())
+
+    def poll(self) -> list[TelemetryWindow]:
+        """Close the current window if its end has passed; returns the closed windows (0 or 1)."""
+        now = self._clock()
+        with self._lock:
+            if now < self._end:
+                return []
+            acc, start, end = self._acc, self._start, self._end
+            self._acc = _Accumulator()
+            self.window_s = self._next_window_s
+            # The next window starts where this one ended; if the loop stalled for more than a whole
+            # window, skip ahead instead of emitting a burst of empty windows.
+            self._start = end if now < end + self.window_s else now
+            self._end = self._start + self.window_s
+            seq = self.next_seq
+            self.next_seq += 1
+        return [self._build(acc, seq, end - start)]
+
+    def flush(self) -> TelemetryWindow:
+        """Close the current window now, however short (used at shutdown)."""
+        now = self._clock()
+        with self._lock:
+            acc, start = self._acc, self._start
+            self._acc = _Accumulator()
+            self.window_s = self._next_window_s
+            self._start = now
+            self._end = now + self.window_s
+            seq = self.next_seq
+            self.next_seq += 1
+        return self._build(acc, seq, max(now - start, 1e-9))
+
+    def _build(self, acc: _Accumulator, seq: int, window_s: float) -> TelemetryWindow:
+        latency: dict[str, StageQuantiles] = {}
+        for stage, hist in acc.hists.items():
+            p50, p90, p99 = hist.quantiles(_QUANTILES)
+            latency[stage] = StageQuantiles(p50=p50, p90=p90, p99=p99, max=hist.max)
+        if acc.providers:
+            self._last_provider = acc.providers.most_common(1)[0][0]
+        system: dict[str, Any] = {}
+        if self._system is not None:
+            try:
+                system = dict(self._system())
+            except Exception as exc:  # system figures are best effort: never lose a window over them
+                log.warning("system metrics failed: %s", exc)
+        return TelemetryWindow(
+            thing=self.thing,
+            seq=seq,
+            window_s=round(window_s, 3),
+            count=acc.count,
+            errors=dict(sorted(acc.errors.items())),
+            dropped=acc.dropped,
+            offloaded=acc.offloaded,
+            cascaded=acc.cascaded,
+            throughput_rps=acc.count / window_s if window_s > 0 else 0.0,
+            latency_ms=latency,
+            batch={
+                "executions": acc.executions,
+                "inferences": acc.inferences,
+                "mean_size": round(acc.inferences / acc.executions, 3) if acc.executions else 0.0,
+            },
+            queue_depth={
+                "mean": round(acc.depth_sum / acc.depth_n, 3) if acc.depth_n else 0.0,
+                "max": acc.depth_max,
+            },
+            provider=self._last_provider,
+            system=system,
+            timestamp=iso_utc(self._wall()),
+        )
