@@ -1,0 +1,488 @@
+"""`MqttPubSub`: the `PubSub` seam over the awsiotsdk / awscrt MQTT 5 client.
+
+Two ways to connect, one object:
+
+* `MqttPubSub.connect_tcp(host, port)`: plain TCP, for the simulated core's local mosquitto broker.
+* `MqttPubSub.connect_iot_core(endpoint, cert_filepath=..., pri_key_filepath=..., ca_filepath=...)`:
+  mutual TLS to AWS IoT Core, built with `awsiot.mqtt5_client_builder.mtls_from_path`.
+
+Both wait until the broker has accepted the connection (or raise `TransportError` with the reason).
+Publishes wait for their completion (the socket write for QoS 0, the PUBACK for QoS 1) and raise
+`TransportError` when the client is offline, so the caller can spool or fall back at once instead of
+having an operation queued behind its back. Subscriptions accept any MQTT filter, including shared
+subscriptions (`$share/{group}/{filter}`): the broker gives each message of a shared subscription to
+one member of the group, which is how several cloud routers split the offload stream.
+
+Received messages are handed to handlers on one dispatcher thread per client, never on the CRT's
+event-loop thread: a handler may publish (and wait for the PUBACK) without deadlocking the client.
+Handlers should still return quickly; long work belongs on the caller's own workers. The client
+reconnects by itself (exponential back-off); after a reconnect without a resumed session it
+subscribes again to everything it had subscribed to.
+
+`target` is accepted for the `PubSub` protocol and ignored: an MQTT connection has one broker.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeoutError
+from dataclasses import dataclass
+from typing import Any
+
+from edgeinfer.transport.base import (
+    Message,
+    MessageHandler,
+    Target,
+    TransportError,
+    UnauthorizedError,
+    topic_matches,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["MqttPubSub", "MqttSubscription", "parse_broker", "subscription_topic_filter"]
+
+ConnectionHandler = Callable[[bool], None]
+"""Called with True when the client (re)connects and False when it loses the connection."""
+
+_SUBACK_ERROR_MIN = 0x80
+_NOT_AUTHORIZED = 0x87
+_CLOSE_SENTINEL: Any = object()
+_ids = itertools.count(1)
+
+
+def parse_broker(text: str, default_port: int = 1883) -> tuple[str, int]:
+    """`HOST:PORT` (or `HOST`, or `[v6]:PORT`) → (host, port). Raises ValueError with a clear message."""
+    text = text.strip()
+    if not text:
+        raise ValueError("broker address is empty: expected HOST:PORT")
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    else:
+        host, port_text = text, ""
+    if not host:
+        raise ValueError(f"broker address {text!r} has no host: expected HOST:PORT")
+    if not port_text:
+        return host, default_port
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"broker address {text!r} has a bad port: expected HOST:PORT with PORT 1-65535")
+    return host, int(port_text)
+
+
+def subscription_topic_filter(topic_filter: str) -> str:
+    """The filter that incoming topics are matched against: `$share/group/a/+` → `a/+`."""
+    if topic_filter.startswith("$share/"):
+        parts = topic_filter.split("/", 2)
+        if len(parts) == 3 and parts[1]:
+            return parts[2]
+    return topic_filter
+
+
+@dataclass
+class _Entry:
+    id: int
+    topic_filter: str  # as subscribed (may be `$share/...`)
+    match_filter: str  # what incoming topics are matched against
+    qos: int
+    handler: MessageHandler
+
+
+class MqttSubscription:
+    """Returned by `MqttPubSub.subscribe`; `close()` unsubscribes (once the last handler goes)."""
+
+    def __init__(self, owner: MqttPubSub, entry: _Entry) -> None:
+        self._owner = owner
+        self._entry = entry
+        self._closed = False
+
+    @property
+    def topic_filter(self) -> str:
+        return self._entry.topic_filter
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._owner._unsubscribe(self._entry)
+
+
+class MqttPubSub:
+    """A connected MQTT 5 client. Build it with `connect_tcp` or `connect_iot_core`; `close()` it."""
+
+    def __init__(
+        self,
+        build_client: Callable[[dict[str, Any]], Any],
+        *,
+        client_id: str,
+        describe: str,
+        operation_timeout_s: float = 10.0,
+    ) -> None:
+        """Low-level: `build_client(callbacks)` returns an unstarted `awscrt.mqtt5.Client` wired to
+        the callbacks given. Use the `connect_*` class methods instead."""
+        self.client_id = client_id
+        self.describe = describe
+        self.operation_timeout_s = operation_timeout_s
+        self._lock = threading.Lock()
+        self._entries: list[_Entry] = []
+        self._connected = threading.Event()
+        self._stopped = threading.Event()
+        self._closed = False
+        self._last_error: str | None = None
+        self._sub_ids: dict[str, int] = {}  # topic filter -> MQTT 5 subscription identifier
+        self._sub_ids_available = False
+        self._connection_handlers: list[ConnectionHandler] = []
+        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._dispatcher = threading.Thread(
+            target=self._dispatch_loop, name=f"mqtt-dispatch-{client_id}", daemon=True
+        )
+        self._dispatcher.start()
+        callbacks = {
+            "on_publish_received": self._on_publish_received,
+            "on_lifecycle_connection_success": self._on_connection_success,
+            "on_lifecycle_connection_failure": self._on_connection_failure,
+            "on_lifecycle_disconnection": self._on_disconnection,
+            "on_lifecycle_stopped": self._on_stopped,
+        }
+        self._client = build_client(callbacks)
+
+    # ------------------------------------------------------------------------------ construction
+
+    @classmethod
+    def connect_tcp(
+        cls,
+        host: str,
+        port: int,
+        *,
+        client_id: str | None = None,
+        timeout_s: float = 10.0,
+        keep_alive_interval_sec: int = 30,
+        min_reconnect_delay_ms: int = 200,
+        max_reconnect_delay_ms: int = 5000,
+        username: str | None = None,
+        password: str | None = None,
+    ) -> MqttPubSub:
+        """Plain TCP to a local broker (the simulated core's mosquitto). No TLS: loopback/LAN only."""
+        from awscrt import mqtt5
+
+        cid = client_id or _default_client_id()
+
+        def build(cb: dict[str, Any]) -> Any:
+            options = mqtt5.ClientOptions(
+                host_name=host,
+                port=int(port),
+                connect_options=mqtt5.ConnectPacket(
+                    client_id=cid,
+                    keep_alive_interval_sec=keep_alive_interval_sec,
+                    username=username,
+                    password=password.encode() if password is not None else None,
+                ),
+                session_behavior=mqtt5.ClientSessionBehaviorType.CLEAN,
+                extended_validation_and_flow_control_options=(
+                    mqtt5.ExtendedValidationAndFlowControlOptions.NONE
+                ),
+                offline_queue_behavior=mqtt5.ClientOperationQueueBehaviorType.FAIL_ALL_ON_DISCONNECT,
+                min_reconnect_delay_ms=min_reconnect_delay_ms,
+                max_reconnect_delay_ms=max_reconnect_delay_ms,
+                connack_timeout_ms=int(timeout_s * 1000),
+                on_publish_callback_fn=cb["on_publish_received"],
+                on_lifecycle_event_connection_success_fn=cb["on_lifecycle_connection_success"],
+                on_lifecycle_event_connection_failure_fn=cb["on_lifecycle_connection_failure"],
+                on_lifecycle_event_disconnection_fn=cb["on_lifecycle_disconnection"],
+                on_lifecycle_event_stopped_fn=cb["on_lifecycle_stopped"],
+                disable_metrics=True,
+            )
+            return mqtt5.Client(options)
+
+        self = cls(build, client_id=cid, describe=f"mqtt://{host}:{port}")
+        self.start(timeout_s)
+        return self
+
+    @classmethod
+    def connect_iot_core(
+        cls,
+        endpoint: str,
+        *,
+        cert_filepath: str,
+        pri_key_filepath: str,
+        ca_filepath: str | None = None,
+        client_id: str | None = None,
+        port: int = 8883,
+        timeout_s: float = 20.0,
+        keep_alive_interval_sec: int = 30,
+    ) -> MqttPubSub:
+        """Mutual TLS to AWS IoT Core (`xxxx-ats.iot.<region>.amazonaws.com`) with an X.509 cert/key."""
+        for label, path in (("certificate", cert_filepath), ("private key", pri_key_filepath)):
+            if not os.path.isfile(path):
+                raise TransportError(f"{label} file {path} does not exist")
+        if ca_filepath is not None and not os.path.isfile(ca_filepath):
+            raise TransportError(f"CA file {ca_filepath} does not exist")
+        from awscrt import mqtt5
+        from awsiot import mqtt5_client_builder
+
+        cid = client_id or _default_client_id()
+
+        def build(cb: dict[str, Any]) -> Any:
+            try:
+                return mqtt5_client_builder.mtls_from_path(
+                    endpoint=endpoint,
+                    port=port,
+                    cert_filepath=cert_filepath,
+                    pri_key_filepath=pri_key_filepath,
+                    ca_filepath=ca_filepath,
+                    client_id=cid,
+                    keep_alive_interval_sec=keep_alive_interval_sec,
+                    session_behavior=mqtt5.ClientSessionBehaviorType.CLEAN,
+                    offline_queue_behavior=mqtt5.ClientOperationQueueBehaviorType.FAIL_ALL_ON_DISCONNECT,
+                    connack_timeout_ms=int(timeout_s * 1000),
+                    **cb,
+                )
+            except Exception as exc:  # awscrt raises its own errors for unreadable certs/keys
+                raise TransportError(f"cannot set up TLS for {endpoint}: {exc}") from exc
+
+        self = cls(build, client_id=cid, describe=f"mqtts://{endpoint}:{port}")
+        self.start(timeout_s)
+        return self
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        """Start the client and wait until the broker accepted the connection."""
+        self._client.start()
+        if not self.wait_connected(timeout_s):
+            reason = self._last_error or "no answer"
+            self._shutdown(timeout_s=2.0)
+            raise TransportError(f"cannot connect to {self.describe} within {timeout_s:g} s: {reason}")
+        log.debug("connected to %s as %s", self.describe, self.client_id)
+
+    # ------------------------------------------------------------------------------------ state
+
+    @property
+    def is_connected(self) -> bool:
+        return self._connected.is_set()
+
+    def wait_connected(self, timeout_s: float | None = None) -> bool:
+        """True once connected (now or within `timeout_s`); False if closed or still offline."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self._closed:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return self._connected.is_set()
+            step = 0.05 if remaining is None else min(0.05, remaining)
+            if self._connected.wait(step):
+                return True
+        return False
+
+    def on_connection_change(self, handler: ConnectionHandler) -> None:
+        """`handler(True)` on every (re)connect, `handler(False)` on every loss (dispatcher thread)."""
+        self._connection_handlers.append(handler)
+
+    # --------------------------------------------------------------------------------- PubSub API
+
+    def publish(self, topic: str, payload: bytes, *, target: Target = "iot", qos: int = 0) -> None:
+        """Publish and wait for completion (QoS 0: written; QoS 1: PUBACK). TransportError otherwise."""
+        from awscrt import mqtt5
+
+        if self._closed:
+            raise TransportError(f"publish to {topic} failed: client is closed")
+        if not self._connected.is_set():
+            raise TransportError(f"publish to {topic} failed: not connected to {self.describe}")
+        packet = mqtt5.PublishPacket(payload=bytes(payload), qos=mqtt5.QoS(_qos(qos)), topic=topic)
+        try:
+            future = self._client.publish(packet)
+        except Exception as exc:
+            raise TransportError(f"publish to {topic} failed: {exc}") from exc
+        done = self._wait(future, f"publish to {topic}")
+        puback = getattr(done, "puback", None)
+        code = getattr(puback, "reason_code", None)
+        if code is not None and int(code) >= _SUBACK_ERROR_MIN:
+            err = UnauthorizedError if int(code) == _NOT_AUTHORIZED else TransportError
+            raise err(f"publish to {topic} refused by {self.describe}: {_name(code)}")
+
+    def subscribe(
+        self, topic: str, handler: MessageHandler, *, target: Target = "iot", qos: int = 0
+    ) -> MqttSubscription:
+        """Subscribe `handler` to an MQTT filter (`a/+/b`, `a/#`, `$share/group/a/+`)."""
+        if self._closed:
+            raise TransportError(f"subscribe to {topic} failed: client is closed")
+        entry = _Entry(next(_ids), topic, subscription_topic_filter(topic), _qos(qos), handler)
+        with self._lock:
+            already = any(e.topic_filter == topic for e in self._entries)
+            self._entries.append(entry)
+            self._sub_ids.setdefault(topic, next(_ids))
+        if not already:
+            try:
+                self._send_subscribe(topic, entry.qos, wait=True)
+            except TransportError:
+                with self._lock:
+                    self._entries.remove(entry)
+                raise
+        return MqttSubscription(self, entry)
+
+    def close(self) -> None:
+        """Disconnect cleanly and stop the dispatcher. Idempotent."""
+        if self._closed:
+            return
+        self._shutdown(timeout_s=5.0)
+
+    def __enter__(self) -> MqttPubSub:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------------------------- internals
+
+    def _shutdown(self, timeout_s: float) -> None:
+        self._closed = True
+        try:
+            self._client.stop()
+        except Exception as exc:
+            log.debug("stop failed: %s", exc)
+        self._stopped.wait(timeout_s)
+        self._connected.clear()
+        self._inbox.put(_CLOSE_SENTINEL)
+        if threading.current_thread() is not self._dispatcher:
+            self._dispatcher.join(timeout_s)
+
+    def _wait(self, future: Future[Any], what: str) -> Any:
+        try:
+            return future.result(self.operation_timeout_s)
+        except FutureTimeoutError:
+            raise TransportError(f"{what} timed out after {self.operation_timeout_s:g} s") from None
+        except Exception as exc:
+            raise TransportError(f"{what} failed: {exc}") from exc
+
+    def _send_subscribe(self, topic_filter: str, qos: int, *, wait: bool) -> None:
+        from awscrt import mqtt5
+
+        # With subscription identifiers the broker tells which subscription a message matched, so
+        # overlapping filters (`a/x` and `a/#`) each deliver once to their own handlers.
+        packet = mqtt5.SubscribePacket(
+            subscriptions=[mqtt5.Subscription(topic_filter=topic_filter, qos=mqtt5.QoS(qos))],
+            subscription_identifier=self._sub_ids.get(topic_filter) if self._sub_ids_available else None,
+        )
+        try:
+            future = self._client.subscribe(packet)
+        except Exception as exc:
+            raise TransportError(f"subscribe to {topic_filter} failed: {exc}") from exc
+        if not wait:
+            future.add_done_callback(lambda f: self._log_resubscribe(topic_filter, f))
+            return
+        suback = self._wait(future, f"subscribe to {topic_filter}")
+        for code in suback.reason_codes or ():
+            if int(code) >= _SUBACK_ERROR_MIN:
+                err = UnauthorizedError if int(code) == _NOT_AUTHORIZED else TransportError
+                raise err(f"subscribe to {topic_filter} refused by {self.describe}: {_name(code)}")
+
+    @staticmethod
+    def _log_resubscribe(topic_filter: str, future: Future[Any]) -> None:
+        exc = future.exception()
+        if exc is not None:
+            log.warning("re-subscribe to %s failed: %s", topic_filter, exc)
+
+    def _unsubscribe(self, entry: _Entry) -> None:
+        from awscrt import mqtt5
+
+        with self._lock:
+            if entry in self._entries:
+                self._entries.remove(entry)
+            still_used = any(e.topic_filter == entry.topic_filter for e in self._entries)
+            if not still_used:
+                self._sub_ids.pop(entry.topic_filter, None)
+        if still_used or self._closed or not self._connected.is_set():
+            return
+        try:
+            future = self._client.unsubscribe(mqtt5.UnsubscribePacket(topic_filters=[entry.topic_filter]))
+            self._wait(future, f"unsubscribe from {entry.topic_filter}")
+        except TransportError as exc:
+            log.debug("%s", exc)
+
+    # CRT callbacks: these run on the CRT event-loop thread and must not block.
+
+    def _on_publish_received(self, data: Any) -> None:
+        packet = data.publish_packet
+        payload = packet.payload
+        if isinstance(payload, str):
+            payload = payload.encode("utf-8")
+        ids = tuple(packet.subscription_identifiers or ())
+        self._inbox.put((Message(packet.topic, bytes(payload or b""), "iot"), ids))
+
+    def _on_connection_success(self, data: Any) -> None:
+        session_present = bool(getattr(getattr(data, "connack_packet", None), "session_present", False))
+        settings = getattr(data, "negotiated_settings", None)
+        self._sub_ids_available = bool(getattr(settings, "subscription_identifiers_available", False))
+        self._last_error = None
+        self._connected.set()
+        if not session_present:
+            with self._lock:
+                filters = {e.topic_filter: e.qos for e in self._entries}
+            for topic_filter, qos in filters.items():
+                try:
+                    self._send_subscribe(topic_filter, qos, wait=False)
+                except TransportError as exc:
+                    log.warning("%s", exc)
+        self._inbox.put(True)
+
+    def _on_connection_failure(self, data: Any) -> None:
+        self._last_error = str(getattr(data, "exception", None) or "connection refused")
+        log.debug("connection to %s failed: %s", self.describe, self._last_error)
+
+    def _on_disconnection(self, data: Any) -> None:
+        was = self._connected.is_set()
+        self._connected.clear()
+        self._last_error = str(getattr(data, "exception", None) or "disconnected")
+        if was and not self._closed:
+            log.warning("lost the connection to %s: %s", self.describe, self._last_error)
+            self._inbox.put(False)
+
+    def _on_stopped(self, data: Any) -> None:
+        self._connected.clear()
+        self._stopped.set()
+
+    def _dispatch_loop(self) -> None:
+        while True:
+            item = self._inbox.get()
+            if item is _CLOSE_SENTINEL:
+                return
+            if isinstance(item, bool):
+                for conn_handler in list(self._connection_handlers):
+                    try:
+                        conn_handler(item)
+                    except Exception:
+                        log.exception("connection handler failed")
+                continue
+            message, ids = item
+            with self._lock:
+                if ids:
+                    handlers = [e.handler for e in self._entries if self._sub_ids.get(e.topic_filter) in ids]
+                else:
+                    handlers = [
+                        e.handler for e in self._entries if topic_matches(e.match_filter, message.topic)
+                    ]
+            for handler in handlers:
+                try:
+                    handler(message)
+                except Exception:
+                    log.exception("handler for %s failed", message.topic)
+
+
+def _qos(qos: int) -> int:
+    if qos not in (0, 1):
+        raise TransportError(f"QoS {qos} is not supported: use 0 or 1 (AWS IoT Core has no QoS 2)")
+    return qos
+
+
+def _name(code: Any) -> str:
+    return getattr(code, "name", None) or str(code)
+
+
+def _default_client_id() -> str:
+    return f"edgeinfer-{os.getpid()}-{uuid.uuid4().hex[:8]}"

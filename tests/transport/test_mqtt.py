@@ -1,0 +1,200 @@
+"""MqttPubSub against a real mosquitto with the real awsiotsdk/awscrt MQTT 5 client."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from edgeinfer.transport import Message, TransportError
+from edgeinfer.transport.mqtt import MqttPubSub, parse_broker, subscription_topic_filter
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+class Inbox:
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, message: Message) -> None:
+        with self.lock:
+            self.messages.append(message)
+
+    def payloads(self) -> list[bytes]:
+        with self.lock:
+            return [m.payload for m in self.messages]
+
+
+@pytest.fixture
+def connect(broker: Any) -> Iterator[Callable[..., MqttPubSub]]:
+    clients: list[MqttPubSub] = []
+
+    def _connect(**kwargs: Any) -> MqttPubSub:
+        client = MqttPubSub.connect_tcp(broker.host, broker.port, **kwargs)
+        clients.append(client)
+        return client
+
+    yield _connect
+    for client in clients:
+        client.close()
+
+
+def test_publish_subscribe_roundtrip_qos0_and_qos1(connect: Callable[..., MqttPubSub]) -> None:
+    a, b = connect(), connect()
+    inbox = Inbox()
+    b.subscribe("edgeinfer/+/result", inbox, qos=1)
+    a.publish("edgeinfer/dev-1/result", b'{"id":"1"}', qos=0)
+    a.publish("edgeinfer/dev-2/result", b'{"id":"2"}', qos=1)
+    a.publish("edgeinfer/dev-2/other", b"not for b", qos=1)
+    assert wait_for(lambda: len(inbox.payloads()) == 2)
+    assert sorted(inbox.payloads()) == [b'{"id":"1"}', b'{"id":"2"}']
+    assert {m.topic for m in inbox.messages} == {"edgeinfer/dev-1/result", "edgeinfer/dev-2/result"}
+    assert all(m.target == "iot" for m in inbox.messages)
+
+
+def test_shared_subscription_splits_messages_without_duplicates(connect: Callable[..., MqttPubSub]) -> None:
+    w1, w2, pub = connect(), connect(), connect()
+    in1, in2 = Inbox(), Inbox()
+    w1.subscribe("$share/workers/jobs/+/offload", in1, qos=1)
+    w2.subscribe("$share/workers/jobs/+/offload", in2, qos=1)
+    sent = [f"{i}".encode() for i in range(40)]
+    for i, payload in enumerate(sent):
+        pub.publish(f"jobs/dev-{i % 3}/offload", payload, qos=1)
+    assert wait_for(lambda: len(in1.payloads()) + len(in2.payloads()) == len(sent))
+    time.sleep(0.2)  # any duplicate would have arrived by now
+    got = in1.payloads() + in2.payloads()
+    assert sorted(got) == sorted(sent)  # every message once, none twice
+    assert in1.payloads()  # both members of the group got work
+    assert in2.payloads()
+
+
+def test_handler_may_publish_and_wait_for_puback(connect: Callable[..., MqttPubSub]) -> None:
+    server, client = connect(), connect()
+    replies = Inbox()
+    client.subscribe("rpc/reply", replies, qos=1)
+
+    def echo(message: Message) -> None:
+        server.publish("rpc/reply", message.payload.upper(), qos=1)  # QoS 1 waits for the PUBACK
+
+    server.subscribe("rpc/call", echo, qos=1)
+    for i in range(5):
+        client.publish("rpc/call", f"hello {i}".encode(), qos=1)
+    assert wait_for(lambda: len(replies.payloads()) == 5)
+    assert sorted(replies.payloads()) == [f"HELLO {i}".encode() for i in range(5)]
+
+
+def test_subscription_close_stops_delivery(connect: Callable[..., MqttPubSub]) -> None:
+    a = connect()
+    inbox, other = Inbox(), Inbox()
+    sub = a.subscribe("t/x", inbox, qos=1)
+    a.subscribe("t/#", other, qos=1)
+    a.publish("t/x", b"1", qos=1)
+    assert wait_for(lambda: len(inbox.payloads()) == 1 and len(other.payloads()) >= 1)
+    sub.close()
+    sub.close()
+    a.publish("t/x", b"2", qos=1)
+    assert wait_for(lambda: b"2" in other.payloads())
+    time.sleep(0.1)
+    assert inbox.payloads() == [b"1"]
+
+
+def test_handler_exception_does_not_kill_the_client(connect: Callable[..., MqttPubSub]) -> None:
+    a = connect()
+    inbox = Inbox()
+
+    def boom(message: Message) -> None:
+        raise RuntimeError("handler bug")
+
+    a.subscribe("t/boom", boom, qos=1)
+    a.subscribe("t/ok", inbox, qos=1)
+    a.publish("t/boom", b"x", qos=1)
+    a.publish("t/ok", b"y", qos=1)
+    assert wait_for(lambda: inbox.payloads() == [b"y"])
+
+
+def test_connect_to_closed_port_raises_transport_error(broker: Any) -> None:
+    broker.stop()
+    with pytest.raises(TransportError, match="cannot connect"):
+        MqttPubSub.connect_tcp(broker.host, broker.port, timeout_s=1.0)
+
+
+def test_outage_publish_fails_then_reconnects_and_resubscribes(
+    broker: Any, connect: Callable[..., MqttPubSub]
+) -> None:
+    a, b = connect(), connect()
+    inbox = Inbox()
+    states: list[bool] = []
+    b.on_connection_change(states.append)
+    b.subscribe("t/outage", inbox, qos=1)
+    broker.stop()
+    assert wait_for(lambda: not a.is_connected and not b.is_connected)
+    with pytest.raises(TransportError, match="not connected"):
+        a.publish("t/outage", b"lost", qos=1)
+    broker.start()  # same port
+    assert a.wait_connected(15)
+    assert b.wait_connected(15)
+    # the subscription was renewed after the reconnect (clean session): delivery works again
+    assert wait_for(lambda: _publish_ok(a, "t/outage", b"back") and bool(inbox.payloads()))
+    assert set(inbox.payloads()) == {b"back"}
+    assert wait_for(lambda: False in states and states[-1] is True)
+    assert states.index(False) < len(states) - 1  # a loss, then a reconnect
+
+
+def _publish_ok(client: MqttPubSub, topic: str, payload: bytes) -> bool:
+    try:
+        client.publish(topic, payload, qos=1)
+    except TransportError:
+        return False
+    return True
+
+
+def test_close_is_idempotent_and_publish_after_close_raises(connect: Callable[..., MqttPubSub]) -> None:
+    a = connect()
+    a.close()
+    a.close()
+    assert not a.is_connected
+    with pytest.raises(TransportError, match="closed"):
+        a.publish("t", b"x")
+    with pytest.raises(TransportError, match="closed"):
+        a.subscribe("t", lambda m: None)
+
+
+def test_qos2_is_refused(connect: Callable[..., MqttPubSub]) -> None:
+    a = connect()
+    with pytest.raises(TransportError, match="QoS 2"):
+        a.publish("t", b"x", qos=2)
+
+
+def test_iot_core_with_missing_certificate_is_a_clear_error(tmp_path: Any) -> None:
+    with pytest.raises(TransportError, match=r"certificate file .* does not exist"):
+        MqttPubSub.connect_iot_core(
+            "example-ats.iot.eu-west-1.amazonaws.com",
+            cert_filepath=str(tmp_path / "missing.pem.crt"),
+            pri_key_filepath=str(tmp_path / "missing.pem.key"),
+        )
+
+
+def test_parse_broker() -> None:
+    assert parse_broker("127.0.0.1:1884") == ("127.0.0.1", 1884)
+    assert parse_broker("broker") == ("broker", 1883)
+    assert parse_broker("[::1]:1885") == ("::1", 1885)
+    for bad in ("", ":1883", "host:port", "host:0", "host:70000"):
+        with pytest.raises(ValueError, match="broker address"):
+            parse_broker(bad)
+
+
+def test_subscription_topic_filter() -> None:
+    assert subscription_topic_filter("$share/g/edgeinfer/+/offload") == "edgeinfer/+/offload"
+    assert subscription_topic_filter("edgeinfer/+/offload") == "edgeinfer/+/offload"
+    assert subscription_topic_filter("$share/") == "$share/"
