@@ -1,0 +1,234 @@
+"""System figures for each telemetry window: CPU, memory, and GPU through NVML when there is one.
+
+Linux only (Greengrass cores are Linux here), read straight from `/proc` so the device needs no extra
+package: system CPU busy % between samples (`/proc/stat`), load average, memory total/available
+(`/proc/meminfo`), and the RSS and CPU % of the device's own processes — every process whose command
+line contains one of `match` (default `edgeinfer.`: the runtime, the telemetry component, the
+installer's tools). The `/proc` root is a parameter so the parsing is tested on a fake tree.
+
+GPU: NVIDIA's NVML through the optional `nvidia-ml-py` package (module `pynvml`, in the `gpu` extra).
+Absent module, absent driver or no device → no `gpus` key; NVML is never required. (Jetson boards have
+no NVML; their GPU figures would need tegrastats and are not reported.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+__all__ = ["Nvml", "SystemSampler"]
+
+log = logging.getLogger(__name__)
+
+_MB = 1024 * 1024
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text("utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def parse_cpu_times(stat_text: str) -> tuple[int, int] | None:
+    """(busy, total) jiffies from the aggregate `cpu` line of /proc/stat."""
+    for line in stat_text.splitlines():
+        if line.startswith("cpu "):
+            fields = [int(x) for x in line.split()[1:]]
+            total = sum(fields[:8])  # user nice system idle iowait irq softirq steal (guest is in user)
+            idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+            return total - idle, total
+    return None
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """Fields of /proc/meminfo in bytes."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            scale = 1024 if len(parts) > 1 and parts[1] == "kB" else 1
+            out[name.strip()] = int(parts[0]) * scale
+    return out
+
+
+def parse_status_rss(text: str) -> int | None:
+    """VmRSS of /proc/<pid>/status in bytes (None for kernel threads and zombies)."""
+    for line in text.splitlines():
+        if line.startswith("VmRSS:"):
+            parts = line.split()
+            return int(parts[1]) * 1024
+    return None
+
+
+def parse_stat_cpu(text: str) -> int | None:
+    """utime + stime jiffies of /proc/<pid>/stat (the command may contain spaces and parentheses)."""
+    _, _, rest = text.rpartition(")")
+    fields = rest.split()
+    if len(fields) < 13:
+        return None
+    return int(fields[11]) + int(fields[12])
+
+
+class Nvml:
+    """GPU utilisation and memory per device through NVML; `available` is False without it."""
+
+    def __init__(self, module: ModuleType | Any | None = None) -> None:
+        self._nv: Any = None
+        self.error: str | None = None
+        try:
+            nv = module
+            if nv is None:
+                import pynvml as nv  # type: ignore[no-redef]
+            nv.nvmlInit()
+            self.count = int(nv.nvmlDeviceGetCount())
+            self._nv = nv
+        except Exception as exc:  # ImportError, NVMLError (no driver, no device), anything else
+            self.error = f"{type(exc).__name__}: {exc}"
+            log.debug("NVML unavailable: %s", self.error)
+            self.count = 0
+
+    @property
+    def available(self) -> bool:
+        return self._nv is not None and self.count > 0
+
+    def sample(self) -> list[dict[str, Any]]:
+        if not self.available:
+            return []
+        nv = self._nv
+        out: list[dict[str, Any]] = []
+        for index in range(self.count):
+            try:
+                handle = nv.nvmlDeviceGetHandleByIndex(index)
+                name = nv.nvmlDeviceGetName(handle)
+                util = nv.nvmlDeviceGetUtilizationRates(handle)
+                mem = nv.nvmlDeviceGetMemoryInfo(handle)
+            except Exception as exc:  # a device that fell off the bus: report the others
+                log.warning("NVML failed on GPU %d: %s", index, exc)
+                continue
+            out.append(
+                {
+                    "index": index,
+                    "name": name.decode() if isinstance(name, bytes) else str(name),
+                    "util_percent": float(util.gpu),
+                    "mem_used_mb": round(mem.used / _MB, 1),
+                    "mem_total_mb": round(mem.total / _MB, 1),
+                }
+            )
+        return out
+
+    def close(self) -> None:
+        if self._nv is not None:
+            with contextlib.suppress(Exception):
+                self._nv.nvmlShutdown()
+            self._nv = None
+
+
+class SystemSampler:
+    """Callable that returns the window's `system` figures; CPU % are averages since the last call."""
+
+    def __init__(
+        self,
+        *,
+        proc: Path | str = "/proc",
+        match: Sequence[str] = ("edgeinfer.",),
+        gpu: bool = True,
+        nvml: Nvml | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        clk_tck: int | None = None,
+        pid: int | None = None,
+    ) -> None:
+        self.proc = Path(proc)
+        self.match = tuple(m for m in match if m)
+        self._clock = clock
+        self._tck = clk_tck or (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+        self._pid = pid if pid is not None else os.getpid()
+        self.nvml = nvml if nvml is not None else (Nvml() if gpu else None)
+        self._cpu_prev = self._cpu_times()
+        self._proc_prev: dict[int, int] = {}
+        self._proc_prev_at = clock()
+        self._ncpu = os.cpu_count() or 1
+        self._device_processes()  # prime the per-process CPU counters
+
+    def _cpu_times(self) -> tuple[int, int] | None:
+        text = _read(self.proc / "stat")
+        return parse_cpu_times(text) if text else None
+
+    def _device_processes(self) -> tuple[int, int, float | None]:
+        """(count, rss bytes, cpu % of one core summed) over the device's processes."""
+        now = self._clock()
+        elapsed = now - self._proc_prev_at
+        count = rss = 0
+        jiffies: dict[int, int] = {}
+        try:
+            entries = [p for p in self.proc.iterdir() if p.name.isdigit()]
+        except OSError:
+            entries = []
+        for entry in entries:
+            pid = int(entry.name)
+            if pid != self._pid:
+                cmd = _read(entry / "cmdline")
+                if not cmd or not any(m in cmd for m in self.match):
+                    continue
+            status = _read(entry / "status")
+            stat = _read(entry / "stat")
+            if status is None or stat is None:
+                continue  # exited meanwhile
+            count += 1
+            rss += parse_status_rss(status) or 0
+            cpu = parse_stat_cpu(stat)
+            if cpu is not None:
+                jiffies[pid] = cpu
+        cpu_pct: float | None = None
+        if elapsed > 0 and self._proc_prev:
+            used = sum(j - self._proc_prev.get(pid, j) for pid, j in jiffies.items())
+            cpu_pct = 100.0 * used / self._tck / elapsed
+        self._proc_prev = jiffies
+        self._proc_prev_at = now
+        return count, rss, cpu_pct
+
+    def __call__(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        cpu = self._cpu_times()
+        if cpu is not None and self._cpu_prev is not None:
+            busy = cpu[0] - self._cpu_prev[0]
+            total = cpu[1] - self._cpu_prev[1]
+            if total > 0:
+                out["cpu_percent"] = round(100.0 * busy / total, 1)
+        self._cpu_prev = cpu
+        out["cpu_count"] = self._ncpu
+        load = _read(self.proc / "loadavg")
+        if load:
+            with contextlib.suppress(ValueError, IndexError):
+                out["load_1m"] = float(load.split()[0])
+        mem_text = _read(self.proc / "meminfo")
+        if mem_text:
+            mem = parse_meminfo(mem_text)
+            if "MemTotal" in mem:
+                out["mem_total_mb"] = round(mem["MemTotal"] / _MB, 1)
+            if "MemAvailable" in mem:
+                out["mem_available_mb"] = round(mem["MemAvailable"] / _MB, 1)
+        count, rss, proc_cpu = self._device_processes()
+        if count:
+            out["processes"] = count
+            out["rss_mb"] = round(rss / _MB, 1)
+        if proc_cpu is not None:
+            out["process_cpu_percent"] = round(proc_cpu, 1)
+        if self.nvml is not None and self.nvml.available:
+            gpus = self.nvml.sample()
+            if gpus:
+                out["gpus"] = gpus
+                out["gpu_util_percent"] = max(g["util_percent"] for g in gpus)
+                out["gpu_mem_used_mb"] = round(sum(g["mem_used_mb"] for g in gpus), 1)
+        return out
+
+    def close(self) -> None:
+        if self.nvml is not None:
+            self.nvml.close()
