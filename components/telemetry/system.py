@@ -84,9 +84,11 @@ class Nvml:
         self._nv: Any = None
         self.error: str | None = None
         try:
-            nv = module
+            nv: Any = module
             if nv is None:
-                import pynvml as nv  # type: ignore[no-redef]
+                import pynvml
+
+                nv = pynvml
             nv.nvmlInit()
             self.count = int(nv.nvmlDeviceGetCount())
             self._nv = nv
