@@ -1,0 +1,680 @@
+"""The edge placement policy: serve here, offload to the cloud router, or answer DEADLINE_EXCEEDED.
+
+Pure logic, clock injected (`clock()` in seconds, `time.monotonic` by default); the runtime server
+calls it through its placement seam and does all I/O itself. Nothing here sleeps or touches a socket.
+
+Predictions
+-----------
+* **Local** latency of a request that joins now = what is left of the batch the engine is running,
+  plus the batches ahead of it, plus its own batch, each from a service-time model `t(n) = a·n + b`
+  fitted by least squares to recent batch executions (BentoML's adaptive batching model), plus the
+  per-request overhead outside the engine (decode, post-processing; a running mean).
+* **Cloud** latency = network (a fit of `upload + RTT` against payload size over recent offloads, plus
+  the 90th percentile of its residuals) + the cloud's own service time (90th percentile of the
+  `latency_ms.total` the router reports). Before any offload has come back, `prior_cloud_ms` stands in.
+
+Decisions (`decide`)
+--------------------
+`offload: never` stays local; a `model` the device does not have goes to the cloud; `offload: always`
+goes to the cloud while the breaker lets it; a request without a deadline stays local. Otherwise: stay
+local while the local prediction meets the budget (deadline − time already spent − margin), offload
+when only the cloud meets it, and answer DEADLINE_EXCEEDED when neither does.
+
+Exactly one result
+------------------
+Every offload is tracked (`begin_offload`) until exactly one of these happens first: the cloud answer
+arrives (`on_cloud_result`), its fallback time passes (`due`), or the publish fails (`on_publish_failed`).
+The first wins and removes the ticket; anything later for the same ticket is ignored. A request whose
+cloud answer does not come in time is served locally (or, for a low-confidence cascade, the local
+answer that was held back is published).
+
+Circuit breaker
+---------------
+Consecutive cloud failures (timeouts, INTERNAL / OVERLOADED answers, failed publishes) open the
+breaker: no offloading for `breaker_cooldown_s`; then one probe request goes out (half-open). Its
+success closes the breaker; its failure opens it again with a doubled cooldown (up to a maximum).
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from edgeinfer.messages import ErrorCode, Request, Result
+
+__all__ = [
+    "Action",
+    "BreakerState",
+    "CircuitBreaker",
+    "CloudLatencyModel",
+    "CloudOutcome",
+    "Decision",
+    "Fallback",
+    "LinearFit",
+    "OffloadConfig",
+    "PlacementPolicy",
+    "ServiceTimeModel",
+    "Ticket",
+]
+
+T = TypeVar("T")
+
+# Error codes from the cloud that are the request's fault, not the cloud's: forward them as they are.
+_REQUEST_FAULTS = {ErrorCode.BAD_REQUEST, ErrorCode.BAD_IMAGE, ErrorCode.TOO_LARGE}
+
+
+# ------------------------------------------------------------------------------------ configuration
+
+
+@dataclass
+class OffloadConfig:
+    """The runtime recipe's `placement` object (camelCase keys: `enabled`, `deadlineMarginMs`, …)."""
+
+    enabled: bool = True
+    deadline_margin_ms: float = 5.0  # kept free in every budget, for jitter
+    cascade_threshold: float = 0.0  # >0: edge top-1 probability below this asks the cloud's model
+    cloud_model: str = ""  # model name asked for on a cascade ("" = the router's default)
+    cloud_timeout_ms: float = 2000.0  # wait for the cloud when the request has no deadline
+    min_cloud_wait_ms: float = 50.0  # never fall back sooner than this after sending
+    prior_cloud_ms: float = 60.0  # predicted cloud latency before any offload came back
+    max_inflight: int = 256  # offloads waiting for an answer at once
+    breaker_failures: int = 3  # consecutive failures that open the breaker
+    breaker_cooldown_s: float = 2.0  # first wait before a probe
+    breaker_max_cooldown_s: float = 30.0
+    window: int = 64  # recent samples kept by each model
+    local_models: list[str] = field(default_factory=list)  # names served here ([] = the loaded one)
+
+    @classmethod
+    def from_recipe(cls, doc: Mapping[str, Any] | None) -> tuple[OffloadConfig, list[str]]:
+        """Read camelCase keys; values of the wrong type are reported and left at their default."""
+        cfg = cls()
+        problems: list[str] = []
+        for name in cfg.__dataclass_fields__:
+            key = _camel(name)
+            if not doc or key not in doc:
+                continue
+            value, default = doc[key], getattr(cfg, name)
+            if isinstance(default, bool):
+                ok = isinstance(value, bool)
+            elif isinstance(default, (int, float)):
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+                value = type(default)(value) if ok else value
+            elif isinstance(default, list):
+                ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+            else:
+                ok = isinstance(value, str)
+            if ok:
+                setattr(cfg, name, value)
+            else:
+                problems.append(f"placement.{key} has the wrong type or range: {value!r}")
+        if cfg.cascade_threshold > 1:
+            problems.append("placement.cascadeThreshold must be from 0 to 1")
+            cfg.cascade_threshold = 0.0
+        if cfg.breaker_failures < 1:
+            problems.append("placement.breakerFailures must be at least 1")
+            cfg.breaker_failures = 1
+        if cfg.window < 2:
+            problems.append("placement.window must be at least 2")
+            cfg.window = 2
+        return cfg, problems
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p[:1].upper() + p[1:] for p in rest)
+
+
+# ------------------------------------------------------------------------------------------- models
+
+
+class LinearFit:
+    """Least-squares `y = a·x + b` over the last `window` samples, clamped to a, b ≥ 0.
+
+    With a single distinct x the slope is unknown: the fit goes through the origin (`a = mean y/x`),
+    which is what `t(n) = a·n` would say for an engine with no fixed cost — a safe over-estimate for
+    larger n when the real `b` is positive.
+    """
+
+    def __init__(self, window: int = 64) -> None:
+        self._samples: deque[tuple[float, float]] = deque(maxlen=window)
+        self._coef: tuple[float, float] | None = None
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    def add(self, x: float, y: float) -> None:
+        if math.isfinite(x) and math.isfinite(y) and y >= 0:
+            self._samples.append((float(x), float(y)))
+            self._coef = None
+
+    @property
+    def coef(self) -> tuple[float, float] | None:
+        if self._coef is None and self._samples:
+            self._coef = self._fit()
+        return self._coef
+
+    def _fit(self) -> tuple[float, float]:
+        xs = [s[0] for s in self._samples]
+        ys = [s[1] for s in self._samples]
+        n = len(xs)
+        mx, my = sum(xs) / n, sum(ys) / n
+        sxx = sum((x - mx) ** 2 for x in xs)
+        if sxx <= 1e-12:
+            return (my / mx, 0.0) if mx > 0 else (0.0, my)
+        a = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+        b = my - a * mx
+        if a < 0:  # noise: y does not grow with x; a flat model
+            return 0.0, my
+        if b < 0:  # through the origin instead
+            sxy = sum(x * y for x, y in zip(xs, ys, strict=True))
+            sx2 = sum(x * x for x in xs)
+            return (sxy / sx2 if sx2 > 0 else 0.0), 0.0
+        return a, b
+
+    def predict(self, x: float) -> float | None:
+        coef = self.coef
+        if coef is None:
+            return None
+        return coef[0] * x + coef[1]
+
+    def residual_quantile(self, q: float) -> float:
+        coef = self.coef
+        if coef is None:
+            return 0.0
+        res = sorted(y - (coef[0] * x + coef[1]) for x, y in self._samples)
+        return max(0.0, _quantile(res, q))
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    idx = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
+    return sorted_values[idx]
+
+
+class ServiceTimeModel:
+    """The engine's batch execution time `t(n) = a·n + b` in ms, from recent executions."""
+
+    def __init__(self, window: int = 64, prior_ms_per_item: float = 10.0) -> None:
+        self.fit = LinearFit(window)
+        self.prior_ms_per_item = prior_ms_per_item
+
+    def observe(self, batch_size: int, ms: float) -> None:
+        if batch_size > 0:
+            self.fit.add(batch_size, ms)
+
+    def predict(self, batch_size: int) -> float:
+        if batch_size <= 0:
+            return 0.0
+        value = self.fit.predict(batch_size)
+        return self.prior_ms_per_item * batch_size if value is None else value
+
+
+class CloudLatencyModel:
+    """End-to-end cloud latency in ms: network (upload + RTT, fitted on payload size) + cloud service."""
+
+    def __init__(self, window: int = 64, prior_ms: float = 60.0, quantile: float = 0.9) -> None:
+        self.network = LinearFit(window)
+        self.service: deque[float] = deque(maxlen=window)
+        self.prior_ms = prior_ms
+        self.quantile = quantile
+
+    def observe(self, payload_bytes: int, round_trip_ms: float, cloud_service_ms: float) -> None:
+        service = max(0.0, min(cloud_service_ms, round_trip_ms))
+        self.network.add(payload_bytes, max(0.0, round_trip_ms - service))
+        self.service.append(service)
+
+    @property
+    def samples(self) -> int:
+        return len(self.service)
+
+    def predict(self, payload_bytes: int) -> float:
+        net = self.network.predict(payload_bytes)
+        if net is None:
+            return self.prior_ms
+        net += self.network.residual_quantile(self.quantile)
+        return net + _quantile(sorted(self.service), self.quantile)
+
+
+# ------------------------------------------------------------------------------------------ breaker
+
+
+class BreakerState(str, enum.Enum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class CircuitBreaker:
+    def __init__(
+        self,
+        failures: int = 3,
+        cooldown_s: float = 2.0,
+        max_cooldown_s: float = 30.0,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.threshold = failures
+        self.base_cooldown_s = cooldown_s
+        self.max_cooldown_s = max_cooldown_s
+        self.clock = clock
+        self.state = BreakerState.CLOSED
+        self.consecutive_failures = 0
+        self.cooldown_s = cooldown_s
+        self.opened_at = 0.0
+        self.opened_count = 0
+        self._probe_out = False
+
+    def available(self) -> bool:
+        """Would `allow()` say yes? (Does not take the half-open probe.)"""
+        if self.state is BreakerState.CLOSED:
+            return True
+        if self.state is BreakerState.OPEN:
+            return self.clock() - self.opened_at >= self.cooldown_s
+        return not self._probe_out
+
+    def allow(self) -> bool:
+        """May a request go to the cloud now? In half-open state exactly one probe is let through."""
+        if self.state is BreakerState.CLOSED:
+            return True
+        if self.state is BreakerState.OPEN:
+            if self.clock() - self.opened_at < self.cooldown_s:
+                return False
+            self.state = BreakerState.HALF_OPEN
+            self._probe_out = False
+        if self._probe_out:
+            return False
+        self._probe_out = True
+        return True
+
+    def record_success(self) -> None:
+        self.consecutive_failures = 0
+        if self.state is not BreakerState.CLOSED:
+            self.state = BreakerState.CLOSED
+            self.cooldown_s = self.base_cooldown_s
+            self._probe_out = False
+
+    def record_failure(self) -> None:
+        self.consecutive_failures += 1
+        if self.state is BreakerState.HALF_OPEN:
+            self.cooldown_s = min(self.max_cooldown_s, self.cooldown_s * 2)
+            self._open()
+        elif self.state is BreakerState.CLOSED and self.consecutive_failures >= self.threshold:
+            self._open()
+
+    def _open(self) -> None:
+        self.state = BreakerState.OPEN
+        self.opened_at = self.clock()
+        self.opened_count += 1
+        self._probe_out = False
+
+
+# ----------------------------------------------------------------------------------------- decisions
+
+
+class Action(str, enum.Enum):
+    LOCAL = "local"
+    OFFLOAD = "offload"
+    REJECT = "reject"  # answer with `Decision.code` now
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str
+    local_ms: float | None = None  # predictions, for logs and tests
+    cloud_ms: float | None = None
+    budget_ms: float | None = None
+    code: ErrorCode | None = None  # set for REJECT
+
+    @property
+    def message(self) -> str:
+        return self.reason
+
+
+@dataclass
+class Ticket(Generic[T]):
+    """One offload in flight. `wire_id` is the id sent to the cloud (unique among those in flight)."""
+
+    wire_id: str
+    request_id: str
+    item: T
+    sent_at: float
+    fallback_at: float
+    payload_bytes: int
+    held: Result | None = None  # a cascade's local answer, published if the cloud does not answer
+    probe: bool = False
+
+
+@dataclass
+class CloudOutcome(Generic[T]):
+    """What to do with a cloud answer: publish `result` (already carrying the client's request id),
+    or, when `serve_locally`, serve `ticket.item` locally instead (the cloud failed)."""
+
+    ticket: Ticket[T]
+    result: Result | None
+    serve_locally: bool = False
+
+
+@dataclass
+class Fallback(Generic[T]):
+    """An offload whose answer did not come in time: publish `ticket.held` or serve it locally."""
+
+    ticket: Ticket[T]
+    reason: str
+
+
+class PlacementPolicy(Generic[T]):
+    """Thread-safe; one per runtime. `T` is whatever the server wants back on a fallback."""
+
+    def __init__(
+        self,
+        config: OffloadConfig | None = None,
+        *,
+        max_batch_size: int = 8,
+        local_models: Iterable[str] = (),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config or OffloadConfig()
+        self.max_batch_size = max_batch_size
+        self.local_models = set(self.config.local_models) | set(local_models)
+        self.clock = clock
+        self.service = ServiceTimeModel(self.config.window)
+        self.cloud = CloudLatencyModel(self.config.window, self.config.prior_cloud_ms)
+        self.breaker = CircuitBreaker(
+            self.config.breaker_failures,
+            self.config.breaker_cooldown_s,
+            self.config.breaker_max_cooldown_s,
+            clock=clock,
+        )
+        self._overhead: deque[float] = deque(maxlen=self.config.window)
+        self._lock = threading.RLock()
+        self._tickets: dict[str, Ticket[T]] = {}
+        self._busy_until: float | None = None  # predicted end of the batch now running
+        self._seq = itertools.count(1)
+        self.counters: dict[str, int] = {
+            "local": 0,
+            "offloaded": 0,
+            "rejected": 0,
+            "cascaded": 0,
+            "cloud_ok": 0,
+            "cloud_failed": 0,
+            "fallbacks": 0,
+            "late_cloud_answers": 0,
+        }
+
+    # --------------------------------------------------------------------------- engine feedback
+
+    def batch_started(self, batch_size: int, now: float | None = None) -> None:
+        now = self.clock() if now is None else now
+        with self._lock:
+            self._busy_until = now + self.service.predict(batch_size) / 1000.0
+
+    def batch_finished(self, batch_size: int, compute_ms: float) -> None:
+        with self._lock:
+            self.service.observe(batch_size, compute_ms)
+            self._busy_until = None
+
+    def observe_overhead(self, ms: float) -> None:
+        """Per-request time outside the engine (decode + post-process) of a request served here."""
+        if math.isfinite(ms) and ms >= 0:
+            with self._lock:
+                self._overhead.append(ms)
+
+    # ------------------------------------------------------------------------------- predictions
+
+    def predict_local_ms(self, ahead: int, now: float | None = None) -> float:
+        """Latency of a request that joins now behind `ahead` requests (queued or being decoded)."""
+        now = self.clock() if now is None else now
+        with self._lock:
+            busy = 0.0 if self._busy_until is None else max(0.0, (self._busy_until - now) * 1000.0)
+            size = max(1, self.max_batch_size)
+            full, rest = divmod(max(0, ahead), size)
+            compute = full * self.service.predict(size) + self.service.predict(rest + 1)
+            overhead = _quantile(sorted(self._overhead), 0.9) if self._overhead else 0.0
+            return busy + compute + overhead
+
+    def predict_cloud_ms(self, payload_bytes: int) -> float:
+        with self._lock:
+            return self.cloud.predict(payload_bytes)
+
+    # --------------------------------------------------------------------------------- decisions
+
+    def decide(
+        self,
+        request: Request,
+        *,
+        ahead: int,
+        payload_bytes: int,
+        arrived: float | None = None,
+        now: float | None = None,
+    ) -> Decision:
+        """Where to serve `request`, given `ahead` requests in front of it on the device.
+
+        `arrived` is when the runtime received it (the deadline counts from there); defaults to now.
+        A returned OFFLOAD has already taken the breaker's probe slot: call `begin_offload` next.
+        """
+        now = self.clock() if now is None else now
+        arrived = now if arrived is None else arrived
+        cfg = self.config
+        with self._lock:
+            local_ms = self.predict_local_ms(ahead, now)
+            cloud_ms = self.cloud.predict(payload_bytes)
+            budget = None
+            if request.deadline_ms is not None:
+                budget = request.deadline_ms - (now - arrived) * 1000.0 - cfg.deadline_margin_ms
+
+            def result(action: Action, reason: str, code: ErrorCode | None = None) -> Decision:
+                key = {"local": "local", "offload": "offloaded", "reject": "rejected"}[action.value]
+                self.counters[key] += 1
+                return Decision(action, reason, local_ms, cloud_ms, budget, code)
+
+            missing_model = request.model is not None and request.model not in self.local_models
+            if request.offload == "never":
+                if missing_model:
+                    return result(
+                        Action.REJECT,
+                        f"model {request.model!r} is not on this device and offload is 'never'",
+                        ErrorCode.BAD_REQUEST,
+                    )
+                if budget is not None and local_ms > budget:
+                    return result(
+                        Action.REJECT,
+                        f"predicted {local_ms:.0f} ms here, over the {budget:.0f} ms left",
+                        ErrorCode.DEADLINE_EXCEEDED,
+                    )
+                return result(Action.LOCAL, "offload is 'never'")
+            if missing_model:
+                if self._cloud_ready() and self.breaker.allow():
+                    return result(Action.OFFLOAD, f"model {request.model!r} is not on this device")
+                return result(
+                    Action.REJECT,
+                    f"model {request.model!r} is not on this device and the cloud is unavailable",
+                    ErrorCode.OVERLOADED,
+                )
+            if request.offload == "always":
+                if self._cloud_ready() and self.breaker.allow():
+                    return result(Action.OFFLOAD, "offload is 'always'")
+                return result(Action.LOCAL, "offload is 'always' but the cloud is unavailable")
+            if budget is None:
+                return result(Action.LOCAL, "no deadline")
+            if local_ms <= budget:
+                return result(Action.LOCAL, f"local {local_ms:.0f} ms meets the {budget:.0f} ms budget")
+            if cloud_ms <= budget and self._cloud_ready() and self.breaker.allow():
+                return result(
+                    Action.OFFLOAD, f"only the cloud ({cloud_ms:.0f} ms) meets the {budget:.0f} ms budget"
+                )
+            why = "the cloud is unavailable" if not self._cloud_ready() else f"cloud {cloud_ms:.0f} ms"
+            return result(
+                Action.REJECT,
+                f"neither meets the {budget:.0f} ms left: local {local_ms:.0f} ms, {why}",
+                ErrorCode.DEADLINE_EXCEEDED,
+            )
+
+    def _cloud_ready(self) -> bool:
+        return (
+            self.config.enabled and len(self._tickets) < self.config.max_inflight and self.breaker.available()
+        )
+
+    def wants_cascade(
+        self,
+        request: Request,
+        top1: float,
+        *,
+        payload_bytes: int,
+        arrived: float | None = None,
+        now: float | None = None,
+    ) -> bool:
+        """After a local answer: ask the cloud's heavier model when the edge is unsure and time allows.
+
+        True has taken the breaker's probe slot: call `begin_offload(..., held=local_result)` next.
+        """
+        cfg = self.config
+        if cfg.cascade_threshold <= 0 or top1 >= cfg.cascade_threshold or request.offload == "never":
+            return False
+        now = self.clock() if now is None else now
+        arrived = now if arrived is None else arrived
+        with self._lock:
+            if request.deadline_ms is not None:
+                budget = request.deadline_ms - (now - arrived) * 1000.0 - cfg.deadline_margin_ms
+                if self.cloud.predict(payload_bytes) > budget:
+                    return False
+            if not (self._cloud_ready() and self.breaker.allow()):
+                return False
+            self.counters["cascaded"] += 1
+            return True
+
+    # ---------------------------------------------------------------------------- offload tickets
+
+    def begin_offload(
+        self,
+        request: Request,
+        item: T,
+        *,
+        payload_bytes: int,
+        arrived: float | None = None,
+        now: float | None = None,
+        held: Result | None = None,
+    ) -> Ticket[T]:
+        """Track an offload about to be published; send it with `ticket.wire_id` as its id."""
+        now = self.clock() if now is None else now
+        arrived = now if arrived is None else arrived
+        cfg = self.config
+        with self._lock:
+            cloud_ms = self.cloud.predict(payload_bytes)
+            if request.deadline_ms is not None:
+                deadline = arrived + request.deadline_ms / 1000.0
+                wait = max(cfg.min_cloud_wait_ms / 1000.0, 2 * cloud_ms / 1000.0)
+                fallback_at = min(deadline, now + wait)
+                fallback_at = max(fallback_at, now + cfg.min_cloud_wait_ms / 1000.0)
+            else:
+                fallback_at = now + cfg.cloud_timeout_ms / 1000.0
+            wire_id = request.id
+            if wire_id in self._tickets:
+                wire_id = f"{request.id}~{next(self._seq)}"
+            ticket = Ticket(
+                wire_id=wire_id,
+                request_id=request.id,
+                item=item,
+                sent_at=now,
+                fallback_at=fallback_at,
+                payload_bytes=payload_bytes,
+                held=held,
+                probe=self.breaker.state is BreakerState.HALF_OPEN,
+            )
+            self._tickets[wire_id] = ticket
+            return ticket
+
+    def deadline_left_ms(self, request: Request, arrived: float, now: float | None = None) -> float | None:
+        """What goes into `origin.deadline_left_ms`."""
+        if request.deadline_ms is None:
+            return None
+        now = self.clock() if now is None else now
+        return request.deadline_ms - (now - arrived) * 1000.0
+
+    def on_publish_failed(self, ticket: Ticket[T]) -> bool:
+        """The offload could not be sent. True: the ticket was still open — serve it locally now."""
+        with self._lock:
+            if self._tickets.pop(ticket.wire_id, None) is None:
+                return False
+            self._failure()
+            self.counters["fallbacks"] += 1
+            return True
+
+    def on_cloud_result(self, result: Result, now: float | None = None) -> CloudOutcome[T] | None:
+        """A result arrived on `edgeinfer/{thing}/offload/result`. None: unknown, duplicate or too late."""
+        now = self.clock() if now is None else now
+        if result.id is None:
+            return None
+        with self._lock:
+            ticket = self._tickets.pop(result.id, None)
+            if ticket is None:
+                self.counters["late_cloud_answers"] += 1
+                return None
+            result.id = ticket.request_id
+            code = result.error.code if result.error is not None else None
+            if result.status == "ok":
+                self.breaker.record_success()
+                self.counters["cloud_ok"] += 1
+                rtt_ms = (now - ticket.sent_at) * 1000.0
+                self.cloud.observe(ticket.payload_bytes, rtt_ms, result.latency_ms.total)
+                return CloudOutcome(ticket, result)
+            if code in _REQUEST_FAULTS:
+                self.breaker.record_success()  # the cloud works; the request was bad
+                return CloudOutcome(ticket, result)
+            # INTERNAL, OVERLOADED, DEADLINE_EXCEEDED: the cloud did not serve it; serve it here.
+            self._failure()
+            self.counters["fallbacks"] += 1
+            if ticket.held is not None:
+                return CloudOutcome(ticket, ticket.held)
+            return CloudOutcome(ticket, None, serve_locally=True)
+
+    def due(self, now: float | None = None) -> list[Fallback[T]]:
+        """Offloads whose answer did not come by their fallback time (each returned exactly once)."""
+        now = self.clock() if now is None else now
+        with self._lock:
+            expired = [t for t in self._tickets.values() if t.fallback_at <= now]
+            for ticket in expired:
+                del self._tickets[ticket.wire_id]
+                self._failure()
+                self.counters["fallbacks"] += 1
+            return [Fallback(t, "no cloud answer in time") for t in expired]
+
+    def next_due(self) -> float | None:
+        """The earliest fallback time in flight (clock seconds), to arm a timer."""
+        with self._lock:
+            return min((t.fallback_at for t in self._tickets.values()), default=None)
+
+    def drain(self) -> list[Ticket[T]]:
+        """On shutdown: every open ticket, removed, so the caller can still answer each one."""
+        with self._lock:
+            out = list(self._tickets.values())
+            self._tickets.clear()
+            return out
+
+    @property
+    def inflight(self) -> int:
+        return len(self._tickets)
+
+    def _failure(self) -> None:
+        self.breaker.record_failure()
+        self.counters["cloud_failed"] += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        """For logs and telemetry: predictions' inputs, breaker state, counters."""
+        with self._lock:
+            coef = self.service.fit.coef
+            return {
+                "breaker": self.breaker.state.value,
+                "inflight": len(self._tickets),
+                "service_ms": {"a": coef[0], "b": coef[1]} if coef else None,
+                "cloud_ms_p90": self.cloud.predict(0) if self.cloud.samples else None,
+                **self.counters,
+            }

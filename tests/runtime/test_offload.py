@@ -1,0 +1,437 @@
+"""The placement policy with a fake clock: predictions, decisions, breaker, exactly one result."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edgeinfer.messages import ErrorCode, Latency, Prediction, Request, Result, error_result
+from edgeinfer.runtime.offload import (
+    Action,
+    BreakerState,
+    CircuitBreaker,
+    CloudLatencyModel,
+    LinearFit,
+    OffloadConfig,
+    PlacementPolicy,
+    ServiceTimeModel,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, ms: float) -> None:
+        self.t += ms / 1000.0
+
+
+def req(rid: str = "r1", deadline_ms: float | None = 100.0, **kw: object) -> Request:
+    return Request(id=rid, image=b"jpeg", deadline_ms=deadline_ms, **kw)  # type: ignore[arg-type]
+
+
+def ok(rid: str, total_ms: float = 5.0) -> Result:
+    return Result(
+        id=rid,
+        status="ok",
+        timestamp="2026-11-29T00:00:00.000Z",
+        predictions=[Prediction(1, "goldfish", 0.9)],
+        placement="cloud",
+        latency_ms=Latency(total=total_ms),
+    )
+
+
+def err(rid: str, code: ErrorCode) -> Result:
+    return error_result(rid, code, "x", timestamp="2026-11-29T00:00:00.000Z", placement="cloud")
+
+
+def policy(clock: Clock, **cfg: object) -> PlacementPolicy[str]:
+    config = OffloadConfig(**cfg)  # type: ignore[arg-type]
+    p: PlacementPolicy[str] = PlacementPolicy(config, max_batch_size=8, local_models=["lite0"], clock=clock)
+    for n in (1, 2, 4, 8):  # t(n) = 4n + 2 ms
+        p.batch_finished(n, 4 * n + 2)
+    p.observe_overhead(1.0)
+    return p
+
+
+def teach_cloud(p: PlacementPolicy[str], clock: Clock, rtt_ms: float, service_ms: float) -> None:
+    """Feed the cloud model with a few answered offloads taking `rtt_ms` end to end."""
+    for i in range(8):
+        r = req(f"teach-{i}", deadline_ms=None, offload="always")
+        assert p.decide(r, ahead=0, payload_bytes=1000 + i).action is Action.OFFLOAD
+        t = p.begin_offload(r, r.id, payload_bytes=1000 + i)
+        clock.advance(rtt_ms)
+        out = p.on_cloud_result(ok(t.wire_id, service_ms))
+        assert out is not None
+        assert out.result is not None
+
+
+# ------------------------------------------------------------------------------------------ models
+
+
+def test_linear_fit_recovers_a_n_plus_b() -> None:
+    fit = LinearFit(16)
+    for n in (1, 2, 4, 8, 1, 8):
+        fit.add(n, 4.5 * n + 3)
+    a, b = fit.coef or (0, 0)
+    assert a == pytest.approx(4.5)
+    assert b == pytest.approx(3)
+    assert fit.predict(16) == pytest.approx(75)
+
+
+def test_linear_fit_single_size_goes_through_origin_and_handles_noise() -> None:
+    fit = LinearFit(8)
+    assert fit.predict(3) is None
+    fit.add(4, 20)
+    assert fit.predict(8) == pytest.approx(40)
+    flat = LinearFit(8)
+    for n, y in ((1, 10), (8, 9)):  # decreasing: noise, not a model
+        flat.add(n, y)
+    assert flat.coef == (0.0, pytest.approx(9.5))
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 32), st.floats(0, 500)), min_size=1, max_size=40))
+def test_linear_fit_never_predicts_negative(samples: list[tuple[int, float]]) -> None:
+    fit = LinearFit(64)
+    for x, y in samples:
+        fit.add(x, y)
+    for n in (1, 8, 32):
+        value = fit.predict(n)
+        assert value is not None
+        assert value >= 0
+
+
+def test_service_model_prior_before_any_batch() -> None:
+    m = ServiceTimeModel(prior_ms_per_item=10)
+    assert m.predict(3) == 30
+    m.observe(2, 10)
+    assert m.predict(2) == pytest.approx(10)
+
+
+def test_cloud_model_splits_network_and_service() -> None:
+    m = CloudLatencyModel(window=16, prior_ms=60)
+    assert m.predict(1000) == 60
+    for size in (1000, 2000, 3000, 4000):
+        m.observe(size, 30 + size / 1000 + 5, 5)  # 30 ms RTT + 1 ms/kB upload + 5 ms service
+    assert m.predict(10_000) == pytest.approx(30 + 10 + 5, abs=0.01)
+
+
+# ----------------------------------------------------------------------------------- predictions
+
+
+def test_local_prediction_counts_batches_ahead_and_the_running_batch() -> None:
+    clock = Clock()
+    p = policy(clock)
+    # idle, nothing ahead: t(1) + overhead
+    assert p.predict_local_ms(0) == pytest.approx(6 + 1)
+    # 10 ahead with batches of 8: one full batch t(8)=34, then own batch of 3: t(3)=14
+    assert p.predict_local_ms(10) == pytest.approx(34 + 14 + 1)
+    p.batch_started(8)  # predicted to run 34 ms
+    clock.advance(20)
+    assert p.predict_local_ms(0) == pytest.approx(14 + 6 + 1)
+    p.batch_finished(8, 34)
+    assert p.predict_local_ms(0) == pytest.approx(7)
+
+
+# ------------------------------------------------------------------------------------- decisions
+
+
+def test_stays_local_while_local_meets_the_budget() -> None:
+    clock = Clock()
+    p = policy(clock)
+    d = p.decide(req(deadline_ms=100), ahead=5, payload_bytes=20_000)
+    assert d.action is Action.LOCAL
+    assert d.local_ms is not None
+    assert d.budget_ms is not None
+    assert d.local_ms <= d.budget_ms
+
+
+def test_offloads_when_only_the_cloud_meets_the_budget() -> None:
+    clock = Clock()
+    p = policy(clock)
+    teach_cloud(p, clock, rtt_ms=35, service_ms=5)
+    d = p.decide(req(deadline_ms=100), ahead=24, payload_bytes=1000)  # local: 3·34 + 6 + 1 = 109
+    assert d.action is Action.OFFLOAD, d.reason
+    assert d.cloud_ms is not None
+    assert d.cloud_ms < 100
+
+
+def test_deadline_exceeded_when_neither_can() -> None:
+    clock = Clock()
+    p = policy(clock)
+    teach_cloud(p, clock, rtt_ms=80, service_ms=5)
+    d = p.decide(req(deadline_ms=60), ahead=24, payload_bytes=1000)
+    assert d.action is Action.REJECT
+    assert d.code is ErrorCode.DEADLINE_EXCEEDED
+
+
+def test_time_already_spent_counts_against_the_budget() -> None:
+    clock = Clock()
+    p = policy(clock)
+    arrived = clock()
+    clock.advance(95)
+    d = p.decide(req(deadline_ms=100), ahead=0, payload_bytes=1000, arrived=arrived)
+    assert d.action is Action.REJECT
+
+
+def test_no_deadline_stays_local_and_never_stays_local() -> None:
+    clock = Clock()
+    p = policy(clock)
+    assert p.decide(req(deadline_ms=None), ahead=500, payload_bytes=1).action is Action.LOCAL
+    d = p.decide(req(deadline_ms=10, offload="never"), ahead=500, payload_bytes=1)
+    assert d.action is Action.REJECT
+    assert d.code is ErrorCode.DEADLINE_EXCEEDED
+    assert p.decide(req(deadline_ms=1000, offload="never"), ahead=1, payload_bytes=1).action is Action.LOCAL
+
+
+def test_model_not_on_the_device_goes_to_the_cloud() -> None:
+    clock = Clock()
+    p = policy(clock)
+    assert p.decide(req(model="lite2"), ahead=0, payload_bytes=1).action is Action.OFFLOAD
+    assert p.decide(req(model="lite0"), ahead=0, payload_bytes=1).action is Action.LOCAL
+    d = p.decide(req(model="lite2", offload="never"), ahead=0, payload_bytes=1)
+    assert d.action is Action.REJECT
+    assert d.code is ErrorCode.BAD_REQUEST
+
+
+def test_policy_disabled_never_offloads() -> None:
+    clock = Clock()
+    p = policy(clock, enabled=False)
+    assert p.decide(req(deadline_ms=100), ahead=40, payload_bytes=1).action is Action.REJECT
+    d = p.decide(req(model="lite2"), ahead=0, payload_bytes=1)
+    assert d.action is Action.REJECT
+    assert d.code is ErrorCode.OVERLOADED
+    assert p.decide(req(offload="always"), ahead=0, payload_bytes=1).action is Action.LOCAL
+
+
+# ---------------------------------------------------------------------------- exactly one result
+
+
+def test_cloud_answer_first_wins_and_later_events_are_ignored() -> None:
+    clock = Clock()
+    p = policy(clock)
+    r = req("a", offload="always")
+    p.decide(r, ahead=0, payload_bytes=10)
+    t = p.begin_offload(r, "item-a", payload_bytes=10)
+    clock.advance(30)
+    out = p.on_cloud_result(ok("a"))
+    assert out is not None
+    assert out.result is not None
+    assert out.result.id == "a"
+    assert not out.serve_locally
+    assert p.on_cloud_result(ok("a")) is None  # duplicate
+    clock.advance(10_000)
+    assert p.due() == []  # nothing left to fall back
+    assert not p.on_publish_failed(t)
+    assert p.inflight == 0
+
+
+def test_no_answer_in_time_is_served_locally_once_and_late_answer_dropped() -> None:
+    clock = Clock()
+    p = policy(clock)
+    r = req("b", deadline_ms=100, offload="always")
+    p.decide(r, ahead=0, payload_bytes=10)
+    t = p.begin_offload(r, "item-b", payload_bytes=10)
+    assert p.next_due() == t.fallback_at
+    assert t.fallback_at <= clock() + 0.1  # never waits past the deadline
+    assert p.due() == []
+    clock.t = t.fallback_at
+    falls = p.due()
+    assert [f.ticket.item for f in falls] == ["item-b"]
+    assert p.due() == []
+    assert p.on_cloud_result(ok("b")) is None  # too late: already served locally
+    assert p.counters["late_cloud_answers"] == 1
+
+
+def test_cloud_internal_error_is_served_locally_but_bad_request_is_forwarded() -> None:
+    clock = Clock()
+    p = policy(clock)
+    for rid, code, local in (("c", ErrorCode.INTERNAL, True), ("d", ErrorCode.BAD_IMAGE, False)):
+        r = req(rid, offload="always")
+        p.decide(r, ahead=0, payload_bytes=10)
+        p.begin_offload(r, rid, payload_bytes=10)
+        out = p.on_cloud_result(err(rid, code))
+        assert out is not None
+        assert out.serve_locally is local
+        assert (out.result is None) is local
+
+
+def test_duplicate_request_ids_in_flight_get_distinct_wire_ids() -> None:
+    clock = Clock()
+    p = policy(clock)
+    r1, r2 = req("same", offload="always"), req("same", offload="always")
+    t1 = p.begin_offload(r1, "one", payload_bytes=1)
+    t2 = p.begin_offload(r2, "two", payload_bytes=1)
+    assert t1.wire_id != t2.wire_id
+    a, b = p.on_cloud_result(ok(t2.wire_id)), p.on_cloud_result(ok(t1.wire_id))
+    assert a is not None
+    assert b is not None
+    assert (a.ticket.item, b.ticket.item) == ("two", "one")
+    assert a.result is not None
+    assert a.result.id == "same"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["answer", "dup", "tick", "fail"]), max_size=60), st.integers(1, 12))
+def test_every_offload_ends_exactly_once(events: list[str], n: int) -> None:
+    clock = Clock()
+    p = policy(clock)
+    tickets = []
+    for i in range(n):
+        r = req(f"id{i}", deadline_ms=100, offload="always")
+        tickets.append(p.begin_offload(r, r.id, payload_bytes=100))
+    ended: list[str] = []
+    for k, ev in enumerate(events):
+        t = tickets[k % n]
+        if ev in ("answer", "dup"):
+            out = p.on_cloud_result(ok(t.wire_id))
+            if out is not None:
+                ended.append(out.ticket.item)
+        elif ev == "tick":
+            clock.advance(40)
+            ended += [f.ticket.item for f in p.due()]
+        elif p.on_publish_failed(t):
+            ended.append(t.item)
+    clock.advance(10_000)
+    ended += [f.ticket.item for f in p.due()]
+    assert sorted(ended) == sorted(t.item for t in tickets)
+
+
+# ---------------------------------------------------------------------------------------- breaker
+
+
+def test_breaker_opens_after_failures_then_probes_and_closes() -> None:
+    clock = Clock()
+    b = CircuitBreaker(failures=3, cooldown_s=2, max_cooldown_s=8, clock=clock)
+    for _ in range(2):
+        b.record_failure()
+    assert b.state is BreakerState.CLOSED
+    b.record_failure()
+    assert b.state is BreakerState.OPEN
+    assert not b.allow()
+    clock.advance(2000)
+    assert b.allow()  # the probe
+    assert b.state is BreakerState.HALF_OPEN
+    assert not b.allow()  # only one probe at a time
+    b.record_failure()
+    assert b.state is BreakerState.OPEN
+    assert b.cooldown_s == 4  # doubled
+    clock.advance(4000)
+    assert b.allow()
+    b.record_success()
+    assert b.state is BreakerState.CLOSED
+    assert b.cooldown_s == 2
+
+
+def test_router_down_breaker_opens_requests_served_locally_then_offloading_resumes() -> None:
+    """The policy-level version of 'router stopped mid-run, then back'."""
+    clock = Clock()
+    p = policy(clock, breaker_failures=3, breaker_cooldown_s=1.0)
+    teach_cloud(p, clock, rtt_ms=30, service_ms=5)
+    heavy = 24  # local predicted 109 ms: only the cloud meets a 100 ms deadline
+    results: dict[str, str] = {}
+
+    def submit(rid: str) -> None:
+        r = req(rid, deadline_ms=100)
+        d = p.decide(r, ahead=heavy, payload_bytes=1000)
+        if d.action is Action.OFFLOAD:
+            p.begin_offload(r, rid, payload_bytes=1000)
+        else:
+            results[rid] = d.action.value
+
+    # router down: offloads time out, fall back locally, and the breaker opens
+    for i in range(6):
+        submit(f"down{i}")
+        clock.advance(100)
+        for f in p.due():
+            results[f.ticket.item] = "local-fallback"
+    assert p.breaker.state is BreakerState.OPEN
+    assert sum(v == "local-fallback" for v in results.values()) == 3
+    # open breaker: no offload; the heavy requests can't make it anywhere → DEADLINE_EXCEEDED now
+    assert all(results[f"down{i}"] == "reject" for i in range(3, 6))
+    assert p.inflight == 0
+    # router back: after the cooldown one probe goes out, succeeds, and offloading resumes
+    clock.advance(1000)
+    submit("probe")
+    assert p.inflight == 1
+    submit("while-probing")
+    assert results["while-probing"] == "reject"
+    clock.advance(30)
+    out = p.on_cloud_result(ok("probe"))
+    assert out is not None
+    results["probe"] = "cloud"
+    assert p.breaker.state is BreakerState.CLOSED
+    for i in range(3):
+        submit(f"up{i}")
+        clock.advance(30)
+        answer = p.on_cloud_result(ok(f"up{i}"))
+        assert answer is not None
+        results[f"up{i}"] = "cloud"
+    assert all(results[f"up{i}"] == "cloud" for i in range(3))
+    assert set(results) == {f"down{i}" for i in range(6)} | {"probe", "while-probing"} | {
+        f"up{i}" for i in range(3)
+    }
+
+
+def test_publish_failure_counts_against_the_breaker() -> None:
+    clock = Clock()
+    p = policy(clock, breaker_failures=2)
+    for i in range(2):
+        r = req(f"p{i}", offload="always")
+        assert p.decide(r, ahead=0, payload_bytes=1).action is Action.OFFLOAD
+        t = p.begin_offload(r, r.id, payload_bytes=1)
+        assert p.on_publish_failed(t)
+    assert p.breaker.state is BreakerState.OPEN
+    assert p.decide(req("x", offload="always"), ahead=0, payload_bytes=1).action is Action.LOCAL
+
+
+# ---------------------------------------------------------------------------------------- cascade
+
+
+def test_cascade_asks_the_cloud_when_unsure_and_falls_back_to_the_held_answer() -> None:
+    clock = Clock()
+    p = policy(clock, cascade_threshold=0.5)
+    r = req("k", deadline_ms=200)
+    assert not p.wants_cascade(r, 0.9, payload_bytes=10)
+    assert not p.wants_cascade(req("n", offload="never"), 0.1, payload_bytes=10)
+    assert p.wants_cascade(r, 0.3, payload_bytes=10)
+    local = ok("k")
+    local.placement = "edge"
+    t = p.begin_offload(r, "k", payload_bytes=10, held=local)
+    clock.t = t.fallback_at
+    (fb,) = p.due()
+    assert fb.ticket.held is local
+    # and with an answer in time, the cloud's answer is the one
+    r2 = req("k2", deadline_ms=200)
+    assert p.wants_cascade(r2, 0.3, payload_bytes=10)
+    p.begin_offload(r2, "k2", payload_bytes=10, held=ok("k2"))
+    out = p.on_cloud_result(ok("k2"))
+    assert out is not None
+    assert out.result is not None
+    assert out.result.placement == "cloud"
+
+
+def test_cascade_off_by_default_and_skipped_without_time() -> None:
+    clock = Clock()
+    assert not policy(clock).wants_cascade(req(), 0.01, payload_bytes=1)
+    p = policy(clock, cascade_threshold=0.5)
+    teach_cloud(p, clock, rtt_ms=80, service_ms=5)
+    assert not p.wants_cascade(req(deadline_ms=50), 0.1, payload_bytes=1000)
+
+
+def test_config_from_recipe() -> None:
+    cfg, problems = OffloadConfig.from_recipe(
+        {"enabled": False, "cascadeThreshold": 0.4, "breakerFailures": "x", "localModels": ["a"]}
+    )
+    assert cfg.enabled is False
+    assert cfg.cascade_threshold == 0.4
+    assert cfg.local_models == ["a"]
+    assert cfg.breaker_failures == 3
+    assert problems == ["placement.breakerFailures has the wrong type or range: 'x'"]
+    _, problems = OffloadConfig.from_recipe({"cascadeThreshold": 2})
+    assert problems
