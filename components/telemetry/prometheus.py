@@ -1,0 +1,150 @@
+"""An optional Prometheus text endpoint on the device (off by default; loopback unless configured).
+
+Serves `GET /metrics` in the Prometheus text exposition format 0.0.4 with the stdlib `http.server`:
+per-stage latency quantiles of the last closed window (a `summary` without sum/count, as Prometheus
+allows), the window's throughput and queue depth, counters accumulated since the component started
+(requests, errors by code, dropped, offloaded, cascaded, executions, inferences), the provider as an
+info-style gauge, and the numeric system figures.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from edgeinfer.messages import TelemetryWindow
+
+__all__ = ["MetricsState", "PrometheusExporter", "render_metrics"]
+
+log = logging.getLogger(__name__)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_QUANTILES = (("p50", "0.5"), ("p90", "0.9"), ("p99", "0.99"))
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _num(value: float) -> str:
+    return repr(float(value))
+
+
+class MetricsState:
+    """The last window plus counters summed over every window since start."""
+
+    def __init__(self) -> None:
+        self.last: TelemetryWindow | None = None
+        self.totals: Counter[str] = Counter()
+        self.errors: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def update(self, window: TelemetryWindow) -> None:
+        with self._lock:
+            self.last = window
+            self.totals["requests"] += window.count
+            self.totals["dropped"] += window.dropped
+            self.totals["offloaded"] += window.offloaded
+            self.totals["cascaded"] += window.cascaded
+            self.totals["batch_executions"] += int(window.batch.get("executions", 0))
+            self.totals["inferences"] += int(window.batch.get("inferences", 0))
+            self.errors.update(window.errors)
+
+    def render(self) -> str:
+        with self._lock:
+            return render_metrics(self.last, self.totals, self.errors)
+
+
+def render_metrics(window: TelemetryWindow | None, totals: Counter[str], errors: Counter[str]) -> str:
+    lines: list[str] = []
+
+    def family(name: str, kind: str, help_text: str) -> None:
+        lines.append(f"# HELP edgeinfer_{name} {help_text}")
+        lines.append(f"# TYPE edgeinfer_{name} {kind}")
+
+    descriptions = {
+        "requests": "Requests answered (ok and error).",
+        "dropped": "Frames dropped before inference.",
+        "offloaded": "Requests answered by the cloud.",
+        "cascaded": "Requests sent to the cloud's heavier model for low confidence.",
+        "batch_executions": "Engine executions (batches run).",
+        "inferences": "Images run by the engine.",
+    }
+    for key, text in descriptions.items():
+        family(f"{key}_total", "counter", text)
+        lines.append(f"edgeinfer_{key}_total {totals.get(key, 0)}")
+    family("errors_total", "counter", "Error results by stable error code.")
+    for code, n in sorted(errors.items()):
+        lines.append(f'edgeinfer_errors_total{{code="{_label(code)}"}} {n}')
+    if window is None:
+        return "\n".join(lines) + "\n"
+    thing = _label(window.thing)
+    family("latency_ms", "summary", "Per-stage latency of the last window in milliseconds.")
+    for stage, q in window.latency_ms.items():
+        for attr, quantile in _QUANTILES:
+            value = getattr(q, attr)
+            lines.append(
+                f'edgeinfer_latency_ms{{thing="{thing}",stage="{_label(stage)}",quantile="{quantile}"}} '
+                f"{_num(value)}"
+            )
+    family("latency_max_ms", "gauge", "Per-stage maximum latency of the last window in milliseconds.")
+    for stage, q in window.latency_ms.items():
+        lines.append(f'edgeinfer_latency_max_ms{{thing="{thing}",stage="{_label(stage)}"}} {_num(q.max)}')
+    family("throughput_rps", "gauge", "Requests answered per second in the last window.")
+    lines.append(f'edgeinfer_throughput_rps{{thing="{thing}"}} {_num(window.throughput_rps)}')
+    family("batch_mean_size", "gauge", "Mean batch size in the last window.")
+    lines.append(f'edgeinfer_batch_mean_size{{thing="{thing}"}} {_num(window.batch.get("mean_size", 0.0))}')
+    family("queue_depth", "gauge", "Queue depth seen by requests in the last window.")
+    for stat in ("mean", "max"):
+        value = window.queue_depth.get(stat, 0.0)
+        lines.append(f'edgeinfer_queue_depth{{thing="{thing}",stat="{stat}"}} {_num(value)}')
+    family("window_seq", "gauge", "Sequence number of the last telemetry window.")
+    lines.append(f'edgeinfer_window_seq{{thing="{thing}"}} {window.seq}')
+    if window.provider:
+        family("provider_info", "gauge", "The ONNX Runtime execution provider that ran the last window.")
+        lines.append(f'edgeinfer_provider_info{{thing="{thing}",provider="{_label(window.provider)}"}} 1')
+    for key, value in sorted(window.system.items()):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        family(f"system_{key}", "gauge", f"System figure {key} at the end of the last window.")
+        lines.append(f'edgeinfer_system_{key}{{thing="{thing}"}} {_num(value)}')
+    return "\n".join(lines) + "\n"
+
+
+class PrometheusExporter:
+    """`GET /metrics` on `bind:port` (port 0 picks a free one; see `.port`) from a daemon thread."""
+
+    def __init__(self, state: MetricsState, *, bind: str = "127.0.0.1", port: int = 9464) -> None:
+        self.state = state
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.split("?")[0] not in ("/metrics", "/"):
+                    self.send_error(404, "only /metrics is served")
+                    return
+                body = outer.state.render().encode("utf-8")
+                self.send_response(200)
+                self.send_header("Content-Type", CONTENT_TYPE)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                log.debug("prometheus: " + format, *args)
+
+        self._server = ThreadingHTTPServer((bind, port), Handler)
+        self._server.daemon_threads = True
+        self.bind = bind
+        self.port = int(self._server.server_address[1])
+        self._thread = threading.Thread(target=self._server.serve_forever, name="prometheus", daemon=True)
+        self._thread.start()
+        log.info("Prometheus metrics on http://%s:%d/metrics", bind, self.port)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)

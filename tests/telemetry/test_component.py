@@ -1,0 +1,142 @@
+"""The component on a MemoryBus: timings in, windows out on IoT Core, RUNNING, config, Prometheus."""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from edgeinfer.messages import TIMINGS_TOPIC, TelemetryWindow, TimingBatch, telemetry_topic
+from edgeinfer.telemetry.component import ConfigError, TelemetryComponent, TelemetryConfig
+from edgeinfer.transport import MemoryBus
+
+from .conftest import FakeClock, make_record
+
+
+def windows(bus: MemoryBus, thing: str = "dev") -> list[TelemetryWindow]:
+    return [
+        TelemetryWindow.from_dict(json.loads(m.payload))
+        for m in bus.messages_on(telemetry_topic(thing), "iot")
+    ]
+
+
+def make(tmp_path: Path, clock: FakeClock, **config: object) -> tuple[MemoryBus, TelemetryComponent]:
+    bus = MemoryBus(config=dict(config))
+    cfg = TelemetryConfig.from_dict(bus.config)
+    comp = TelemetryComponent(
+        bus, "dev", cfg, clock=clock, system=lambda: {"cpu_percent": 3.5}, work=tmp_path
+    )
+    comp.start()
+    return bus, comp
+
+
+def test_timings_in_windows_out(tmp_path: Path, clock: FakeClock) -> None:
+    bus, comp = make(tmp_path, clock, windowSeconds=5)
+    assert bus.states == ["RUNNING"]
+    rng = random.Random(1)
+    for _ in range(10):
+        bus.publish(TIMINGS_TOPIC, TimingBatch("dev", [make_record(rng) for _ in range(4)], [4]).to_json())
+        clock.advance(1)
+        comp.tick()
+    bus.publish(TIMINGS_TOPIC, b"garbage")  # never raises on the transport thread
+    comp.close()
+    sent = windows(bus)
+    assert [w.seq for w in sent] == [0, 1, 2]
+    assert [w.count for w in sent] == [20, 20, 0]
+    assert sent[0].batch["mean_size"] == 4
+    assert sent[0].system["cpu_percent"] == 3.5
+    assert sent[0].system["spool"] == {"pending": 0, "dropped": 0}
+    assert comp.aggregator.bad_messages == 1
+
+
+def test_outage_then_restart_keeps_seq(tmp_path: Path, clock: FakeClock) -> None:
+    bus, comp = make(tmp_path, clock, windowSeconds=1)
+    clock.advance(1)
+    comp.tick()
+    bus.fail_publish = True
+    for _ in range(3):
+        clock.advance(1)
+        comp.tick()
+    comp.close()  # the last window is spooled too
+    assert len(comp.spool) == 4
+
+    bus2, comp2 = make(tmp_path, clock, windowSeconds=1)
+    clock.advance(1)
+    comp2.tick()
+    assert [w.seq for w in windows(bus)] == [0]
+    assert [w.seq for w in windows(bus2)] == [1, 2, 3, 4, 5]
+
+
+def test_configuration_validation_and_live_update(tmp_path: Path, clock: FakeClock) -> None:
+    bus, comp = make(tmp_path, clock, windowSeconds=10)
+    assert bus.propose_configuration({"windowSeconds": -1}) is not None
+    assert bus.propose_configuration({"windowSeconds": "2", "spoolMaxWindows": 5}) is None
+    assert comp.spool.max_windows == 5
+    clock.advance(10)
+    assert comp.tick()[0].window_s == 10
+    clock.advance(2)
+    assert comp.tick()[0].window_s == 2
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"windowSeconds": "soon"}, "windowSeconds='soon'"),
+        ({"qos": 2}, "qos must be 0 or 1"),
+        ({"prometheusPort": 70000}, "prometheusPort"),
+        ({"systemMetrics": "yes"}, "systemMetrics"),
+        ({"spoolMaxWindows": 1.5}, "spoolMaxWindows"),
+    ],
+)
+def test_bad_configuration_is_one_clear_line(doc: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        TelemetryConfig.from_dict(doc)
+
+
+def test_configuration_defaults_and_coercion() -> None:
+    cfg = TelemetryConfig.from_dict({"accessControl": {}, "prometheusPort": "9464", "gpuMetrics": "false"})
+    assert cfg.prometheusPort == 9464
+    assert cfg.gpuMetrics is False
+    assert cfg.windowSeconds == 10
+    assert cfg.prometheusBind == "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_prometheus_endpoint_on_loopback(tmp_path: Path, clock: FakeClock) -> None:
+    bus, comp = make(tmp_path, clock, windowSeconds=1, prometheusPort=free_port())
+    assert comp.exporter is not None
+    assert comp.exporter.bind == "127.0.0.1"
+    rng = random.Random(2)
+    records = [make_record(rng) for _ in range(10)]
+    records[0].status = "error"
+    bus.publish(TIMINGS_TOPIC, TimingBatch("dev", records, [8, 2]).to_json())
+    clock.advance(1)
+    comp.tick()
+    url = f"http://127.0.0.1:{comp.exporter.port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = resp.read().decode()
+    assert "edgeinfer_requests_total 10" in text
+    assert 'edgeinfer_errors_total{code="INTERNAL"} 1' in text
+    assert 'edgeinfer_latency_ms{thing="dev",stage="total",quantile="0.99"}' in text
+    assert 'edgeinfer_system_cpu_percent{thing="dev"} 3.5' in text
+    assert 'edgeinfer_provider_info{thing="dev",provider="CPUExecutionProvider"} 1' in text
+    with pytest.raises(urllib.error.HTTPError):
+        urllib.request.urlopen(f"http://127.0.0.1:{comp.exporter.port}/other", timeout=5)
+    comp.close()
+    assert comp.exporter is None
+
+
+def test_prometheus_off_by_default(tmp_path: Path, clock: FakeClock) -> None:
+    _, comp = make(tmp_path, clock)
+    assert comp.exporter is None
+    comp.close(flush=False)
