@@ -1,1 +1,46 @@
-"""The simulated Greengrass core: runs unmodified components locally (`edgeinfer sim`)."""
+"""The simulated Greengrass core: run unmodified Greengrass components locally (`edgeinfer sim`).
+
+It loads recipes and artifacts as `greengrass-cli deployment create --recipeDir --artifactDir` does,
+runs each component's lifecycle as real processes with the nucleus environment, serves the real
+Greengrass IPC protocol on a Unix socket (so the unmodified awsiotsdk `GreengrassCoreIPCClientV2`
+connects with `SVCUID` and `AWS_GG_NUCLEUS_DOMAIN_SOCKET_FILEPATH_FOR_COMPONENT`), and bridges IoT
+Core to a real mosquitto broker that it starts on a free loopback port.
+
+Python API::
+
+    from edgeinfer.sim import Simulator
+
+    with Simulator(recipes_dir, artifacts_dir, thing="test-thing",
+                   components=None,                       # all recipes, or ["Name", "Name=1.0.0"]
+                   config_merge={"Comp": {"key": 1}},     # deployment-time MERGE per component
+                   config_reset={"Comp": ["/key"]},       # deployment-time RESET (JSON pointers)
+                   work_dir=tmp_path,                     # kernel root; a temp dir when None
+                   broker=None,                           # (host, port) / "host:port" of a running broker
+                   restart_delay=0.5, max_errors=3) as sim:
+        sim.wait_for_state("com.example.Hello", "RUNNING", timeout=30)  # -> state, or SimError
+        sim.states()                     # {"com.example.Hello": "RUNNING", ...}
+        sim.history("com.example.Hello") # ["NEW", "INSTALLED", "STARTING", "RUNNING", ...]
+        sim.logs("com.example.Hello")    # the component's log file (stdout + stderr + lifecycle lines)
+        sim.broker                       # ("127.0.0.1", port): IoT Core stand-in, MQTT 5 and 3.1.1
+        cloud = sim.cloud_client()       # MqttClient on the broker, as IoT Core's other side
+        inbox = cloud.subscribe("edgeinfer/test-thing/#")
+        cloud.publish("edgeinfer/test-thing/infer", b"{...}", qos=1)
+        inbox.wait_for(1, timeout=10)    # -> list[edgeinfer.transport.Message]; TimeoutError if fewer
+        local = sim.local_client()       # local pub/sub from the test (no authorization)
+        local.publish(topic, b"bytes" | {"json": 1}); local.subscribe("a/#") -> Inbox
+        sim.update_configuration("Comp", merge={...}, reset=[...])  # validators first; SimError if rejected
+        sim.configuration("Comp")        # current configuration
+        sim.ipc_env("Comp")              # {"SVCUID", "AWS_GG_NUCLEUS_DOMAIN_SOCKET_FILEPATH_FOR_COMPONENT"}
+
+Bad recipes raise `edgeinfer.sim.recipe.RecipeError` from `start()` before anything runs.
+The pytest plugin (`edgeinfer.sim.pytest_plugin`, auto-loaded) gives the fixtures `sim_broker`
+(session mosquitto, `MosquittoBroker` with `.host`, `.port`, `.address`) and `simulator` (a factory:
+`simulator(recipes_dir, artifacts_dir=None, **kwargs) -> Simulator`, started on `sim_broker` and
+stopped at teardown).
+"""
+
+from edgeinfer.sim.broker import Inbox, MosquittoBroker, MqttClient
+from edgeinfer.sim.recipe import RecipeError
+from edgeinfer.sim.simulator import LocalClient, SimError, Simulator
+
+__all__ = ["Inbox", "LocalClient", "MosquittoBroker", "MqttClient", "RecipeError", "SimError", "Simulator"]

@@ -1,0 +1,162 @@
+"""The AWS event-stream binary framing and the RPC message constants Greengrass IPC uses.
+
+Frame: `[total_len u32][headers_len u32][prelude_crc u32][headers][payload][message_crc u32]`, big-endian,
+CRC32 of the 8-byte prelude and of everything before the final CRC.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+# RPC message types (`:message-type`) and flags (`:message-flags`).
+APPLICATION_MESSAGE = 0
+APPLICATION_ERROR = 1
+PING = 2
+PING_RESPONSE = 3
+CONNECT = 4
+CONNECT_ACK = 5
+PROTOCOL_ERROR = 6
+INTERNAL_ERROR = 7
+FLAG_CONNECTION_ACCEPTED = 1
+FLAG_TERMINATE_STREAM = 2
+
+PRELUDE_LEN = 12
+MAX_FRAME = 16 * 1024 * 1024 + 128 * 1024
+
+_INT32 = 4
+_STRING = 7
+
+
+class FrameError(ValueError):
+    """A frame that is not valid event-stream (bad CRC, truncated header, oversize)."""
+
+
+@dataclass
+class Frame:
+    headers: dict[str, Any] = field(default_factory=dict)
+    payload: bytes = b""
+
+    @property
+    def message_type(self) -> int:
+        return int(self.headers.get(":message-type", -1))
+
+    @property
+    def flags(self) -> int:
+        return int(self.headers.get(":message-flags", 0))
+
+    @property
+    def stream_id(self) -> int:
+        return int(self.headers.get(":stream-id", 0))
+
+
+def _encode_header(name: str, value: Any) -> bytes:
+    raw_name = name.encode()
+    out = bytes([len(raw_name)]) + raw_name
+    if name in (":message-type", ":message-flags", ":stream-id") or (
+        isinstance(value, int) and not isinstance(value, bool)
+    ):
+        return out + bytes([_INT32]) + struct.pack(">i", int(value))
+    if isinstance(value, bool):
+        return out + bytes([0 if value else 1])
+    if isinstance(value, bytes):
+        return out + bytes([6]) + struct.pack(">H", len(value)) + value
+    if isinstance(value, uuid.UUID):
+        return out + bytes([9]) + value.bytes
+    raw = str(value).encode()
+    return out + bytes([_STRING]) + struct.pack(">H", len(raw)) + raw
+
+
+def encode(headers: dict[str, Any], payload: bytes = b"") -> bytes:
+    raw_headers = b"".join(_encode_header(k, v) for k, v in headers.items())
+    total = PRELUDE_LEN + len(raw_headers) + len(payload) + 4
+    prelude = struct.pack(">II", total, len(raw_headers))
+    prelude += struct.pack(">I", zlib.crc32(prelude))
+    body = prelude + raw_headers + payload
+    return body + struct.pack(">I", zlib.crc32(body))
+
+
+def message(
+    message_type: int, stream_id: int = 0, flags: int = 0, payload: bytes = b"", **extra: Any
+) -> bytes:
+    headers: dict[str, Any] = {
+        ":message-type": message_type,
+        ":message-flags": flags,
+        ":stream-id": stream_id,
+    }
+    for key, value in extra.items():
+        headers[key.replace("_", "-") if not key.startswith(":") else key] = value
+    return encode(headers, payload)
+
+
+def _decode_headers(raw: bytes) -> dict[str, Any]:
+    headers: dict[str, Any] = {}
+    i = 0
+    n = len(raw)
+    try:
+        while i < n:
+            name_len = raw[i]
+            name = raw[i + 1 : i + 1 + name_len].decode()
+            i += 1 + name_len
+            kind = raw[i]
+            i += 1
+            value: Any
+            if kind in (0, 1):
+                value = kind == 0
+            elif kind == 2:
+                value = struct.unpack_from(">b", raw, i)[0]
+                i += 1
+            elif kind == 3:
+                value = struct.unpack_from(">h", raw, i)[0]
+                i += 2
+            elif kind == 4:
+                value = struct.unpack_from(">i", raw, i)[0]
+                i += 4
+            elif kind in (5, 8):
+                value = struct.unpack_from(">q", raw, i)[0]
+                i += 8
+            elif kind in (6, 7):
+                length = struct.unpack_from(">H", raw, i)[0]
+                data = raw[i + 2 : i + 2 + length]
+                value = data.decode() if kind == 7 else bytes(data)
+                i += 2 + length
+            elif kind == 9:
+                value = uuid.UUID(bytes=bytes(raw[i : i + 16]))
+                i += 16
+            else:
+                raise FrameError(f"unknown header type {kind} for {name!r}")
+            headers[name] = value
+    except (IndexError, struct.error, UnicodeDecodeError) as exc:
+        raise FrameError(f"truncated or malformed headers: {exc}") from exc
+    return headers
+
+
+class Decoder:
+    """Incremental decoder: feed bytes, get whole frames."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[Frame]:
+        self._buf += data
+        frames: list[Frame] = []
+        buf = self._buf
+        while len(buf) >= PRELUDE_LEN:
+            total, headers_len, prelude_crc = struct.unpack_from(">III", buf, 0)
+            if zlib.crc32(bytes(buf[:8])) != prelude_crc:
+                raise FrameError("prelude CRC mismatch")
+            if total > MAX_FRAME or total < PRELUDE_LEN + 4 or headers_len > total - PRELUDE_LEN - 4:
+                raise FrameError(f"bad frame length {total}")
+            if len(buf) < total:
+                break
+            frame = bytes(buf[:total])
+            del buf[:total]
+            (message_crc,) = struct.unpack_from(">I", frame, total - 4)
+            if zlib.crc32(frame[: total - 4]) != message_crc:
+                raise FrameError("message CRC mismatch")
+            headers = _decode_headers(frame[PRELUDE_LEN : PRELUDE_LEN + headers_len])
+            frames.append(Frame(headers, frame[PRELUDE_LEN + headers_len : total - 4]))
+        return frames

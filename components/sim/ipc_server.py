@@ -1,0 +1,300 @@
+"""The Greengrass IPC server: event-stream RPC on a Unix socket, as the nucleus serves it.
+
+Shapes are (de)serialized with the awsiotsdk's own model classes, so the JSON is exactly what
+`GreengrassCoreIPCClientV2` sends and expects. The nucleus behaviour behind each operation lives in
+`edgeinfer.sim.core.Nucleus`; this module does the wire: connect/auth, streams, replies, errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from awsiot.greengrasscoreipc import model
+
+from edgeinfer.sim import eventstream as es
+
+if TYPE_CHECKING:
+    from edgeinfer.sim.core import Nucleus
+
+log = logging.getLogger(__name__)
+
+
+def _operations() -> dict[str, Any]:
+    ops: dict[str, Any] = {}
+    for name in dir(model):
+        obj: Any = getattr(model, name)
+        if name.startswith("_") and name.endswith("Operation") and hasattr(obj, "_request_type"):
+            with contextlib.suppress(NotImplementedError, AttributeError):
+                ops[obj._model_name()] = obj
+    return ops
+
+
+OPERATIONS = _operations()
+
+
+class ModeledError(Exception):
+    """Raise with an awsiotsdk error shape (e.g. `model.UnauthorizedError(message=...)`)."""
+
+    def __init__(self, shape: Any) -> None:
+        super().__init__(getattr(shape, "message", ""))
+        self.shape = shape
+
+
+def unauthorized(message: str) -> ModeledError:
+    return ModeledError(model.UnauthorizedError(message=message))
+
+
+def invalid(message: str) -> ModeledError:
+    return ModeledError(model.InvalidArgumentsError(message=message))
+
+
+def not_found(
+    message: str, resource_type: str | None = None, resource_name: str | None = None
+) -> ModeledError:
+    return ModeledError(
+        model.ResourceNotFoundError(message=message, resource_type=resource_type, resource_name=resource_name)
+    )
+
+
+def service_error(message: str) -> ModeledError:
+    return ModeledError(model.ServiceError(message=message))
+
+
+@dataclass(eq=False)
+class Stream:
+    """An open operation stream that can carry events (a subscription)."""
+
+    conn: Connection
+    stream_id: int
+    operation: str
+    closed: bool = False
+    on_close: list[Callable[[], None]] = field(default_factory=list)
+
+    def send_event(self, shape: Any) -> None:
+        """Send a stream event (loop thread only)."""
+        self.send_raw(shape._model_name(), json.dumps(shape._to_payload()).encode())
+
+    def send_raw(self, model_name: str, payload: bytes) -> None:
+        if self.closed:
+            return
+        self.conn.send(
+            {
+                ":message-type": es.APPLICATION_MESSAGE,
+                ":message-flags": 0,
+                ":stream-id": self.stream_id,
+                ":content-type": "application/json",
+                "service-model-type": model_name,
+            },
+            payload,
+        )
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for fn in self.on_close:
+            try:
+                fn()
+            except Exception:
+                log.exception("closing stream %s", self.operation)
+
+
+Handler = Callable[["Connection", Any, "Stream"], Awaitable[Any]]
+
+
+class Connection:
+    """One client connection: authenticates, then dispatches each new stream to the nucleus."""
+
+    def __init__(self, server: IpcServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.server = server
+        self.nucleus = server.nucleus
+        self.reader = reader
+        self.writer = writer
+        self.component: str | None = None
+        self.streams: dict[int, Stream] = {}
+        self.closed = False
+
+    def send(self, headers: dict[str, Any], payload: bytes = b"") -> None:
+        if self.closed or self.writer.is_closing():
+            return
+        self.writer.write(es.encode(headers, payload))
+
+    async def serve(self) -> None:
+        decoder = es.Decoder()
+        try:
+            while True:
+                data = await self.reader.read(65536)
+                if not data:
+                    break
+                for frame in decoder.feed(data):
+                    await self._on_frame(frame)
+        except es.FrameError as exc:
+            log.warning("IPC protocol error from %s: %s", self.component or "unauthenticated client", exc)
+            self.send(
+                {":message-type": es.PROTOCOL_ERROR, ":message-flags": 0, ":stream-id": 0},
+                json.dumps({"message": str(exc)}).encode(),
+            )
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self.closed = True
+            for stream in list(self.streams.values()):
+                stream.close()
+            self.streams.clear()
+            self.server.connections.discard(self)
+            with contextlib.suppress(Exception):
+                self.writer.close()
+
+    async def _on_frame(self, frame: es.Frame) -> None:
+        mtype = frame.message_type
+        if mtype == es.PING:
+            self.send(
+                {":message-type": es.PING_RESPONSE, ":message-flags": 0, ":stream-id": 0}, frame.payload
+            )
+            return
+        if mtype == es.CONNECT:
+            self._on_connect(frame)
+            return
+        if mtype == es.PING_RESPONSE:
+            return
+        if self.component is None:
+            # Anything before an accepted CONNECT is a protocol error; the client will hang up.
+            self.send(
+                {":message-type": es.PROTOCOL_ERROR, ":message-flags": 0, ":stream-id": 0},
+                b'{"message": "connection not authenticated"}',
+            )
+            return
+        if mtype not in (es.APPLICATION_MESSAGE, es.APPLICATION_ERROR):
+            return
+        sid = frame.stream_id
+        stream = self.streams.get(sid)
+        if stream is not None:
+            if frame.flags & es.FLAG_TERMINATE_STREAM:
+                del self.streams[sid]
+                stream.close()
+            return
+        operation = frame.headers.get("operation")
+        if not isinstance(operation, str):
+            return  # a message for a stream already closed on our side
+        await self._on_operation(sid, operation, frame)
+
+    def _on_connect(self, frame: es.Frame) -> None:
+        token = None
+        with contextlib.suppress(ValueError, AttributeError, TypeError):
+            token = json.loads(frame.payload.decode() or "{}").get("authToken")
+        version_ok = frame.headers.get(":version") == "0.1.0"
+        component = self.nucleus.component_for_token(token) if version_ok and token else None
+        if component is None:
+            log.warning("IPC connect refused: %s", "bad :version" if not version_ok else "unknown auth token")
+            # The nucleus answers without the accepted flag and lets the client hang up first.
+            self.send({":message-type": es.CONNECT_ACK, ":message-flags": 0, ":stream-id": 0})
+            return
+        self.component = component
+        self.send(
+            {":message-type": es.CONNECT_ACK, ":message-flags": es.FLAG_CONNECTION_ACCEPTED, ":stream-id": 0}
+        )
+        log.debug("IPC client connected as %s", component)
+
+    def _reply_error(self, sid: int, shape: Any) -> None:
+        self.send(
+            {
+                ":message-type": es.APPLICATION_ERROR,
+                ":message-flags": es.FLAG_TERMINATE_STREAM,
+                ":stream-id": sid,
+                ":content-type": "application/json",
+                "service-model-type": shape._model_name(),
+            },
+            json.dumps(shape._to_payload()).encode(),
+        )
+
+    def _reply_unsupported(self, sid: int, operation: str) -> None:
+        # What the nucleus's event-stream server sends for an operation it has no handler for:
+        # an error without a service-model-type (the Python client sees the stream close).
+        payload = json.dumps(
+            {"error": "Unsupported Operation", "message": f"{operation} is an unsupported operation."}
+        )
+        self.send(
+            {
+                ":message-type": es.APPLICATION_ERROR,
+                ":message-flags": es.FLAG_TERMINATE_STREAM,
+                ":stream-id": sid,
+                ":content-type": "application/json",
+            },
+            payload.encode(),
+        )
+
+    async def _on_operation(self, sid: int, operation: str, frame: es.Frame) -> None:
+        op_type = OPERATIONS.get(operation)
+        handler = self.nucleus.ipc_handlers.get(operation)
+        if op_type is None or handler is None:
+            self._reply_unsupported(sid, operation)
+            return
+        try:
+            body = json.loads(frame.payload.decode() or "{}") if frame.payload else {}
+            request = op_type._request_type()._from_payload(body)
+        except Exception as exc:
+            self._reply_error(
+                sid, model.InvalidArgumentsError(message=f"cannot read {operation} request: {exc}")
+            )
+            return
+        streaming = op_type._response_stream_type() is not None
+        stream = Stream(self, sid, operation)
+        if streaming:
+            self.streams[sid] = stream
+        try:
+            response = await handler(self, request, stream)
+        except ModeledError as exc:
+            self.streams.pop(sid, None)
+            stream.close()
+            self._reply_error(sid, exc.shape)
+            return
+        except Exception as exc:
+            log.exception("IPC %s failed", operation)
+            self.streams.pop(sid, None)
+            stream.close()
+            self._reply_error(sid, model.ServiceError(message=f"{operation} failed: {exc}"))
+            return
+        if response is None:
+            response = op_type._response_type()()
+        self.send(
+            {
+                ":message-type": es.APPLICATION_MESSAGE,
+                ":message-flags": 0 if streaming else es.FLAG_TERMINATE_STREAM,
+                ":stream-id": sid,
+                ":content-type": "application/json",
+                "service-model-type": response._model_name(),
+            },
+            json.dumps(response._to_payload()).encode(),
+        )
+
+
+class IpcServer:
+    def __init__(self, nucleus: Nucleus, path: str) -> None:
+        self.nucleus = nucleus
+        self.path = path
+        self.connections: set[Connection] = set()
+        self._server: asyncio.base_events.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_unix_server(self._accept, path=self.path, limit=2**20)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = Connection(self, reader, writer)
+        self.connections.add(conn)
+        await conn.serve()
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            with contextlib.suppress(Exception):
+                conn.writer.close()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)

@@ -1,0 +1,602 @@
+"""Greengrass recipes as `greengrass-cli deployment create --recipeDir --artifactDir` reads them.
+
+Keys are case-insensitive; the first manifest whose `Platform` matches this host wins (`*`, `/regex/`);
+`ComponentDependencies` resolve with npm-style semver ranges (`>=1.0.0 <2.0.0`, `^1.2`, `~1.2.3`, `1.x`,
+`||`); recipe variables resolve against the component's own paths and configuration and, for direct
+dependencies only, `{Other.Component:artifacts:path}` and friends. Every problem is a `RecipeError`
+whose one line names the recipe file and the field.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import platform
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from edgeinfer.errors import EdgeinferError
+
+STEPS = ("setenv", "bootstrap", "install", "startup", "run", "shutdown", "recover")
+_STEP_NAMES = {s: s.capitalize() for s in STEPS}
+
+
+class RecipeError(EdgeinferError):
+    """A recipe, artifact or dependency problem: one line naming the file and the field."""
+
+
+# ---------------------------------------------------------------- case-insensitive access
+
+
+def cget(mapping: Any, key: str, default: Any = None) -> Any:
+    """`mapping[key]` with the key matched case-insensitively (recipe keys are, in Greengrass)."""
+    if not isinstance(mapping, Mapping):
+        return default
+    if key in mapping:
+        return mapping[key]
+    low = key.lower()
+    for k, v in mapping.items():
+        if isinstance(k, str) and k.lower() == low:
+            return v
+    return default
+
+
+# ---------------------------------------------------------------- semver
+
+
+_VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:-([0-9A-Za-z.-]+))?(?:\+[0-9A-Za-z.-]+)?$")
+_PARTIAL_RE = re.compile(r"^v?(\d+|[xX*])(?:\.(\d+|[xX*]))?(?:\.(\d+|[xX*]))?(?:-([0-9A-Za-z.-]+))?$")
+
+Version = tuple[int, int, int, tuple[Any, ...]]
+
+
+def parse_version(text: str) -> Version:
+    m = _VERSION_RE.match(str(text).strip())
+    if not m:
+        raise ValueError(f"{text!r} is not a semantic version (MAJOR.MINOR.PATCH)")
+    pre: tuple[Any, ...] = ()
+    if m.group(4):
+        pre = tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in m.group(4).split("."))
+    # a release sorts after its prereleases: mark releases with a sentinel greater than any prerelease
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3)), pre or ((2, 0, ""),))
+
+
+def _bound(text: str) -> tuple[Version, int]:
+    """The lowest version a (possibly partial) version names, and how many parts were given."""
+    m = _PARTIAL_RE.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a version")
+    parts = [m.group(1), m.group(2), m.group(3)]
+    given = 0
+    nums = []
+    for p in parts:
+        if p is None or p in "xX*":
+            nums.append(0)
+        else:
+            nums.append(int(p))
+            given += 1
+        if p is None or p in "xX*":
+            break
+    while len(nums) < 3:
+        nums.append(0)
+    pre: tuple[Any, ...] = ((2, 0, ""),)
+    if m.group(4) and given == 3:
+        pre = parse_version(f"{nums[0]}.{nums[1]}.{nums[2]}-{m.group(4)}")[3]
+    return (nums[0], nums[1], nums[2], pre), given
+
+
+def _bump(v: Version, index: int) -> Version:
+    nums = [v[0], v[1], v[2]]
+    nums[index] += 1
+    for i in range(index + 1, 3):
+        nums[i] = 0
+    return (nums[0], nums[1], nums[2], ((0, 0, ""),))  # lowest prerelease of the bumped version
+
+
+Comparator = tuple[str, Version]
+
+
+def _comparators(token: str) -> list[Comparator]:
+    op_m = re.match(r"^(>=|<=|>|<|=|\^|~>?|)\s*(.*)$", token)
+    assert op_m is not None
+    op, rest = op_m.group(1), op_m.group(2)
+    if rest in ("", "*", "x", "X"):
+        return []
+    low, given = _bound(rest)
+    if op in ("", "="):
+        if given == 3:
+            return [("=", low)]
+        if given == 0:
+            return []
+        return [(">=", low), ("<", _bump(low, given - 1))]
+    if op == "^":
+        if low[0] > 0 or given == 1:
+            return [(">=", low), ("<", _bump(low, 0))]
+        if low[1] > 0 or given == 2:
+            return [(">=", low), ("<", _bump(low, 1))]
+        return [(">=", low), ("<", _bump(low, 2))]
+    if op.startswith("~"):
+        return [(">=", low), ("<", _bump(low, 0 if given == 1 else 1))]
+    if op == ">" and given < 3:
+        return [(">=", _bump(low, given - 1))]
+    if op == "<=" and given < 3:
+        return [("<", _bump(low, given - 1))]
+    return [(op, low)]
+
+
+def parse_requirement(text: str) -> list[list[Comparator]]:
+    """npm-style range → alternatives (OR) of comparator lists (AND). Raises ValueError."""
+    alternatives: list[list[Comparator]] = []
+    for alt_text in str(text).split("||"):
+        alt = alt_text.strip()
+        hyphen = re.match(r"^(\S+)\s+-\s+(\S+)$", alt)
+        comps: list[Comparator] = []
+        if hyphen:
+            comps += [(">=", _bound(hyphen.group(1))[0])]
+            hi, given = _bound(hyphen.group(2))
+            comps += [("<=", hi)] if given == 3 else [("<", _bump(hi, given - 1))]
+        else:
+            tokens = re.findall(r"(?:>=|<=|>|<|=|\^|~>?)?\s*[^\s,]+", alt.replace(",", " "))
+            for token in tokens:
+                comps += _comparators(token.strip())
+        alternatives.append(comps)
+    return alternatives
+
+
+def satisfies(version: str, requirement: str) -> bool:
+    v = parse_version(version)
+    for comps in parse_requirement(requirement):
+        ok = True
+        for op, bound in comps:
+            if not {
+                "=": v == bound,
+                ">": v > bound,
+                ">=": v >= bound,
+                "<": v < bound,
+                "<=": v <= bound,
+            }[op]:
+                ok = False
+                break
+        if ok:
+            return True
+    return False
+
+
+# ---------------------------------------------------------------- platform
+
+
+def host_platform() -> dict[str, str]:
+    machine = platform.machine().lower()
+    arch = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "aarch64", "arm64": "aarch64"}.get(machine)
+    if arch is None:
+        arch = "arm" if machine.startswith("arm") else ("x86" if machine in ("i386", "i686") else machine)
+    system = platform.system().lower()
+    return {"os": {"darwin": "darwin", "windows": "windows"}.get(system, "linux"), "architecture": arch}
+
+
+def platform_matches(spec: Any, host: Mapping[str, str]) -> bool:
+    if not spec:
+        return True
+    if not isinstance(spec, Mapping):
+        return False
+    for key, want_value in spec.items():
+        want = str(want_value)
+        if want in ("*", "all"):
+            continue
+        have = cget(host, str(key))
+        if have is None:
+            return False
+        if len(want) > 1 and want.startswith("/") and want.endswith("/"):
+            if not re.fullmatch(want[1:-1], have):
+                return False
+        elif want.lower() != str(have).lower():
+            return False
+    return True
+
+
+# ---------------------------------------------------------------- recipes
+
+
+@dataclass(frozen=True)
+class Dependency:
+    name: str
+    requirement: str
+    hard: bool
+
+
+@dataclass(frozen=True)
+class Artifact:
+    uri: str
+    filename: str
+    unarchive: str  # "NONE" or "ZIP"
+    field: str
+
+
+@dataclass
+class Recipe:
+    name: str
+    version: str
+    file: Path
+    dependencies: dict[str, Dependency]
+    default_config: dict[str, Any]
+    lifecycle: dict[str, Any]  # lower-case step name → str | dict (keys as written)
+    artifacts: list[Artifact]
+    manifest_field: str  # e.g. "Manifests[0]"
+    component_type: str = "aws.greengrass.generic"
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def access_control(self) -> dict[str, Any]:
+        ac = cget(self.default_config, "accessControl", {})
+        return ac if isinstance(ac, dict) else {}
+
+    def where(self, field_name: str) -> str:
+        return f"{self.file}: {field_name}"
+
+
+def _fail(path: Path, field_name: str, problem: str) -> RecipeError:
+    return RecipeError(f"{path}: {field_name}: {problem}")
+
+
+def load_recipe_file(path: Path, host: Mapping[str, str] | None = None) -> Recipe:
+    host = host or host_platform()
+    try:
+        text = path.read_text(encoding="utf-8")
+        raw = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RecipeError(f"{path}: not a readable recipe: {first}") from exc
+    if not isinstance(raw, dict):
+        raise RecipeError(f"{path}: not a recipe (expected a mapping at the top level)")
+    for key in ("RecipeFormatVersion", "ComponentName", "ComponentVersion"):
+        if cget(raw, key) in (None, ""):
+            raise _fail(path, key, "required field is missing")
+    name = str(cget(raw, "ComponentName"))
+    version = str(cget(raw, "ComponentVersion"))
+    try:
+        parse_version(version)
+    except ValueError as exc:
+        raise _fail(path, "ComponentVersion", str(exc)) from exc
+    ctype = str(cget(raw, "ComponentType", "aws.greengrass.generic"))
+    if ctype not in ("aws.greengrass.generic", "aws.greengrass.plugin", "aws.greengrass.nucleus"):
+        raise _fail(path, "ComponentType", f"{ctype} components are not supported by the simulated core")
+
+    deps: dict[str, Dependency] = {}
+    raw_deps = cget(raw, "ComponentDependencies") or {}
+    if not isinstance(raw_deps, dict):
+        raise _fail(path, "ComponentDependencies", "must be a mapping of component name to requirement")
+    for dep_name, spec_value in raw_deps.items():
+        fld = f"ComponentDependencies.{dep_name}"
+        spec = spec_value or {}
+        if not isinstance(spec, dict):
+            raise _fail(path, fld, "must be a mapping with VersionRequirement and DependencyType")
+        req = str(cget(spec, "VersionRequirement", "*"))
+        try:
+            parse_requirement(req)
+        except ValueError as exc:
+            raise _fail(path, f"{fld}.VersionRequirement", str(exc)) from exc
+        dtype = str(cget(spec, "DependencyType", "HARD")).upper()
+        if dtype not in ("HARD", "SOFT"):
+            raise _fail(path, f"{fld}.DependencyType", f"must be HARD or SOFT, not {dtype}")
+        deps[str(dep_name)] = Dependency(str(dep_name), req, dtype == "HARD")
+
+    comp_cfg = cget(raw, "ComponentConfiguration") or {}
+    default_cfg = cget(comp_cfg, "DefaultConfiguration") or {}
+    if not isinstance(default_cfg, dict):
+        raise _fail(path, "ComponentConfiguration.DefaultConfiguration", "must be a mapping")
+
+    manifests = cget(raw, "Manifests") or []
+    if not isinstance(manifests, list):
+        raise _fail(path, "Manifests", "must be a list")
+    chosen: dict[str, Any] | None = None
+    chosen_index = -1
+    for i, manifest in enumerate(manifests):
+        if not isinstance(manifest, dict):
+            raise _fail(path, f"Manifests[{i}]", "must be a mapping")
+        if platform_matches(cget(manifest, "Platform"), host):
+            chosen, chosen_index = manifest, i
+            break
+    if manifests and chosen is None:
+        raise _fail(path, "Manifests", f"no manifest matches this platform {dict(host)}")
+    mfield = f"Manifests[{chosen_index}]" if chosen is not None else "Lifecycle"
+    lifecycle_raw = cget(chosen, "Lifecycle") if chosen is not None else None
+    if lifecycle_raw is None:
+        lifecycle_raw = cget(raw, "Lifecycle") or {}
+    if not isinstance(lifecycle_raw, dict):
+        raise _fail(path, f"{mfield}.Lifecycle", "must be a mapping")
+    lifecycle: dict[str, Any] = {}
+    for key, value in lifecycle_raw.items():
+        low = str(key).lower()
+        if low not in STEPS:
+            raise _fail(
+                path,
+                f"{mfield}.Lifecycle.{key}",
+                f"unknown lifecycle step (one of {', '.join(_STEP_NAMES.values())})",
+            )
+        if low != "setenv" and not isinstance(value, (str, dict)):
+            raise _fail(path, f"{mfield}.Lifecycle.{key}", "must be a script or a mapping with Script")
+        if isinstance(value, dict) and low != "setenv" and cget(value, "Script") is None:
+            raise _fail(path, f"{mfield}.Lifecycle.{key}.Script", "required field is missing")
+        lifecycle[low] = value
+    if "startup" in lifecycle and "run" in lifecycle:
+        raise _fail(path, f"{mfield}.Lifecycle", "Startup and Run cannot both be set")
+
+    artifacts: list[Artifact] = []
+    for j, art in enumerate((cget(chosen, "Artifacts") if chosen else None) or []):
+        fld = f"{mfield}.Artifacts[{j}]"
+        uri = cget(art, "URI") or cget(art, "Uri")
+        if not uri:
+            raise _fail(path, f"{fld}.URI", "required field is missing")
+        unarchive = str(cget(art, "Unarchive", "NONE")).upper()
+        if unarchive not in ("NONE", "ZIP"):
+            raise _fail(path, f"{fld}.Unarchive", f"must be NONE or ZIP, not {unarchive}")
+        filename = str(uri).rstrip("/").rsplit("/", 1)[-1]
+        artifacts.append(Artifact(str(uri), filename, unarchive, f"{fld}.URI"))
+
+    return Recipe(
+        name=name,
+        version=version,
+        file=path,
+        dependencies=deps,
+        default_config=copy.deepcopy(default_cfg),
+        lifecycle=lifecycle,
+        artifacts=artifacts,
+        manifest_field=mfield,
+        component_type=ctype,
+        raw=raw,
+    )
+
+
+def load_recipes(recipes_dir: Path, host: Mapping[str, str] | None = None) -> dict[str, dict[str, Recipe]]:
+    """All recipes in a folder: name → version → Recipe. Duplicates are reported by file."""
+    recipes_dir = Path(recipes_dir)
+    if not recipes_dir.is_dir():
+        raise RecipeError(f"{recipes_dir}: recipe folder not found")
+    index: dict[str, dict[str, Recipe]] = {}
+    files = sorted(p for p in recipes_dir.iterdir() if p.suffix.lower() in (".yaml", ".yml", ".json"))
+    for path in files:
+        recipe = load_recipe_file(path, host)
+        other = index.get(recipe.name, {}).get(recipe.version)
+        if other is not None:
+            raise _fail(
+                path, "ComponentVersion", f"{recipe.name} {recipe.version} is also defined in {other.file}"
+            )
+        index.setdefault(recipe.name, {})[recipe.version] = recipe
+    return index
+
+
+def resolve(index: Mapping[str, Mapping[str, Recipe]], targets: Iterable[str] | None = None) -> list[Recipe]:
+    """Pick one version of each target and of everything it depends on; return them in start order.
+
+    A target is `Name` or `Name=Version`. Missing components, unsatisfiable ranges and cycles raise
+    `RecipeError` naming the recipe that asked and the field.
+    """
+    pinned: dict[str, str] = {}
+    wanted: list[str] = []
+    for target in targets if targets is not None else sorted(index):
+        name, _, version = target.partition("=")
+        if name not in index:
+            raise RecipeError(f"component {name} not found: no recipe for it in the recipe folder")
+        if version:
+            if version not in index[name]:
+                raise RecipeError(f"component {name} {version} not found: have {', '.join(index[name])}")
+            pinned[name] = version
+        wanted.append(name)
+
+    # requirements[name] = [(requirement, asking recipe)]
+    requirements: dict[str, list[tuple[str, Recipe]]] = {}
+    chosen: dict[str, Recipe] = {}
+    for _ in range(50):
+        changed = False
+        queue = list(wanted)
+        seen: set[str] = set()
+        new_chosen: dict[str, Recipe] = {}
+        new_reqs: dict[str, list[tuple[str, Recipe]]] = {}
+        while queue:
+            name = queue.pop(0)
+            if name in seen:
+                continue
+            seen.add(name)
+            reqs = requirements.get(name, [])
+            candidates = [pinned[name]] if name in pinned else list(index[name])
+            ok = [v for v in candidates if all(satisfies(v, r) for r, _ in reqs)]
+            if not ok:
+                req, asker = next(
+                    ((r, a) for r, a in reqs if not any(satisfies(v, r) for v in candidates)), reqs[-1]
+                )
+                raise _fail(
+                    asker.file,
+                    f"ComponentDependencies.{name}.VersionRequirement",
+                    f"no version of {name} satisfies {req!r} (available: {', '.join(sorted(index[name]))})",
+                )
+            recipe = index[name][max(ok, key=parse_version)]
+            new_chosen[name] = recipe
+            for dep in recipe.dependencies.values():
+                if dep.name not in index:
+                    raise _fail(
+                        recipe.file,
+                        f"ComponentDependencies.{dep.name}",
+                        f"unknown dependency: no recipe for {dep.name} in the recipe folder",
+                    )
+                new_reqs.setdefault(dep.name, []).append((dep.requirement, recipe))
+                queue.append(dep.name)
+        if {k: v.version for k, v in new_chosen.items()} != {k: v.version for k, v in chosen.items()}:
+            changed = True
+        chosen = new_chosen
+        if new_reqs != requirements:
+            changed = True
+            requirements = new_reqs
+        if not changed:
+            break
+
+    order: list[Recipe] = []
+    state: dict[str, int] = {}
+
+    def visit(name: str, stack: list[str]) -> None:
+        if state.get(name) == 2:
+            return
+        if state.get(name) == 1:
+            cycle = [*stack[stack.index(name) :], name]
+            first = chosen[cycle[0]]
+            raise _fail(
+                first.file, f"ComponentDependencies.{cycle[1]}", "dependency cycle: " + " -> ".join(cycle)
+            )
+        state[name] = 1
+        for dep in sorted(chosen[name].dependencies):
+            visit(dep, [*stack, name])
+        state[name] = 2
+        order.append(chosen[name])
+
+    for name in sorted(chosen):
+        visit(name, [])
+    return order
+
+
+# ---------------------------------------------------------------- configuration helpers
+
+
+def deep_merge(base: Any, update: Any) -> Any:
+    """Greengrass MERGE: mappings merge key by key, anything else replaces."""
+    if isinstance(base, dict) and isinstance(update, dict):
+        out = dict(base)
+        for key, value in update.items():
+            out[key] = deep_merge(base.get(key), value) if key in base else copy.deepcopy(value)
+        return out
+    return copy.deepcopy(update)
+
+
+def pointer_parts(pointer: str) -> list[str]:
+    if pointer in ("", "/"):
+        return []
+    if not pointer.startswith("/"):
+        raise ValueError(f"{pointer!r} is not a JSON pointer (starts with /)")
+    return [p.replace("~1", "/").replace("~0", "~") for p in pointer[1:].split("/")]
+
+
+_MISSING = object()
+
+
+def pointer_get(doc: Any, parts: Iterable[str]) -> Any:
+    node = doc
+    for part in parts:
+        if isinstance(node, dict):
+            node = cget(node, part, _MISSING) if part not in node else node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return _MISSING
+        if node is _MISSING:
+            return _MISSING
+    return node
+
+
+def apply_reset(config: dict[str, Any], defaults: dict[str, Any], pointers: Iterable[str]) -> dict[str, Any]:
+    """Greengrass RESET: each JSON pointer goes back to its default value (or away if it has none)."""
+    config = copy.deepcopy(config)
+    for pointer in pointers:
+        parts = pointer_parts(pointer)
+        if not parts:
+            config = copy.deepcopy(defaults)
+            continue
+        default = pointer_get(defaults, parts)
+        parent = pointer_get(config, parts[:-1])
+        if not isinstance(parent, dict):
+            continue
+        if default is _MISSING:
+            parent.pop(parts[-1], None)
+        else:
+            parent[parts[-1]] = copy.deepcopy(default)
+    return config
+
+
+def config_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    if isinstance(value, float) and value.is_integer():
+        return str(value)
+    return str(value)
+
+
+# ---------------------------------------------------------------- recipe variables
+
+_VAR_RE = re.compile(r"\{([A-Za-z0-9_.\-]+):([^{}\s]*)\}")
+_NAMESPACES = ("artifacts", "configuration", "work", "kernel", "iot")
+
+
+@dataclass
+class VarContext:
+    """What a component's recipe variables resolve against."""
+
+    paths: dict[
+        str, dict[str, str]
+    ]  # component → {"artifacts:path", "artifacts:decompressedPath", "work:path"}
+    configs: Mapping[str, Mapping[str, Any]]  # component → configuration
+    kernel_root: str
+    thing_name: str
+
+
+def interpolate(text: str, recipe: Recipe, ctx: VarContext, field_name: str) -> str:
+    """Resolve recipe variables in one string. Unknown variables raise RecipeError (file and field)."""
+
+    def sub(m: re.Match[str]) -> str:
+        whole, first, rest = m.group(0), m.group(1), m.group(2)
+        if first in _NAMESPACES:
+            return _resolve(recipe.name, first, rest, whole, own=True)
+        ns, _, key = rest.partition(":")
+        if ns in _NAMESPACES and ("." in first or first in ctx.configs):
+            if first != recipe.name and first not in recipe.dependencies:
+                raise _fail(
+                    recipe.file,
+                    field_name,
+                    f"unknown variable {whole}: {first} is not a direct dependency of {recipe.name}",
+                )
+            return _resolve(first, ns, key, whole, own=False)
+        return whole  # not a recipe variable (e.g. shell ${VAR:-default}); Greengrass leaves it too
+
+    def _resolve(component: str, ns: str, key: str, whole: str, own: bool) -> str:
+        if ns == "configuration":
+            try:
+                parts = pointer_parts(key)
+            except ValueError as exc:
+                raise _fail(recipe.file, field_name, f"unknown variable {whole}: {exc}") from exc
+            value = pointer_get(ctx.configs.get(component, {}), parts)
+            return whole if value is _MISSING else config_text(value)
+        if own and ns == "kernel" and key == "rootPath":
+            return ctx.kernel_root
+        if own and ns == "iot" and key == "thingName":
+            return ctx.thing_name
+        value_s = ctx.paths.get(component, {}).get(f"{ns}:{key}")
+        if value_s is None:
+            raise _fail(recipe.file, field_name, f"unknown variable {whole}")
+        return value_s
+
+    return _VAR_RE.sub(sub, text)
+
+
+def lifecycle_strings(recipe: Recipe) -> Iterable[tuple[str, str, str]]:
+    """(step, field name, text) for every interpolated string of the lifecycle."""
+    base = f"{recipe.manifest_field}.Lifecycle"
+    for step, value in recipe.lifecycle.items():
+        name = _STEP_NAMES[step]
+        if step == "setenv":
+            for k, v in (value or {}).items():
+                yield step, f"{base}.Setenv.{k}", config_text(v)
+            continue
+        if isinstance(value, str):
+            yield step, f"{base}.{name}", value
+            continue
+        for k, v in value.items():
+            if str(k).lower() == "script":
+                yield step, f"{base}.{name}.{k}", str(v)
+            elif str(k).lower() == "setenv":
+                for ek, ev in (v or {}).items():
+                    yield step, f"{base}.{name}.Setenv.{ek}", config_text(ev)

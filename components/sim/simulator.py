@@ -1,0 +1,392 @@
+"""`Simulator`: the thread-safe front of the simulated core (see the package docstring for the API)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from edgeinfer.errors import EdgeinferError
+from edgeinfer.sim.broker import Inbox, MosquittoBroker, MqttClient, parse_hostport
+from edgeinfer.sim.core import BROKEN, Nucleus, Options
+from edgeinfer.sim.recipe import RecipeError, apply_reset, deep_merge, load_recipes, resolve
+
+log = logging.getLogger(__name__)
+
+_SOCKET_MAX = 100  # sun_path is 108 bytes including the terminating NUL
+
+
+class SimError(EdgeinferError):
+    """The simulated core could not do what was asked (timeout, rejected update, not started)."""
+
+
+class LocalClient:
+    """Local pub/sub as a test component sees it, straight on the simulator's router (no auth)."""
+
+    def __init__(self, sim: Simulator) -> None:
+        self._sim = sim
+
+    def publish(self, topic: str, payload: bytes | str | dict[str, Any] | list[Any]) -> None:
+        """bytes/str go out as a binaryMessage, dict/list as a jsonMessage."""
+        value: Any
+        if isinstance(payload, (dict, list)):
+            kind, value = "json", payload
+        else:
+            kind, value = "binary", payload.encode() if isinstance(payload, str) else bytes(payload)
+        nucleus = self._sim._need()
+        self._sim._call(lambda: nucleus.publish_local(topic, kind, value, None))
+
+    def subscribe(self, topic_filter: str) -> Inbox:
+        inbox = Inbox(topic_filter, "local")
+        nucleus = self._sim._need()
+        remove = self._sim._call(lambda: nucleus.add_local_callback(topic_filter, inbox.put))
+        inbox._closer = lambda: self._sim._call(remove)
+        return inbox
+
+
+class Simulator:
+    """A simulated Greengrass core: mosquitto as IoT Core, the IPC server, the components' lifecycles."""
+
+    def __init__(
+        self,
+        recipes_dir: str | Path,
+        artifacts_dir: str | Path | None = None,
+        *,
+        thing: str = "edgeinfer-sim",
+        components: Sequence[str] | None = None,
+        config_merge: Mapping[str, Mapping[str, Any]] | None = None,
+        config_reset: Mapping[str, Sequence[str]] | None = None,
+        work_dir: str | Path | None = None,
+        broker: tuple[str, int] | str | None = None,
+        region: str = "us-east-1",
+        restart_delay: float = 0.5,
+        max_errors: int = 3,
+        stop_timeout: float = 5.0,
+        validation_timeout: float = 10.0,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.recipes_dir = Path(recipes_dir)
+        self.artifacts_dir = Path(artifacts_dir) if artifacts_dir is not None else None
+        self.thing = thing
+        self.components = list(components) if components is not None else None
+        self.config_merge = {k: dict(v) for k, v in (config_merge or {}).items()}
+        self.config_reset = {k: list(v) for k, v in (config_reset or {}).items()}
+        self._work_dir_arg = Path(work_dir) if work_dir is not None else None
+        self._broker_arg = parse_hostport(broker) if isinstance(broker, str) else broker
+        self.region = region
+        self._opts = {
+            "restart_delay": restart_delay,
+            "max_errors": max_errors,
+            "stop_timeout": stop_timeout,
+            "validation_timeout": validation_timeout,
+        }
+        self._env = dict(env or {})
+        self._cond = threading.Condition()
+        self._states: dict[str, str] = {}
+        self._history: dict[str, list[str]] = {}
+        self._nucleus: Nucleus | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._owned_broker: MosquittoBroker | None = None
+        self._bridge: MqttClient | None = None
+        self._clients: list[MqttClient] = []
+        self._tmp_dirs: list[str] = []
+        self.root: Path = Path()
+        self.socket_path = ""
+        self.broker: tuple[str, int] = ("", 0)
+        self.started = False
+
+    # ------------------------------------------------------------ start / stop
+
+    def start(self) -> Simulator:
+        index = load_recipes(self.recipes_dir)
+        order = resolve(index, self.components)
+        names = {r.name for r in order}
+        for name in list(self.config_merge) + list(self.config_reset):
+            if name not in names:
+                raise RecipeError(f"configuration given for {name}, which is not deployed")
+        configs: dict[str, dict[str, Any]] = {}
+        for recipe in order:
+            cfg = apply_reset(
+                recipe.default_config, recipe.default_config, self.config_reset.get(recipe.name, [])
+            )
+            if recipe.name in self.config_merge:
+                cfg = deep_merge(cfg, self.config_merge[recipe.name])
+            configs[recipe.name] = cfg
+
+        if self._work_dir_arg is None:
+            self.root = Path(tempfile.mkdtemp(prefix="ggsim-"))
+            self._tmp_dirs.append(str(self.root))
+        else:
+            self.root = self._work_dir_arg.resolve()
+            self.root.mkdir(parents=True, exist_ok=True)
+        sock = self.root / "ipc.socket"
+        if len(str(sock)) >= _SOCKET_MAX:
+            short = tempfile.mkdtemp(prefix="gg", dir="/tmp")
+            self._tmp_dirs.append(short)
+            sock = Path(short) / "ipc.socket"
+        with contextlib.suppress(FileNotFoundError):
+            sock.unlink()
+        self.socket_path = str(sock)
+        options = Options(
+            thing=self.thing,
+            region=self.region,
+            root=self.root,
+            socket_path=self.socket_path,
+            env=self._env,
+            **self._opts,  # type: ignore[arg-type]
+        )
+        # Everything that can fail on bad input fails here, before any process starts.
+        nucleus = Nucleus(
+            order,
+            configs=configs,
+            options=options,
+            artifacts_dir=self.artifacts_dir,
+            bridge=None,
+            on_state=self._on_state,
+        )
+        try:
+            if self._broker_arg is None:
+                self._owned_broker = MosquittoBroker(work_dir=self.root / "broker").start()
+                self.broker = self._owned_broker.address
+            else:
+                self.broker = (self._broker_arg[0], int(self._broker_arg[1]))
+            self._bridge = MqttClient(
+                *self.broker, client_id=f"{self.thing}-{os.getpid()}-{id(self) % 10000}"
+            )
+            nucleus.bridge = self._bridge
+            for name, comp in nucleus.components.items():
+                self._states[name] = comp.state
+                self._history[name] = list(comp.history)
+            self._nucleus = nucleus
+            ready = threading.Event()
+            self._thread = threading.Thread(target=self._run_loop, args=(ready,), name="ggsim", daemon=True)
+            self._thread.start()
+            ready.wait()
+            assert self._loop is not None
+            asyncio.run_coroutine_threadsafe(nucleus.start(), self._loop).result(30)
+        except BaseException:
+            self.stop()
+            raise
+        self.started = True
+        self._write_status()
+        return self
+
+    def _run_loop(self, ready: threading.Event) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+        ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    def stop(self) -> None:
+        if self._loop is not None and self._nucleus is not None and self._thread is not None:
+            try:
+                asyncio.run_coroutine_threadsafe(self._nucleus.stop(), self._loop).result(60)
+            except Exception:
+                log.exception("stopping the simulated core")
+        for client in self._clients:
+            client.close()
+        self._clients.clear()
+        if self._bridge is not None:
+            self._bridge.close()
+            self._bridge = None
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+        self._loop = None
+        self._thread = None
+        if self._owned_broker is not None:
+            self._owned_broker.stop()
+            self._owned_broker = None
+        if self.socket_path:
+            with contextlib.suppress(OSError):
+                os.unlink(self.socket_path)
+        for d in self._tmp_dirs:
+            if d != str(self.root):
+                shutil.rmtree(d, ignore_errors=True)
+        self.started = False
+        if self.root != Path():
+            self._write_status()
+
+    def cleanup(self) -> None:
+        """Remove a temporary work dir (only one the simulator created itself)."""
+        for d in self._tmp_dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+    def __enter__(self) -> Simulator:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        self.cleanup()
+
+    # ------------------------------------------------------------ helpers
+
+    def _need(self) -> Nucleus:
+        if self._nucleus is None or self._loop is None:
+            raise SimError("the simulated core is not running: call start() first")
+        return self._nucleus
+
+    def _call(self, fn: Any, timeout: float = 30.0) -> Any:
+        """Run `fn()` on the simulator's loop and return its result."""
+        self._need()
+        assert self._loop is not None
+
+        async def run() -> Any:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
+
+    def _on_state(self, name: str, state: str) -> None:
+        with self._cond:
+            self._states[name] = state
+            self._history.setdefault(name, []).append(state)
+            self._cond.notify_all()
+        self._write_status()
+
+    def _write_status(self) -> None:
+        if self.root == Path():
+            return
+        with self._cond:
+            states = dict(self._states)
+        data = {
+            "pid": os.getpid(),
+            "running": self.started,
+            "thing": self.thing,
+            "broker": f"{self.broker[0]}:{self.broker[1]}",
+            "socket": self.socket_path,
+            "root": str(self.root),
+            "components": {
+                n: {
+                    "state": s,
+                    "version": self._nucleus.components[n].recipe.version if self._nucleus else "",
+                    "log": str(self.root / "logs" / f"{n}.log"),
+                }
+                for n, s in states.items()
+            },
+        }
+        path = self.root / "status.json"
+        tmp = path.with_name(f".status.{threading.get_ident()}.tmp")
+        with contextlib.suppress(OSError):
+            tmp.write_text(json.dumps(data, indent=2))
+            tmp.replace(path)
+
+    # ------------------------------------------------------------ states and logs
+
+    def states(self) -> dict[str, str]:
+        with self._cond:
+            return dict(self._states)
+
+    def state(self, component: str) -> str:
+        with self._cond:
+            if component not in self._states:
+                raise SimError(f"component {component} is not deployed (have {', '.join(self._states)})")
+            return self._states[component]
+
+    def history(self, component: str) -> list[str]:
+        """Every state the component went through, in order (NEW first)."""
+        with self._cond:
+            return list(self._history.get(component, []))
+
+    def wait_for_state(
+        self, component: str, state: str | Iterable[str] = "RUNNING", timeout: float = 30.0
+    ) -> str:
+        """Block until the component is in `state` (or one of several); returns the state reached.
+
+        Raises SimError (with the log's tail) on timeout, or when the component went BROKEN instead.
+        """
+        wanted = {state} if isinstance(state, str) else set(state)
+        self.state(component)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                current = self._states[component]
+                if current in wanted:
+                    return current
+                if current == BROKEN:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+        tail = "\n".join(self.logs(component).splitlines()[-15:])
+        raise SimError(
+            f"{component} is {current}, not {'/'.join(sorted(wanted))}, after {timeout}s; log tail:\n{tail}"
+        )
+
+    def wait_for_all(
+        self, state: str | Iterable[str] = ("RUNNING", "FINISHED"), timeout: float = 60.0
+    ) -> None:
+        deadline = time.monotonic() + timeout
+        for name in self.states():
+            self.wait_for_state(name, state, max(0.0, deadline - time.monotonic()))
+
+    def log_path(self, component: str) -> Path:
+        return self.root / "logs" / f"{component}.log"
+
+    def logs(self, component: str) -> str:
+        try:
+            return self.log_path(component).read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    # ------------------------------------------------------------ clients
+
+    def cloud_client(self, client_id: str | None = None) -> MqttClient:
+        """An MQTT client on the broker, as a cloud application on IoT Core would be. Closed at stop()."""
+        client = MqttClient(*self.broker, client_id=client_id)
+        self._clients.append(client)
+        return client
+
+    def local_client(self) -> LocalClient:
+        """Publish/subscribe on local pub/sub from the test, next to the components."""
+        return LocalClient(self)
+
+    def ipc_env(self, component: str) -> dict[str, str]:
+        """The two variables an IPC client needs to connect as `component` (e.g. from the test process)."""
+        nucleus = self._need()
+        if component not in nucleus.components:
+            raise SimError(f"component {component} is not deployed")
+        return {
+            "SVCUID": nucleus.token_for(component),
+            "AWS_GG_NUCLEUS_DOMAIN_SOCKET_FILEPATH_FOR_COMPONENT": self.socket_path,
+        }
+
+    # ------------------------------------------------------------ configuration
+
+    def configuration(self, component: str) -> dict[str, Any]:
+        nucleus = self._need()
+        return dict(self._call(lambda: json.loads(json.dumps(nucleus.components[component].config))))
+
+    def update_configuration(
+        self,
+        component: str,
+        merge: Mapping[str, Any] | None = None,
+        reset: Sequence[str] | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        """Change configuration as a deployment would: validators run first (SimError if rejected)."""
+        nucleus = self._need()
+        if component not in nucleus.components:
+            raise SimError(f"component {component} is not deployed")
+        assert self._loop is not None
+        reason = asyncio.run_coroutine_threadsafe(
+            nucleus.deploy_configuration(component, merge, reset), self._loop
+        ).result(timeout)
+        if reason is not None:
+            raise SimError(f"configuration update of {component} rejected: {reason}")
