@@ -1,0 +1,192 @@
+"""`edgeinfer watch` (live dashboard from the broker) and `edgeinfer report` (latency plots as PNG)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from edgeinfer.errors import EdgeinferError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BROKER = "localhost:1883"
+
+
+def register(subparsers: Any) -> None:
+    watch = subparsers.add_parser(
+        "watch",
+        help="live terminal dashboard of a device's telemetry and results",
+        description=(
+            "Subscribe to edgeinfer/THING/telemetry and edgeinfer/THING/result on an MQTT broker (the "
+            "simulated core's, or AWS IoT Core with --endpoint/--cert/--key) and show rates, p50/p99 by "
+            "stage, offload share and errors, live."
+        ),
+    )
+    watch.add_argument("--thing", default="+", help="the device's thing name (default: every device)")
+    watch.add_argument(
+        "--broker",
+        default=os.environ.get("EDGEINFER_BROKER", DEFAULT_BROKER),
+        metavar="HOST:PORT",
+        help=f"plain-TCP MQTT broker (default: $EDGEINFER_BROKER or {DEFAULT_BROKER})",
+    )
+    watch.add_argument("--endpoint", help="AWS IoT Core data endpoint (mutual TLS instead of --broker)")
+    watch.add_argument("--cert", help="client certificate (PEM) for --endpoint")
+    watch.add_argument("--key", help="client private key (PEM) for --endpoint")
+    watch.add_argument("--ca", help="CA bundle (PEM) for --endpoint (default: the system's)")
+    watch.add_argument("--no-results", action="store_true", help="do not subscribe to the result topic")
+    watch.add_argument(
+        "--record", type=Path, metavar="FILE", help="append every telemetry window to FILE (JSON Lines)"
+    )
+    watch.add_argument(
+        "--duration", type=float, metavar="S", help="stop after S seconds (default: until Ctrl-C)"
+    )
+    watch.add_argument("--once", action="store_true", help="print one frame after --duration and exit")
+    watch.set_defaults(func=_watch)
+
+    report = subparsers.add_parser(
+        "report",
+        help="latency plots (PNG) from benchmark JSON or recorded telemetry",
+        description=(
+            "Plot p50/p99 latency from telemetry windows (JSON list or JSON Lines, e.g. from "
+            "'edgeinfer watch --record') or from any benchmark JSON with p50/p99 figures. "
+            "Writes one PNG per input (per device for telemetry)."
+        ),
+    )
+    report.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    report.add_argument(
+        "--out", type=Path, default=Path("."), metavar="DIR", help="output folder (default: .)"
+    )
+    report.set_defaults(func=_report)
+
+
+# ------------------------------------------------------------------------------------------- watch
+
+
+def _connect(args: argparse.Namespace) -> tuple[Any, str]:
+    from edgeinfer.transport import TransportError
+    from edgeinfer.transport.mqtt import MqttPubSub, parse_broker
+
+    try:
+        if args.endpoint:
+            if not args.cert or not args.key:
+                raise EdgeinferError("--endpoint needs --cert and --key (the client's X.509 identity)")
+            client = MqttPubSub.connect_iot_core(
+                args.endpoint, cert_filepath=args.cert, pri_key_filepath=args.key, ca_filepath=args.ca
+            )
+            return client, args.endpoint
+        host, port = parse_broker(args.broker)
+        return MqttPubSub.connect_tcp(host, port), f"{host}:{port}"
+    except ValueError as exc:
+        raise EdgeinferError(str(exc)) from None
+    except TransportError as exc:
+        raise EdgeinferError(f"cannot connect to the broker: {exc}") from None
+
+
+def _thing_of(topic: str) -> str:
+    parts = topic.split("/")
+    return parts[1] if len(parts) > 2 else "?"
+
+
+class _Watcher:
+    """Feeds broker messages into the dashboard (and the record file); never raises on bad input."""
+
+    def __init__(self, dashboard: Any, record: IO[str] | None) -> None:
+        self.dashboard = dashboard
+        self.record = record
+        self._lock = threading.Lock()
+
+    def on_telemetry(self, message: Any) -> None:
+        from edgeinfer.messages import TelemetryWindow
+
+        try:
+            doc = json.loads(message.payload)
+            window = TelemetryWindow.from_dict(doc)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            self.dashboard.bad_messages += 1
+            log.debug("bad telemetry on %s: %s", message.topic, exc)
+            return
+        self.dashboard.add_window(window)
+        if self.record is not None:
+            with self._lock:
+                self.record.write(json.dumps(doc, separators=(",", ":")) + "\n")
+                self.record.flush()
+
+    def on_result(self, message: Any) -> None:
+        from edgeinfer.messages import Result
+
+        try:
+            result = Result.parse(message.payload)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            self.dashboard.bad_messages += 1
+            log.debug("bad result on %s: %s", message.topic, exc)
+            return
+        self.dashboard.add_result(_thing_of(message.topic), result)
+
+
+def _watch(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.live import Live
+
+    from edgeinfer.messages import result_topic, telemetry_topic
+    from edgeinfer.telemetry.dashboard import Dashboard
+
+    if args.thing != "+" and (not args.thing or any(c in args.thing for c in "/#+")):
+        raise EdgeinferError(f"--thing {args.thing!r} is not a thing name")
+    if args.once and args.duration is None:
+        args.duration = 12.0  # a little over one default telemetry window
+    client, where = _connect(args)
+    record: IO[str] | None = None
+    try:
+        if args.record is not None:
+            try:
+                record = args.record.open("a", encoding="utf-8")
+            except OSError as exc:
+                raise EdgeinferError(f"cannot write {args.record}: {exc.strerror or exc}") from None
+        dashboard = Dashboard(source=where)
+        watcher = _Watcher(dashboard, record)
+        client.subscribe(telemetry_topic(args.thing), watcher.on_telemetry, target="iot", qos=1)
+        if not args.no_results:
+            client.subscribe(result_topic(args.thing), watcher.on_result, target="iot")
+        deadline = None if args.duration is None else time.monotonic() + args.duration
+        console = Console(stderr=False)
+        if args.once or not console.is_terminal:
+            # no live screen: wait, then print one frame (scripts, CI, pipes)
+            while deadline is None or time.monotonic() < deadline:
+                time.sleep(0.2)
+                if deadline is None and dashboard.things:
+                    break
+            console.print(dashboard.render())
+            return 0
+        with Live(dashboard.render(), console=console, refresh_per_second=4, screen=False) as live:
+            while deadline is None or time.monotonic() < deadline:
+                time.sleep(0.25)
+                live.update(dashboard.render())
+        return 0
+    finally:
+        client.close()
+        if record is not None:
+            record.close()
+
+
+# ------------------------------------------------------------------------------------------ report
+
+
+def _report(args: argparse.Namespace) -> int:
+    from edgeinfer.telemetry.report import plot_file
+
+    written: list[Path] = []
+    for path in args.files:
+        written += plot_file(path, args.out)
+    for out in written:
+        print(out)
+    if not written:
+        print("edgeinfer: nothing to plot", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,217 @@
+"""The state and rendering of `edgeinfer watch`, kept apart from the terminal and the broker.
+
+`Dashboard.add_window()` / `add_result()` take what arrives from the broker (on the MQTT client's
+thread); `render()` builds a `rich` renderable of everything seen. Tests render it to a string with a
+`rich.console.Console(file=StringIO())`; the command shows it in a `rich.live.Live`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from edgeinfer.messages import Result, TelemetryWindow
+from edgeinfer.telemetry.histogram import Histogram
+from edgeinfer.telemetry.window import STAGES
+
+__all__ = ["Dashboard", "sparkline"]
+
+_BLOCKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float]) -> str:
+    if not values:
+        return ""
+    top = max(values)
+    if top <= 0:
+        return _BLOCKS[0] * len(values)
+    return "".join(_BLOCKS[min(len(_BLOCKS) - 1, int(v / top * (len(_BLOCKS) - 1) + 0.5))] for v in values)
+
+
+@dataclass
+class _ResultEvent:
+    at: float
+    ok: bool
+    cloud: bool
+    code: str | None
+    total_ms: float
+
+
+@dataclass
+class _Device:
+    thing: str
+    window: TelemetryWindow | None = None
+    history: deque[TelemetryWindow] = field(default_factory=lambda: deque(maxlen=40))
+    window_at: float = 0.0
+    missing: int = 0  # windows whose seq never arrived
+    restarts: int = 0  # seq went backwards (component restarted without its spool)
+    results: deque[_ResultEvent] = field(default_factory=lambda: deque(maxlen=100_000))
+
+
+class Dashboard:
+    """Everything `watch` has seen, per thing. Thread-safe; `clock` makes rates testable."""
+
+    def __init__(
+        self, *, source: str = "", result_span_s: float = 10.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.source = source
+        self.result_span_s = result_span_s
+        self._clock = clock
+        self._devices: dict[str, _Device] = {}
+        self._lock = threading.Lock()
+        self.bad_messages = 0
+
+    def _device(self, thing: str) -> _Device:
+        dev = self._devices.get(thing)
+        if dev is None:
+            dev = self._devices[thing] = _Device(thing)
+        return dev
+
+    # ---------------------------------------------------------------------------------------- input
+
+    def add_window(self, window: TelemetryWindow) -> None:
+        with self._lock:
+            dev = self._device(window.thing)
+            last = dev.window
+            if last is not None:
+                if window.seq > last.seq + 1:
+                    dev.missing += window.seq - last.seq - 1
+                elif window.seq <= last.seq:
+                    dev.restarts += 1
+            dev.window = window
+            dev.history.append(window)
+            dev.window_at = self._clock()
+
+    def add_result(self, thing: str, result: Result) -> None:
+        with self._lock:
+            dev = self._device(thing)
+            dev.results.append(
+                _ResultEvent(
+                    at=self._clock(),
+                    ok=result.status == "ok",
+                    cloud=result.placement == "cloud",
+                    code=result.error.code.value if result.error else None,
+                    total_ms=result.latency_ms.total,
+                )
+            )
+
+    @property
+    def things(self) -> list[str]:
+        with self._lock:
+            return sorted(self._devices)
+
+    # --------------------------------------------------------------------------------------- output
+
+    def render(self) -> RenderableType:
+        with self._lock:
+            now = self._clock()
+            parts: list[RenderableType] = [
+                Text.assemble(
+                    ("edgeinfer watch", "bold"),
+                    f"  {self.source}  ",
+                    (f"{len(self._devices)} device(s)", "cyan"),
+                )
+            ]
+            if not self._devices:
+                parts.append(Text("waiting for telemetry and results …", style="dim"))
+            for thing in sorted(self._devices):
+                parts.append(self._render_device(self._devices[thing], now))
+            return Group(*parts)
+
+    def _render_device(self, dev: _Device, now: float) -> RenderableType:
+        rows: list[RenderableType] = []
+        window = dev.window
+        if window is None:
+            rows.append(Text("no telemetry window yet", style="dim"))
+        else:
+            rows.append(self._latency_table(window))
+            rows.append(self._window_summary(dev, window, now))
+        rows.append(self._results_summary(dev, now))
+        return Panel(Group(*rows), title=f"[bold]{dev.thing}[/]", title_align="left")
+
+    @staticmethod
+    def _latency_table(window: TelemetryWindow) -> Table:
+        table = Table(
+            title=f"latency (ms), window {window.seq} of {window.window_s:g} s", title_justify="left"
+        )
+        table.add_column("stage")
+        for col in ("p50", "p90", "p99", "max"):
+            table.add_column(col, justify="right")
+        for stage in STAGES:
+            q = window.latency_ms.get(stage)
+            if q is None:
+                continue
+            table.add_row(stage, *(f"{getattr(q, c):.2f}" for c in ("p50", "p90", "p99", "max")))
+        return table
+
+    def _window_summary(self, dev: _Device, w: TelemetryWindow, now: float) -> Text:
+        share = w.offloaded / w.count if w.count else 0.0
+        errors = sum(w.errors.values())
+        text = Text()
+        text.append(f"throughput {w.throughput_rps:.1f}/s", style="bold")
+        text.append(f"  requests {w.count}  offloaded {w.offloaded} ({share:.0%})  cascaded {w.cascaded}")
+        text.append(f"  dropped {w.dropped}\n")
+        text.append("errors ", style="bold")
+        if errors:
+            text.append(", ".join(f"{code} {n}" for code, n in sorted(w.errors.items())), style="red")
+        else:
+            text.append("none", style="green")
+        text.append(
+            f"  batch {w.batch.get('mean_size', 0):.2f} mean of {int(w.batch.get('executions', 0))} runs"
+            f"  queue depth {w.queue_depth.get('mean', 0):.1f} mean / {w.queue_depth.get('max', 0):g} max"
+            f"  provider {w.provider or '-'}\n"
+        )
+        system = w.system
+        figures = []
+        if "cpu_percent" in system:
+            figures.append(f"cpu {system['cpu_percent']:.0f}%")
+        if "rss_mb" in system:
+            figures.append(f"rss {system['rss_mb']:.0f} MB")
+        if "gpu_util_percent" in system:
+            figures.append(f"gpu {system['gpu_util_percent']:.0f}% {system.get('gpu_mem_used_mb', 0):.0f} MB")
+        spool = system.get("spool")
+        if isinstance(spool, dict) and (spool.get("pending") or spool.get("dropped")):
+            figures.append(f"spool {spool.get('pending', 0)} waiting, {spool.get('dropped', 0)} lost")
+        if dev.missing:
+            figures.append(f"{dev.missing} window(s) missing")
+        if dev.restarts:
+            figures.append(f"{dev.restarts} restart(s)")
+        figures.append(f"updated {max(0.0, now - dev.window_at):.0f}s ago")
+        text.append("  ".join(figures), style="dim")
+        rates = [h.throughput_rps for h in dev.history]
+        if len(rates) > 1:
+            text.append(f"\nthroughput {sparkline(rates)}")
+        return text
+
+    def _results_summary(self, dev: _Device, now: float) -> Text:
+        span = self.result_span_s
+        while dev.results and now - dev.results[0].at > span:
+            dev.results.popleft()
+        recent = list(dev.results)
+        text = Text()
+        text.append(f"results (last {span:g} s) ", style="bold")
+        if not recent:
+            text.append("none seen", style="dim")
+            return text
+        hist = Histogram()
+        for r in recent:
+            if r.ok:
+                hist.record(r.total_ms)
+        codes = Counter(r.code or "?" for r in recent if not r.ok)
+        cloud = sum(r.cloud for r in recent)
+        p50, p99 = hist.quantiles((0.5, 0.99))
+        text.append(
+            f"{len(recent) / span:.1f}/s  ok {len(recent) - sum(codes.values())}  "
+            f"cloud {cloud / len(recent):.0%}  total p50 {p50:.2f} ms  p99 {p99:.2f} ms"
+        )
+        if codes:
+            text.append("  errors " + ", ".join(f"{c} {n}" for c, n in sorted(codes.items())), style="red")
+        return text

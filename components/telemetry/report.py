@@ -1,0 +1,200 @@
+"""`edgeinfer report`: latency plots (PNG) from benchmark JSON or recorded telemetry.
+
+Two kinds of input, told apart by their shape:
+
+- telemetry: telemetry windows, as a JSON list, an object with a `windows` list, or JSON Lines (what
+  `edgeinfer watch --record FILE` writes). One PNG per device: p50 and p99 per stage over time, and
+  throughput with the offloaded share and errors below it.
+- benchmark: any JSON in which objects carry numeric `p50` and `p99` (milliseconds), at any depth, as
+  `edgeinfer bench … --json FILE` writes them. One PNG: p50 and p99 side by side per entry, labelled by
+  the path of keys that leads to it.
+
+matplotlib (the `plots` extra) is imported inside the functions, with the Agg backend: no display.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from edgeinfer.errors import EdgeinferError
+from edgeinfer.messages import TelemetryWindow, parse_iso_utc
+
+__all__ = ["Series", "find_quantiles", "load", "plot_file"]
+
+Series = list[tuple[str, dict[str, float]]]
+
+
+def _load_json(path: Path) -> Any:
+    try:
+        text = path.read_text("utf-8")
+    except OSError as exc:
+        raise EdgeinferError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    docs = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            docs.append(json.loads(line))
+        except ValueError as exc:
+            raise EdgeinferError(f"{path}:{number}: not JSON or JSON Lines ({exc})") from None
+    return docs
+
+
+def _is_window(doc: Any) -> bool:
+    return isinstance(doc, dict) and "seq" in doc and "latency_ms" in doc and "thing" in doc
+
+
+def load(path: Path) -> tuple[str, Any]:
+    """('telemetry', [TelemetryWindow]) or ('bench', Series)."""
+    doc = _load_json(path)
+    items = doc.get("windows") if isinstance(doc, dict) and isinstance(doc.get("windows"), list) else doc
+    if isinstance(items, list) and items and all(_is_window(d) for d in items):
+        try:
+            return "telemetry", [TelemetryWindow.from_dict(d) for d in items]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise EdgeinferError(f"{path}: a telemetry window is malformed: {exc}") from None
+    series = list(find_quantiles(doc))
+    if not series:
+        raise EdgeinferError(
+            f"{path}: no latency figures found (expected telemetry windows, or objects with p50 and p99)"
+        )
+    return "bench", series
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def find_quantiles(doc: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, dict[str, float]]]:
+    """Every object with numeric p50 and p99, labelled by its key path (list items by `name`/index)."""
+    if isinstance(doc, dict):
+        if _number(doc.get("p50")) and _number(doc.get("p99")):
+            label = "/".join(path) or "latency"
+            yield (
+                label,
+                {
+                    k: float(v)
+                    for k, v in doc.items()
+                    if k in ("p50", "p90", "p99", "max", "mean") and _number(v)
+                },
+            )
+            return
+        for key, value in doc.items():
+            yield from find_quantiles(value, (*path, str(key)))
+    elif isinstance(doc, list):
+        for i, value in enumerate(doc):
+            name = value.get("name") or value.get("scenario") if isinstance(value, dict) else None
+            yield from find_quantiles(value, (*path, str(name) if name else str(i)))
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError:
+        raise EdgeinferError("report needs matplotlib: pip install 'edgeinfer[plots]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp.png")
+    try:
+        fig.savefig(tmp, dpi=110, format="png")
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def plot_telemetry(windows: list[TelemetryWindow], out_dir: Path, stem: str) -> list[Path]:
+    plt = _pyplot()
+    written = []
+    by_thing: dict[str, list[TelemetryWindow]] = {}
+    for w in windows:
+        by_thing.setdefault(w.thing, []).append(w)
+    for thing, items in sorted(by_thing.items()):
+        items.sort(key=lambda w: w.seq)
+        try:
+            t0 = parse_iso_utc(items[0].timestamp)
+            xs = [parse_iso_utc(w.timestamp) - t0 for w in items]
+            xlabel = "time (s)"
+        except ValueError:
+            xs = [float(w.seq) for w in items]
+            xlabel = "window seq"
+        fig, (ax_lat, ax_rate) = plt.subplots(2, 1, figsize=(10, 7), sharex=True, height_ratios=(3, 1.3))
+        stages = [
+            s for s in ("total", "inference", "queue", "decode", "postprocess") if s in items[0].latency_ms
+        ]
+        for i, stage in enumerate(stages):
+            color = f"C{i}"
+            p50 = [w.latency_ms[stage].p50 if stage in w.latency_ms else math.nan for w in items]
+            p99 = [w.latency_ms[stage].p99 if stage in w.latency_ms else math.nan for w in items]
+            ax_lat.plot(xs, p50, color=color, label=f"{stage} p50")
+            ax_lat.plot(xs, p99, color=color, linestyle="--", label=f"{stage} p99")
+        ax_lat.set_ylabel("latency (ms)")
+        ax_lat.set_title(f"{thing}: latency per stage, p50 (solid) and p99 (dashed)")
+        ax_lat.grid(alpha=0.3)
+        ax_lat.legend(fontsize=7, ncol=2, loc="upper left")
+        ax_rate.plot(xs, [w.throughput_rps for w in items], color="C0", label="throughput (req/s)")
+        errors = [sum(w.errors.values()) / w.window_s if w.window_s else 0.0 for w in items]
+        ax_rate.plot(xs, errors, color="C3", label="errors (/s)")
+        ax_share = ax_rate.twinx()
+        ax_share.plot(
+            xs, [100.0 * w.offloaded / w.count if w.count else 0.0 for w in items], color="C2", linestyle=":"
+        )
+        ax_share.set_ylabel("offloaded %", color="C2")
+        ax_share.set_ylim(0, 100)
+        ax_rate.set_xlabel(xlabel)
+        ax_rate.set_ylabel("per second")
+        ax_rate.grid(alpha=0.3)
+        ax_rate.legend(fontsize=7, loc="upper left")
+        fig.tight_layout()
+        name = stem if len(by_thing) == 1 else f"{stem}-{thing}"
+        out = out_dir / f"{name}.png"
+        _save(fig, out)
+        plt.close(fig)
+        written.append(out)
+    return written
+
+
+def plot_bench(series: Series, out_dir: Path, stem: str, title: str) -> list[Path]:
+    plt = _pyplot()
+    labels = [label for label, _ in series]
+    p50 = [q["p50"] for _, q in series]
+    p99 = [q["p99"] for _, q in series]
+    height = max(2.5, 0.45 * len(series) + 1.2)
+    fig, ax = plt.subplots(figsize=(10, height))
+    ys = list(range(len(series)))
+    ax.barh([y - 0.2 for y in ys], p50, height=0.4, label="p50", color="C0")
+    ax.barh([y + 0.2 for y in ys], p99, height=0.4, label="p99", color="C1")
+    ax.set_yticks(ys, labels, fontsize=8)
+    ax.invert_yaxis()
+    positive = [v for v in p50 + p99 if v > 0]
+    if positive and max(positive) / min(positive) > 100:
+        ax.set_xscale("log")
+    ax.set_xlabel("latency (ms)")
+    ax.set_title(title)
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = out_dir / f"{stem}.png"
+    _save(fig, out)
+    plt.close(fig)
+    return [out]
+
+
+def plot_file(path: Path, out_dir: Path) -> list[Path]:
+    kind, data = load(path)
+    if kind == "telemetry":
+        return plot_telemetry(data, out_dir, path.stem)
+    return plot_bench(data, out_dir, path.stem, f"{path.name}: p50 and p99 (ms)")

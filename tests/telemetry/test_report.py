@@ -1,0 +1,107 @@
+"""`edgeinfer report` writes valid PNGs from telemetry windows and from benchmark JSON."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from edgeinfer.cli import main
+from edgeinfer.messages import TimingBatch
+from edgeinfer.telemetry.report import find_quantiles, load
+from edgeinfer.telemetry.window import WindowAggregator
+
+from .conftest import FakeClock, make_record
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data.startswith(PNG)
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(path)
+    assert pixels.shape[0] > 100
+    assert pixels.shape[1] > 100
+
+
+def recorded_windows(tmp_path: Path, clock: FakeClock, things: tuple[str, ...] = ("dev",)) -> Path:
+    rng = random.Random(8)
+    lines = []
+    for thing in things:
+        agg = WindowAggregator(thing, window_s=10, clock=clock, wall=lambda: clock.now + 1.7e9)
+        for _ in range(6):
+            agg.add(TimingBatch(thing, [make_record(rng) for _ in range(50)], executions=[8] * 6))
+            clock.advance(10)
+            lines += [w.to_json().decode() for w in agg.poll()]
+    path = tmp_path / "telemetry.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_report_from_recorded_telemetry(
+    tmp_path: Path, clock: FakeClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = recorded_windows(tmp_path, clock)
+    assert main(["report", str(src), "--out", str(tmp_path / "plots")]) == 0
+    out = tmp_path / "plots" / "telemetry.png"
+    assert capsys.readouterr().out.strip() == str(out)
+    assert_png(out)
+    assert not list((tmp_path / "plots").glob(".*"))  # no temporary file left
+
+
+def test_report_one_png_per_device(tmp_path: Path, clock: FakeClock) -> None:
+    src = recorded_windows(tmp_path, clock, ("a", "b"))
+    assert main(["report", str(src), "--out", str(tmp_path)]) == 0
+    assert_png(tmp_path / "telemetry-a.png")
+    assert_png(tmp_path / "telemetry-b.png")
+
+
+def test_report_from_a_json_list_of_windows(tmp_path: Path, clock: FakeClock) -> None:
+    src = recorded_windows(tmp_path, clock)
+    as_list = tmp_path / "windows.json"
+    as_list.write_text(json.dumps({"windows": [json.loads(line) for line in src.read_text().splitlines()]}))
+    kind, windows = load(as_list)
+    assert kind == "telemetry"
+    assert len(windows) == 6
+
+
+def test_report_from_benchmark_json(tmp_path: Path) -> None:
+    bench = {
+        "machine": {"cores": 2},
+        "runs": [
+            {"name": "fp32-b1", "latency_ms": {"p50": 4.4, "p99": 6.0, "max": 9.0}},
+            {"name": "int8-b1", "latency_ms": {"p50": 2.8, "p99": 3.9}},
+        ],
+        "telemetry": {"on": {"p50": 3.0, "p99": 5.1}, "off": {"p50": 2.9, "p99": 5.0}},
+        "not_latency": {"p50": "fast"},
+    }
+    src = tmp_path / "model.json"
+    src.write_text(json.dumps(bench))
+    labels = [label for label, _ in find_quantiles(bench)]
+    assert labels == ["runs/fp32-b1/latency_ms", "runs/int8-b1/latency_ms", "telemetry/on", "telemetry/off"]
+    assert main(["report", str(src), "--out", str(tmp_path)]) == 0
+    assert_png(tmp_path / "model.png")
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "cannot read"),
+        ("{not json\n", "not JSON or JSON Lines"),
+        ('{"a": 1}', "no latency figures found"),
+    ],
+)
+def test_bad_input_is_one_line_and_nonzero(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | None, message: str
+) -> None:
+    src = tmp_path / "in.json"
+    if content is not None:
+        src.write_text(content)
+    assert main(["report", str(src), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
