@@ -807,9 +807,8 @@ class Nucleus:
         if state not in (RUNNING, ERRORED):
             raise ipc.invalid(f"state must be RUNNING or ERRORED, not {state!r}")
         comp.log(f"UpdateState {state}")
-        if state == RUNNING and comp.state in (STARTING, RUNNING, INSTALLED, NEW, FINISHED):
-            if comp.state != FINISHED:
-                self.set_state(comp, RUNNING, "reported by the component")
+        if state == RUNNING and comp.state in (STARTING, INSTALLED, FINISHED):
+            self.set_state(comp, RUNNING, "reported by the component")
         elif state == ERRORED and comp.reported_error is not None:
             comp.reported_error.set()
         return model.UpdateStateResponse()

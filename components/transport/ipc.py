@@ -1,0 +1,310 @@
+"""`GreengrassIpcBus`: the production `Bus`, over the Greengrass IPC socket (awsiotsdk ClientV2).
+
+    bus = GreengrassIpcBus.connect()        # SVCUID + AWS_GG_NUCLEUS_DOMAIN_SOCKET_FILEPATH_FOR_COMPONENT
+    bus.subscribe("edgeinfer/thing/infer", handler)                 # local pub/sub
+    bus.subscribe("edgeinfer/thing/infer", handler, target="iot")   # IoT Core
+    bus.publish("edgeinfer/thing/result", payload, target="iot", qos=1)
+
+Publishes go out as binary messages; JSON messages other components send arrive as their UTF-8 JSON
+bytes. Handlers run on one SDK callback thread per bus, in arrival order (so a handler may call the
+bus synchronously). SDK errors become `TransportError`; the nucleus's refusals `UnauthorizedError`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime as dt
+import json
+import logging
+import os
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from edgeinfer.transport.base import (
+    ConfigUpdateHandler,
+    ConfigValidator,
+    Message,
+    MessageHandler,
+    Target,
+    TransportError,
+    UnauthorizedError,
+)
+
+log = logging.getLogger(__name__)
+
+SOCKET_ENV = "AWS_GG_NUCLEUS_DOMAIN_SOCKET_FILEPATH_FOR_COMPONENT"
+TOKEN_ENV = "SVCUID"
+
+
+def _describe(exc: BaseException) -> str:
+    message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {message}"
+
+
+class _Sub:
+    def __init__(self, operation: Any) -> None:
+        self._operation = operation
+        self.closed = False
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            try:
+                self._operation.close()
+            except Exception as exc:  # closing an already closed stream
+                log.debug("closing subscription: %s", exc)
+
+
+class GreengrassIpcBus:
+    """A `Bus` on the Greengrass nucleus's IPC. Create with `connect()`; `close()` when done."""
+
+    def __init__(self, client: Any, timeout: float = 10.0) -> None:
+        self._client = client
+        self.timeout = timeout
+        self._subs: list[_Sub] = []
+
+    @classmethod
+    def connect(
+        cls, socket_path: str | None = None, token: str | None = None, timeout: float = 10.0
+    ) -> GreengrassIpcBus:
+        """Connect as the component the environment names (or the given socket and token)."""
+        from awsiot.eventstreamrpc import AccessDeniedError
+        from awsiot.greengrasscoreipc import connect as ipc_connect
+        from awsiot.greengrasscoreipc.clientv2 import GreengrassCoreIPCClientV2
+
+        socket_path = socket_path or os.environ.get(SOCKET_ENV)
+        token = token or os.environ.get(TOKEN_ENV)
+        if not socket_path or not token:
+            raise TransportError(
+                f"not running under Greengrass: {SOCKET_ENV} and {TOKEN_ENV} must be set by the nucleus"
+            )
+        try:
+            raw = ipc_connect(ipc_socket=socket_path, authtoken=token, timeout=timeout)
+        except AccessDeniedError as exc:
+            raise UnauthorizedError(
+                f"Greengrass IPC refused the connection at {socket_path}: bad token"
+            ) from exc
+        except Exception as exc:
+            raise TransportError(
+                f"cannot connect to Greengrass IPC at {socket_path}: {_describe(exc)}"
+            ) from exc
+        executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ipc-handler")
+        return cls(GreengrassCoreIPCClientV2(client=raw, executor=executor), timeout)
+
+    # ------------------------------------------------------------ plumbing
+
+    def _wait(self, future: concurrent.futures.Future[Any], what: str) -> Any:
+        from awsiot.greengrasscoreipc import model
+
+        try:
+            return future.result(self.timeout)
+        except model.UnauthorizedError as exc:
+            raise UnauthorizedError(f"{what}: {exc.message or 'not authorized'}") from exc
+        except concurrent.futures.TimeoutError as exc:
+            raise TransportError(f"{what}: no answer from the nucleus in {self.timeout}s") from exc
+        except Exception as exc:
+            raise TransportError(f"{what}: {_describe(exc)}") from exc
+
+    def _call(self, what: str, fn: Callable[[], concurrent.futures.Future[Any]]) -> Any:
+        try:
+            future = fn()
+        except Exception as exc:
+            raise TransportError(f"{what}: {_describe(exc)}") from exc
+        return self._wait(future, what)
+
+    @staticmethod
+    def _guard(handler: Callable[..., None], what: str) -> Callable[..., None]:
+        def run(*args: Any) -> None:
+            try:
+                handler(*args)
+            except Exception:
+                log.exception("handler for %s raised", what)
+
+        return run
+
+    # ------------------------------------------------------------ pub/sub
+
+    def publish(self, topic: str, payload: bytes, *, target: Target = "local", qos: int = 0) -> None:
+        from awsiot.greengrasscoreipc import model
+
+        if target == "iot":
+            self._call(
+                f"PublishToIoTCore {topic}",
+                lambda: self._client.publish_to_iot_core_async(
+                    topic_name=topic,
+                    qos=model.QOS.AT_LEAST_ONCE if qos else model.QOS.AT_MOST_ONCE,
+                    payload=payload,
+                ),
+            )
+            return
+        message = model.PublishMessage(binary_message=model.BinaryMessage(message=bytes(payload)))
+        self._call(
+            f"PublishToTopic {topic}",
+            lambda: self._client.publish_to_topic_async(topic=topic, publish_message=message),
+        )
+
+    def subscribe(
+        self, topic: str, handler: MessageHandler, *, target: Target = "local", qos: int = 0
+    ) -> _Sub:
+        from awsiot.greengrasscoreipc import model
+
+        safe = self._guard(handler, topic)
+        if target == "iot":
+
+            def on_iot(event: Any) -> None:
+                msg = event.message
+                payload = msg.payload.encode() if isinstance(msg.payload, str) else bytes(msg.payload or b"")
+                safe(Message(msg.topic_name or topic, payload, "iot"))
+
+            future, operation = self._start(
+                f"SubscribeToIoTCore {topic}",
+                lambda: self._client.subscribe_to_iot_core_async(
+                    topic_name=topic,
+                    qos=model.QOS.AT_LEAST_ONCE if qos else model.QOS.AT_MOST_ONCE,
+                    on_stream_event=on_iot,
+                    on_stream_error=lambda exc: self._stream_error(topic, exc),
+                ),
+            )
+        else:
+
+            def on_local(event: Any) -> None:
+                if event.json_message is not None:
+                    ctx = event.json_message.context
+                    payload = json.dumps(event.json_message.message).encode()
+                elif event.binary_message is not None:
+                    ctx = event.binary_message.context
+                    payload = bytes(event.binary_message.message or b"")
+                else:
+                    return
+                safe(Message(ctx.topic if ctx is not None and ctx.topic else topic, payload, "local"))
+
+            future, operation = self._start(
+                f"SubscribeToTopic {topic}",
+                lambda: self._client.subscribe_to_topic_async(
+                    topic=topic,
+                    on_stream_event=on_local,
+                    on_stream_error=lambda exc: self._stream_error(topic, exc),
+                ),
+            )
+        sub = _Sub(operation)
+        try:
+            self._wait(future, f"subscribe {topic}")
+        except TransportError:
+            sub.close()
+            raise
+        self._subs.append(sub)
+        return sub
+
+    def _start(self, what: str, fn: Callable[[], tuple[Any, Any]]) -> tuple[Any, Any]:
+        try:
+            return fn()
+        except Exception as exc:
+            raise TransportError(f"{what}: {_describe(exc)}") from exc
+
+    @staticmethod
+    def _stream_error(topic: str, exc: Exception) -> bool:
+        log.warning("subscription %s: %s", topic, _describe(exc))
+        return False  # keep the stream open, as the nucleus does
+
+    # ------------------------------------------------------------ configuration
+
+    def get_configuration(self, key_path: Sequence[str] = (), component: str | None = None) -> Any:
+        """The value at key_path (a subtree for an inner node); TransportError when it is missing."""
+        path = list(key_path)
+        parent = path[:-1]
+        resp = self._call(
+            f"GetConfiguration {'/'.join(path) or '/'}",
+            lambda: self._client.get_configuration_async(component_name=component, key_path=parent),
+        )
+        value = resp.value if resp.value is not None else {}
+        if not path:
+            return value
+        if not isinstance(value, dict) or path[-1] not in value:
+            raise TransportError(f"configuration key {'/'.join(path)} not found")
+        return value[path[-1]]
+
+    def update_configuration(self, key_path: Sequence[str], value: Any) -> None:
+        path = list(key_path)
+        if not path:
+            raise TransportError("update_configuration needs a key path")
+        self._call(
+            f"UpdateConfiguration {'/'.join(path)}",
+            lambda: self._client.update_configuration_async(
+                key_path=path[:-1],
+                timestamp=dt.datetime.now(dt.timezone.utc),
+                value_to_merge={path[-1]: value},
+            ),
+        )
+
+    def on_configuration_update(self, handler: ConfigUpdateHandler) -> _Sub:
+        safe = self._guard(handler, "configuration update")
+
+        def on_event(event: Any) -> None:
+            update = event.configuration_update_event
+            if update is not None:
+                safe(list(update.key_path or []))
+
+        future, operation = self._start(
+            "SubscribeToConfigurationUpdate",
+            lambda: self._client.subscribe_to_configuration_update_async(
+                key_path=[],
+                on_stream_event=on_event,
+                on_stream_error=lambda e: self._stream_error("config", e),
+            ),
+        )
+        sub = _Sub(operation)
+        self._wait(future, "SubscribeToConfigurationUpdate")
+        self._subs.append(sub)
+        return sub
+
+    def on_validate_configuration(self, validator: ConfigValidator) -> _Sub:
+        from awsiot.greengrasscoreipc import model
+
+        def on_event(event: Any) -> None:
+            proposed = event.validate_configuration_update_event
+            if proposed is None:
+                return
+            try:
+                reason = validator(dict(proposed.configuration or {}))
+            except Exception as exc:
+                log.exception("configuration validator raised")
+                reason = f"validator failed: {exc}"
+            report = model.ConfigurationValidityReport(
+                status=model.ConfigurationValidityStatus.ACCEPTED
+                if reason is None
+                else model.ConfigurationValidityStatus.REJECTED,
+                deployment_id=proposed.deployment_id,
+                message=reason,
+            )
+            try:
+                self._call(
+                    "SendConfigurationValidityReport",
+                    lambda: self._client.send_configuration_validity_report_async(
+                        configuration_validity_report=report
+                    ),
+                )
+            except TransportError as exc:
+                log.warning("%s", exc)
+
+        future, operation = self._start(
+            "SubscribeToValidateConfigurationUpdates",
+            lambda: self._client.subscribe_to_validate_configuration_updates_async(
+                on_stream_event=on_event, on_stream_error=lambda e: self._stream_error("validate", e)
+            ),
+        )
+        sub = _Sub(operation)
+        self._wait(future, "SubscribeToValidateConfigurationUpdates")
+        self._subs.append(sub)
+        return sub
+
+    def update_state(self, state: Literal["RUNNING", "ERRORED"]) -> None:
+        self._call(f"UpdateState {state}", lambda: self._client.update_state_async(state=state))
+
+    def close(self) -> None:
+        for sub in self._subs:
+            sub.close()
+        self._subs.clear()
+        try:
+            self._client.close(executor_wait=False)
+        except Exception as exc:
+            log.debug("closing the IPC client: %s", exc)

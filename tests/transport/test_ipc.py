@@ -1,0 +1,200 @@
+"""GreengrassIpcBus against the simulated core: the real awsiotsdk IPC client, the real IPC server."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from awsiot.greengrasscoreipc import connect
+from awsiot.greengrasscoreipc.clientv2 import GreengrassCoreIPCClientV2
+from awsiot.greengrasscoreipc.model import JsonMessage, PublishMessage
+
+from edgeinfer.sim import Simulator
+from edgeinfer.transport import Message, TransportError, UnauthorizedError
+from edgeinfer.transport.ipc import GreengrassIpcBus
+
+APP = "com.example.App"
+PEER = "com.example.Peer"
+SOCK = "AWS_GG_NUCLEUS_DOMAIN_SOCKET_FILEPATH_FOR_COMPONENT"
+
+
+def _recipe(name: str, config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "RecipeFormatVersion": "2020-01-25",
+        "ComponentName": name,
+        "ComponentVersion": "1.0.0",
+        "ComponentConfiguration": {"DefaultConfiguration": config},
+        "Manifests": [{"Platform": {"os": "*"}, "Lifecycle": {}}],
+    }
+
+
+@pytest.fixture
+def sim(simulator: Callable[..., Simulator], tmp_path: Path) -> Simulator:
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    app_access = {
+        "aws.greengrass.ipc.pubsub": {
+            "rw": {"operations": ["*"], "resources": ["app/*", "peer/+/json"]},
+            "pub-only": {"operations": ["aws.greengrass#PublishToTopic"], "resources": ["out/#"]},
+        },
+        "aws.greengrass.ipc.mqttproxy": {
+            "iot": {"operations": ["*"], "resources": ["things/{iot:thingName}/#"]},
+        },
+    }
+    app_config = {
+        "threshold": 0.5,
+        "model": {"name": "lite0", "batch": {"max": 8}},
+        "accessControl": app_access,
+    }
+    (recipes / "app.yaml").write_text(yaml.safe_dump(_recipe(APP, app_config)))
+    peer_access = {"aws.greengrass.ipc.pubsub": {"p": {"operations": ["*"], "resources": ["*"]}}}
+    (recipes / "peer.yaml").write_text(yaml.safe_dump(_recipe(PEER, {"accessControl": peer_access})))
+    return simulator(recipes, thing="ipc-thing")
+
+
+@pytest.fixture
+def bus_for(sim: Simulator) -> Iterator[Callable[[str], GreengrassIpcBus]]:
+    buses: list[GreengrassIpcBus] = []
+
+    def make(component: str) -> GreengrassIpcBus:
+        env = sim.ipc_env(component)
+        bus = GreengrassIpcBus.connect(env[SOCK], env["SVCUID"])
+        buses.append(bus)
+        return bus
+
+    yield make
+    for bus in buses:
+        bus.close()
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+        self.cond = threading.Condition()
+        self.threads: set[str] = set()
+
+    def __call__(self, item: Any) -> None:
+        with self.cond:
+            self.items.append(item)
+            self.threads.add(threading.current_thread().name)
+            self.cond.notify_all()
+
+    def wait(self, n: int, timeout: float = 10.0) -> list[Any]:
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.items) >= n, timeout), f"got {self.items}"
+            return list(self.items)
+
+
+def test_local_pubsub_round_trip_with_wildcards_and_own_messages(bus_for: Any) -> None:
+    bus = bus_for(APP)
+    got = Collector()
+    sub = bus.subscribe("app/+", got)
+    everything = Collector()
+    bus.subscribe("app/#", everything)
+    bus.publish("app/a", b"\x00binary\xff")
+    bus.publish("app/a/deeper", b"only #")
+    assert got.wait(1) == [Message("app/a", b"\x00binary\xff", "local")]
+    assert [m.topic for m in everything.wait(2)] == ["app/a", "app/a/deeper"]
+    sub.close()
+    time.sleep(0.2)
+    bus.publish("app/b", b"after close")
+    time.sleep(0.3)
+    assert len(got.items) == 1
+
+
+def test_json_from_another_component_arrives_as_json_bytes(bus_for: Any, sim: Simulator) -> None:
+    bus = bus_for(APP)
+    got = Collector()
+    bus.subscribe("peer/+/json", got)
+    env = sim.ipc_env(PEER)
+    raw = connect(ipc_socket=env[SOCK], authtoken=env["SVCUID"])
+    peer = GreengrassCoreIPCClientV2(client=raw)
+    try:
+        peer.publish_to_topic(
+            topic="peer/1/json",
+            publish_message=PublishMessage(json_message=JsonMessage(message={"x": [1, 2]})),
+        )
+        message = got.wait(1)[0]
+    finally:
+        peer.close()
+    assert message.topic == "peer/1/json"
+    assert message.payload == b'{"x": [1, 2]}'
+    assert all(name.startswith("ipc-handler") for name in got.threads)
+
+
+def test_iot_core_both_ways(bus_for: Any, sim: Simulator) -> None:
+    bus = bus_for(APP)
+    cloud = sim.cloud_client()
+    inbox = cloud.subscribe("things/ipc-thing/up")
+    got = Collector()
+    bus.subscribe("things/ipc-thing/down/+", got, target="iot", qos=1)
+    bus.publish("things/ipc-thing/up", b"hello cloud", target="iot", qos=1)
+    assert inbox.wait_for(1)[0].payload == b"hello cloud"
+    cloud.publish("things/ipc-thing/down/1", b"hello device", qos=1)
+    assert got.wait(1) == [Message("things/ipc-thing/down/1", b"hello device", "iot")]
+
+
+def test_configuration_reads_updates_and_events(bus_for: Any, sim: Simulator) -> None:
+    bus = bus_for(APP)
+    assert bus.get_configuration(["threshold"]) == 0.5
+    assert bus.get_configuration(["model"]) == {"name": "lite0", "batch": {"max": 8}}
+    assert bus.get_configuration(["model", "batch", "max"]) == 8
+    assert bus.get_configuration()["threshold"] == 0.5
+    assert "accessControl" in bus_for(PEER).get_configuration(component=APP)
+    with pytest.raises(TransportError, match="not found"):
+        bus.get_configuration(["nope"])
+    events = Collector()
+    bus.on_configuration_update(events)
+    bus.update_configuration(["model", "batch", "max"], 16)
+    assert events.wait(1) == [["model", "batch", "max"]]
+    assert bus.get_configuration(["model", "batch", "max"]) == 16
+    assert sim.configuration(APP)["model"]["batch"]["max"] == 16
+
+
+def test_configuration_validation_from_a_deployment(bus_for: Any, sim: Simulator) -> None:
+    bus = bus_for(APP)
+    seen = Collector()
+
+    def validator(proposed: dict[str, Any]) -> str | None:
+        seen(proposed)
+        return None if proposed["threshold"] <= 1 else "threshold must be <= 1"
+
+    bus.on_validate_configuration(validator)
+    events = Collector()
+    bus.on_configuration_update(events)
+    with pytest.raises(Exception, match="threshold must be <= 1"):
+        sim.update_configuration(APP, merge={"threshold": 5})
+    assert bus.get_configuration(["threshold"]) == 0.5
+    sim.update_configuration(APP, merge={"threshold": 0.9})
+    assert bus.get_configuration(["threshold"]) == 0.9
+    assert events.wait(1) == [["threshold"]]
+    assert [p["threshold"] for p in seen.items] == [5, 0.9]
+
+
+def test_update_state_and_refusals(bus_for: Any, sim: Simulator) -> None:
+    bus = bus_for(APP)
+    bus.update_state("RUNNING")
+    assert sim.state(APP) == "RUNNING"
+    with pytest.raises(UnauthorizedError, match="not authorized"):
+        bus.publish("secret/topic", b"x")
+    with pytest.raises(UnauthorizedError):
+        bus.subscribe("out/x", lambda m: None)  # publish-only grant
+    bus.publish("out/x", b"allowed")
+    with pytest.raises(UnauthorizedError):
+        bus.publish("things/other-thing/up", b"x", target="iot")
+    with pytest.raises(UnauthorizedError):
+        bus.subscribe("things/+/up", lambda m: None, target="iot")
+
+
+def test_bad_token_and_no_environment(sim: Simulator, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(UnauthorizedError, match="bad token"):
+        GreengrassIpcBus.connect(sim.socket_path, "not-a-token")
+    monkeypatch.delenv("SVCUID", raising=False)
+    monkeypatch.delenv("AWS_GG_NUCLEUS_DOMAIN_SOCKET_FILEPATH_FOR_COMPONENT", raising=False)
+    with pytest.raises(TransportError, match="not running under Greengrass"):
+        GreengrassIpcBus.connect()
