@@ -1,0 +1,507 @@
+"""Create (or link) the component venv, verify ONNX Runtime in it, write `platform.json`.
+
+Layout under the component's work folder (`{work:path}`, i.e.
+`{kernel:rootPath}/work/com.edgeinfer.RuntimeInstaller/`):
+
+    venv            -> symlink to the active environment (what dependants run: venv/bin/python)
+    venvs/<id>/     the environments this installer built (current and previous kept)
+    platform.json   found / plan / installed / providers that really load, and the fingerprint
+
+A new environment is built next to the active one and only becomes active (an atomic symlink swap)
+once it verified; any failure removes the half-built one and leaves `venv` and `platform.json` as
+they were. A fingerprint of platform + plan + shipped wheels makes the Install step (which Greengrass
+re-runs at every start) a no-op when nothing changed. Standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import zipfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgeinfer import __version__
+from edgeinfer.errors import EdgeinferError
+from edgeinfer.installer.plan import CPU, ORT_PACKAGES, InstallerConfig, Plan, choose
+from edgeinfer.installer.probe import PlatformInfo, ProbeSource, probe
+from edgeinfer.installer.tiny_model import write_tiny_model
+
+__all__ = [
+    "PLATFORM_FILE",
+    "InstallError",
+    "Outcome",
+    "Paths",
+    "fingerprint",
+    "run_installer",
+    "verify_environment",
+]
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "com.edgeinfer.RuntimeInstaller"
+PLATFORM_FILE = "platform.json"
+SCHEMA_VERSION = 1
+
+
+class InstallError(EdgeinferError):
+    """The environment could not be built or verified; the device is left as it was."""
+
+
+@dataclass
+class Paths:
+    work: Path  # {work:path}
+    artifacts: Path | None = None  # {artifacts:path}: the project wheel
+    unpacked: Path | None = None  # {artifacts:decompressedPath}: wheelhouse/ when shipped
+
+    @property
+    def venv_link(self) -> Path:
+        return self.work / "venv"
+
+    @property
+    def platform_file(self) -> Path:
+        return self.work / PLATFORM_FILE
+
+
+@dataclass
+class Outcome:
+    skipped: bool
+    fingerprint: str
+    seconds: float
+    report: dict[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------- helpers
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_json_atomic(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2)
+            fh.write("\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _link_atomic(link: Path, target: Path, aside: Path) -> None:
+    """Point `link` at `target` in one rename. A real directory in the way is moved to `aside`."""
+    if link.exists() and not link.is_symlink():
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(link, aside)
+    tmp = link.with_name(f".{link.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+
+
+def project_wheels(paths: Paths) -> list[Path]:
+    if paths.artifacts is None or not paths.artifacts.is_dir():
+        return []
+    return sorted(paths.artifacts.glob("edgeinfer-*.whl"))
+
+
+def find_wheelhouse(paths: Paths, config: InstallerConfig) -> Path | None:
+    if config.wheelhouse:
+        folder = Path(config.wheelhouse)
+        if not folder.is_dir():
+            raise InstallError(f"wheelhouse {folder} does not exist")
+        return folder
+    if paths.unpacked is not None and (paths.unpacked / "wheelhouse").is_dir():
+        return paths.unpacked / "wheelhouse"
+    return None
+
+
+def check_wheelhouse(folder: Path) -> list[dict[str, Any]]:
+    """Every wheel must be a readable zip with a RECORD; returns the listing (name, size, sha256)."""
+    listing = []
+    for wheel in sorted(folder.glob("*.whl")):
+        try:
+            with zipfile.ZipFile(wheel) as zf:
+                if not any(n.endswith(".dist-info/RECORD") for n in zf.namelist()):
+                    raise zipfile.BadZipFile("no .dist-info/RECORD")
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise InstallError(f"corrupt wheelhouse: {wheel.name} is not a valid wheel ({exc})") from None
+        listing.append({"name": wheel.name, "bytes": wheel.stat().st_size})
+    if not listing:
+        raise InstallError(f"wheelhouse {folder} holds no wheels")
+    return listing
+
+
+def fingerprint(
+    info: PlatformInfo,
+    plan: Plan,
+    *,
+    python: str,
+    wheels: Sequence[Path],
+    wheelhouse: Sequence[Any],
+    existing: str,
+) -> str:
+    """Everything that decides the environment's content; unchanged → the Install step is a no-op."""
+    material = {
+        "installer": __version__,
+        "schema": SCHEMA_VERSION,
+        "platform": info.to_dict(),
+        "plan": plan.to_dict(),
+        "python": python,
+        "wheels": {w.name: _sha256(w) for w in wheels},
+        "wheelhouse": list(wheelhouse),
+        "existing": existing,
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+_UNREACHABLE = (
+    "Failed to establish a new connection",
+    "NewConnectionError",
+    "Connection refused",
+    "Name or service not known",
+    "Temporary failure in name resolution",
+    "ConnectTimeoutError",
+    "Read timed out",
+    "Could not fetch URL",
+    "No route to host",
+)
+
+
+def _last_error(output: str) -> str:
+    """The line of pip's output that says what went wrong (pip prints one `ERROR:` line per cause)."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("ERROR:")]
+    message = errors[-1] if errors else (lines[-1] if lines else "no output")
+    if len(errors) > 1 and "versions: none" in errors[-2]:
+        message = errors[-2]  # "Could not find a version ... (from versions: none)" is the useful one
+    for line in lines:
+        if any(marker in line for marker in _UNREACHABLE):
+            return f"the package index is unreachable ({message.removeprefix('ERROR: ')})"
+    return message.removeprefix("ERROR: ")
+
+
+def _run(argv: Sequence[str], timeout_s: float, what: str, env: dict[str, str] | None = None) -> str:
+    shown = [a if len(a) < 200 else "<script>" for a in argv]
+    log.debug("%s: %s", what, " ".join(shown))
+    try:
+        proc = subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=timeout_s, check=False, env=env
+        )
+    except subprocess.TimeoutExpired:
+        raise InstallError(f"{what} timed out after {timeout_s:.0f} s") from None
+    except OSError as exc:
+        raise InstallError(f"{what} could not start: {exc}") from None
+    if proc.returncode != 0:
+        raise InstallError(f"{what} failed: {_last_error(proc.stdout + proc.stderr)}")
+    return proc.stdout
+
+
+def _pip_env(use_pip_config: bool = False) -> dict[str, str]:
+    """pip's environment. Unless `usePipConfig` is set, the machine's pip configuration (files and
+    PIP_* variables: extra indexes, find-links, constraints) is ignored, so the venv holds exactly the
+    plan; proxies (HTTPS_PROXY) and certificates (SSL_CERT_FILE) still apply."""
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)  # the installer itself may run from the wheel on PYTHONPATH
+    if not use_pip_config:
+        for key in [k for k in env if k.startswith("PIP_")]:
+            del env[key]
+        env["PIP_CONFIG_FILE"] = os.devnull
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    env["PIP_NO_INPUT"] = "1"
+    env.pop("PIP_USER", None)
+    return env
+
+
+# ------------------------------------------------------------------------------------------- verify
+
+_VERIFY = r"""
+import importlib.metadata as md, json, sys
+out = {"python": sys.version.split()[0], "packages": {}, "error": None, "version": None,
+       "available": [], "loaded": [], "failed": {}}
+for d in md.distributions():
+    name = d.metadata["Name"]
+    if name:
+        out["packages"][name] = d.version
+try:
+    import numpy
+    import onnxruntime as ort
+except Exception as exc:
+    out["error"] = "import failed: %s: %s" % (type(exc).__name__, exc)
+    print(json.dumps(out)); sys.exit(0)
+out["version"] = ort.__version__
+out["available"] = list(ort.get_available_providers())
+x = numpy.array([[-1.0, 0.0, 1.0, 2.0]], dtype=numpy.float32)
+for p in json.loads(sys.argv[2]):
+    try:
+        so = ort.SessionOptions(); so.log_severity_level = 3
+        chain = [p] if p == "CPUExecutionProvider" else [p, "CPUExecutionProvider"]
+        s = ort.InferenceSession(sys.argv[1], so, providers=chain)
+        got = s.get_providers()
+        if not got or got[0] != p:
+            out["failed"][p] = "did not load (session fell back to %s)" % (got,); continue
+        y = s.run(None, {"x": x})[0]
+        if y.tolist() != [[0.0, 0.0, 1.0, 2.0]]:
+            out["failed"][p] = "wrong result %s" % (y.tolist(),); continue
+        out["loaded"].append(p)
+    except Exception as exc:
+        out["failed"][p] = "%s: %s" % (type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+print(json.dumps(out))
+"""
+
+
+def verify_environment(python: Path, expected: Sequence[str], timeout_s: float = 300) -> dict[str, Any]:
+    """Import ONNX Runtime in `python`'s environment and run a tiny model on every expected provider."""
+    if not python.exists():
+        raise InstallError(f"no Python at {python}")
+    with tempfile.TemporaryDirectory(prefix="edgeinfer-verify-") as tmp:
+        model = write_tiny_model(Path(tmp))
+        out = _run(
+            [str(python), "-c", _VERIFY, str(model), json.dumps(list(expected))],
+            timeout_s,
+            "verify",
+            env=_pip_env(),
+        )
+    try:
+        result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise InstallError(f"verify printed no result: {out[-200:]!r}") from None
+    if result.get("error"):
+        raise InstallError(f"ONNX Runtime does not import in {python}: {result['error']}")
+    ort_dists = sorted(n for n in result["packages"] if n.lower().replace("_", "-") in ORT_PACKAGES)
+    if len(ort_dists) != 1:
+        raise InstallError(
+            f"expected exactly one ONNX Runtime package in {python.parent.parent}, found "
+            f"{', '.join(ort_dists) or 'none'}"
+        )
+    result["onnxruntime_package"] = ort_dists[0]
+    if CPU in expected and CPU not in result["loaded"]:
+        raise InstallError(f"ONNX Runtime cannot run a model on the CPU: {result['failed'].get(CPU)}")
+    return result
+
+
+# ---------------------------------------------------------------------------------------- build venv
+
+PYPI = "https://pypi.org/simple/"
+
+
+def check_index(url: str, timeout_s: float) -> None:
+    """Fail fast, before anything is created, when a package index cannot be reached at all (pip
+    itself only says "no matching distribution"). Any HTTP answer, even 404, counts as reachable."""
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme == "file":
+        if not Path(urllib.request.url2pathname(parsed.path)).exists():
+            raise InstallError(f"the package index {url} does not exist")
+        return
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s):
+            return
+    except urllib.error.HTTPError:
+        return
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise InstallError(f"the package index {url} is unreachable ({reason})") from None
+
+
+def _index_args(plan: Plan, config: InstallerConfig, wheelhouse: Path | None) -> list[str]:
+    args: list[str] = []
+    if wheelhouse is not None:
+        args += ["--find-links", str(wheelhouse)]
+    if config.offline or (wheelhouse is not None and not plan.index_url):
+        if wheelhouse is None:
+            raise InstallError("offline is set but no wheelhouse was shipped or configured")
+        return [*args, "--no-index"]
+    if plan.index_url:
+        args += ["--index-url", plan.index_url]
+    for url in plan.extra_index_urls:
+        args += ["--extra-index-url", url]
+    return args
+
+
+def _build_venv(
+    target: Path,
+    plan: Plan,
+    config: InstallerConfig,
+    *,
+    python: str,
+    wheels: Sequence[Path],
+    wheelhouse: Path | None,
+) -> None:
+    cmd = [python, "-m", "venv"]
+    if plan.system_site_packages:
+        cmd.append("--system-site-packages")
+    _run([*cmd, str(target)], 300, "creating the venv", env=_pip_env(config.usePipConfig))
+    vpy = str(target / "bin" / "python")
+    constraints = target / "edgeinfer-constraints.txt"
+    constraints.write_text("".join(f"{k}=={v}\n" for k, v in plan.constraints.items()), encoding="utf-8")
+    pip = [vpy, "-m", "pip", "install", "--no-input", "--progress-bar", "off"]
+    pip += ["--timeout", str(config.pipTimeoutSeconds), "--retries", str(config.pipRetries)]
+    pip += _index_args(plan, config, wheelhouse)
+    env = _pip_env(config.usePipConfig)
+    _run([*pip, "-c", str(constraints), *plan.requirements], config.installTimeoutSeconds, "pip install", env)
+    if config.installProject and wheels:
+        _run([*pip, "--no-deps", str(wheels[-1])], 300, "installing the edgeinfer wheel", env)
+
+
+def _gc(paths: Paths, current: Path, previous: Path | None, limit: int) -> None:
+    """Remove the environments this installer built that are neither active nor the previous one."""
+    root = paths.work / "venvs"
+    if not root.is_dir():
+        return
+    keep = {current}
+    if previous is not None and limit >= 2:
+        keep.add(previous)
+    for old in root.iterdir():
+        if old.resolve() not in keep:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _read_platform(paths: Paths) -> dict[str, Any] | None:
+    try:
+        data = json.loads(paths.platform_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+# ------------------------------------------------------------------------------------------------ run
+
+
+def run_installer(
+    config: InstallerConfig,
+    paths: Paths,
+    *,
+    source: ProbeSource | None = None,
+    python: str = sys.executable,
+    is_root: Callable[[], bool] = lambda: hasattr(os, "geteuid") and os.geteuid() == 0,
+    clock: Callable[[], float] = time.monotonic,
+) -> Outcome:
+    """The Install step: probe, allow-list, plan, fingerprint → skip, or build + verify + activate."""
+    start = clock()
+    existing = config.existingVenv.strip()
+    if is_root() and not config.allowRoot and not existing:
+        raise InstallError(
+            "refusing to install as root: run the component as the default Greengrass user "
+            "(or set allowRoot: true)"
+        )
+    info = probe(source)
+    plan = choose(info, config)
+    for note in plan.notes:
+        log.warning("%s", note)
+    wheels = project_wheels(paths) if config.installProject and not existing else []
+    wheelhouse = None if existing else find_wheelhouse(paths, config)
+    listing = check_wheelhouse(wheelhouse) if wheelhouse is not None else []
+    if config.installProject and not existing and not wheels and paths.artifacts is not None:
+        log.warning("no edgeinfer wheel in %s: installing the third-party stack only", paths.artifacts)
+    fp = fingerprint(info, plan, python=python, wheels=wheels, wheelhouse=listing, existing=existing)
+
+    previous = _read_platform(paths)
+    link = paths.venv_link
+    if previous is not None and previous.get("fingerprint") == fp and (link / "bin" / "python").exists():
+        seconds = clock() - start
+        log.info("platform and plan unchanged (fingerprint %s): nothing to do", fp[:12])
+        return Outcome(skipped=True, fingerprint=fp, seconds=seconds, report=previous)
+
+    if not existing and not ("--no-index" in _index_args(plan, config, wheelhouse) or config.usePipConfig):
+        for url in [plan.index_url or PYPI, *plan.extra_index_urls]:
+            check_index(url, min(config.pipTimeoutSeconds, 30))
+    paths.work.mkdir(parents=True, exist_ok=True)
+    built: Path | None = None
+    if existing:
+        env_root = Path(existing).expanduser().absolute()
+        if not (env_root / "bin" / "python").exists():
+            raise InstallError(f"existingVenv {env_root} has no bin/python")
+        verified = verify_environment(env_root / "bin" / "python", plan.expected_providers)
+        target = env_root
+        mode = "existing"
+    else:
+        venvs = paths.work / "venvs"
+        venvs.mkdir(parents=True, exist_ok=True)
+        built = venvs / f"{fp[:12]}-{int(time.time() * 1000)}"
+        try:
+            _build_venv(built, plan, config, python=python, wheels=wheels, wheelhouse=wheelhouse)
+            verified = verify_environment(built / "bin" / "python", plan.expected_providers)
+        except BaseException:
+            shutil.rmtree(built, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                venvs.rmdir()  # only if empty: the first install left nothing behind
+            raise
+        target = built
+        mode = "install"
+
+    failed = {p: r for p, r in verified["failed"].items() if p != CPU}
+    if failed:
+        message = "; ".join(f"{p}: {r}" for p, r in failed.items())
+        if config.requireProviders:
+            if built is not None:
+                shutil.rmtree(built, ignore_errors=True)
+            raise InstallError(f"expected execution providers do not load: {message}")
+        log.warning("expected execution providers do not load (the runtime will use the CPU): %s", message)
+
+    report = {
+        "schema_version": SCHEMA_VERSION,
+        "component": COMPONENT,
+        "installer_version": __version__,
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "fingerprint": fp,
+        "mode": mode,
+        "found": info.to_dict(),
+        "allowed_by": plan.rule,
+        "plan": plan.to_dict(),
+        "installed": {
+            "venv": str(link),
+            "venv_target": str(target),
+            "python": verified["python"],
+            "onnxruntime": {"package": verified["onnxruntime_package"], "version": verified["version"]},
+            "wheelhouse": [w["name"] for w in listing],
+            "project_wheel": wheels[-1].name if wheels else None,
+            "packages": dict(sorted(verified["packages"].items())),
+        },
+        "providers": {
+            "expected": plan.expected_providers,
+            "available": verified["available"],
+            "loaded": verified["loaded"],
+            "failed": verified["failed"],
+        },
+        "install_seconds": round(clock() - start, 3),
+    }
+    old_target = link.resolve() if link.is_symlink() else None
+    try:
+        _link_atomic(link, target, paths.work / "venvs" / f"replaced-{int(time.time())}")
+        _write_json_atomic(paths.platform_file, report)
+    except OSError as exc:
+        if built is not None and old_target is not None:
+            _link_atomic(link, old_target, paths.work / "venvs" / "unused")
+            shutil.rmtree(built, ignore_errors=True)
+        raise InstallError(f"cannot activate the environment: {exc}") from None
+    _gc(paths, target.resolve(), old_target, config.keepVenvs)
+    log.info(
+        "%s ready: %s %s, providers %s (%.1f s)",
+        link,
+        verified["onnxruntime_package"],
+        verified["version"],
+        ", ".join(verified["loaded"]),
+        report["install_seconds"],
+    )
+    return Outcome(skipped=False, fingerprint=fp, seconds=clock() - start, report=report)

@@ -1,0 +1,326 @@
+"""Platform probe: OS, architecture, NVIDIA GPU and driver, CUDA, cuDNN, TensorRT, Jetson boards.
+
+Everything the probe learns comes through a `ProbeSource` (run a command, read a file, list the shared
+libraries the loader knows), so tests feed recorded outputs of real machines (`RecordedProbe`) and
+the decisions are tested without the hardware. Standard library only: the installer runs on the
+system Python before the venv exists.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+__all__ = [
+    "NVIDIA_SMI_QUERY",
+    "GpuInfo",
+    "JetsonInfo",
+    "PlatformInfo",
+    "ProbeSource",
+    "RecordedProbe",
+    "SystemProbe",
+    "probe",
+]
+
+NVIDIA_SMI_QUERY = (
+    "nvidia-smi",
+    "--query-gpu=name,driver_version,memory.total",
+    "--format=csv,noheader,nounits",
+)
+NVIDIA_SMI = ("nvidia-smi",)
+TEGRA_RELEASE = "/etc/nv_tegra_release"
+DEVICE_TREE_MODEL = "/proc/device-tree/model"
+OS_RELEASE = "/etc/os-release"
+CUDA_VERSION_JSON = "/usr/local/cuda/version.json"
+CUDNN_HEADERS = ("/usr/include/cudnn_version.h", "/usr/include/x86_64-linux-gnu/cudnn_version_v9.h")
+_LIB_DIRS = (
+    "/usr/local/cuda/lib64",
+    "/usr/local/cuda/targets/*/lib",
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu/tegra",
+    "/usr/lib64",
+)
+_ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}
+
+
+class ProbeSource(Protocol):
+    """Where the probe's raw facts come from (the live system or a recording)."""
+
+    def system(self) -> str: ...  # platform.system(): "Linux", "Darwin", "Windows"
+
+    def machine(self) -> str: ...  # platform.machine(): "x86_64", "aarch64", "armv7l"
+
+    def python_version(self) -> str: ...
+
+    def run(self, argv: Sequence[str]) -> str | None: ...  # stdout, or None if absent / failed
+
+    def read(self, path: str) -> str | None: ...
+
+    def libraries(self) -> list[str]: ...  # shared-library file names or paths the loader can find
+
+
+class SystemProbe:
+    """The live machine. Commands time out quickly; nothing here needs privileges."""
+
+    def __init__(self, timeout_s: float = 15.0) -> None:
+        self.timeout_s = timeout_s
+
+    def system(self) -> str:
+        return platform.system()
+
+    def machine(self) -> str:
+        return platform.machine()
+
+    def python_version(self) -> str:
+        return ".".join(str(p) for p in sys.version_info[:3])
+
+    def run(self, argv: Sequence[str]) -> str | None:
+        try:
+            proc = subprocess.run(
+                list(argv), capture_output=True, text=True, timeout=self.timeout_s, check=False
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return proc.stdout if proc.returncode == 0 else None
+
+    def read(self, path: str) -> str | None:
+        try:
+            return Path(path).read_bytes().decode("utf-8", "replace")
+        except OSError:
+            return None
+
+    def libraries(self) -> list[str]:
+        found: list[str] = []
+        out = self.run(("ldconfig", "-p")) or self.run(("/sbin/ldconfig", "-p")) or ""
+        for line in out.splitlines():
+            if "=>" in line:
+                found.append(line.rsplit("=>", 1)[1].strip())
+        for folder in _LIB_DIRS:
+            for path in glob.glob(os.path.join(folder, "lib*.so*")):
+                found.append(path)
+        for var in ("LD_LIBRARY_PATH",):
+            for folder in os.environ.get(var, "").split(os.pathsep):
+                if folder:
+                    found.extend(glob.glob(os.path.join(folder, "lib*.so*")))
+        return sorted(set(found))
+
+
+@dataclass
+class RecordedProbe:
+    """A recording of a machine: what each command printed, what each file held, which libraries exist.
+
+    JSON shape: `{"system", "machine", "python", "commands": {"nvidia-smi ...": stdout},
+    "files": {path: text}, "libraries": [...]}`; a command or file absent from the recording behaves as
+    absent on the machine.
+    """
+
+    system_name: str = "Linux"
+    machine_name: str = "x86_64"
+    python: str = "3.11.7"
+    commands: dict[str, str] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
+    libs: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RecordedProbe:
+        return cls(
+            system_name=str(data.get("system", "Linux")),
+            machine_name=str(data.get("machine", "x86_64")),
+            python=str(data.get("python", "3.11.7")),
+            commands={str(k): str(v) for k, v in dict(data.get("commands", {})).items()},
+            files={str(k): str(v) for k, v in dict(data.get("files", {})).items()},
+            libs=[str(x) for x in data.get("libraries", [])],
+        )
+
+    @classmethod
+    def load(cls, path: Path | str) -> RecordedProbe:
+        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+
+    def system(self) -> str:
+        return self.system_name
+
+    def machine(self) -> str:
+        return self.machine_name
+
+    def python_version(self) -> str:
+        return self.python
+
+    def run(self, argv: Sequence[str]) -> str | None:
+        return self.commands.get(" ".join(argv))
+
+    def read(self, path: str) -> str | None:
+        return self.files.get(path)
+
+    def libraries(self) -> list[str]:
+        return list(self.libs)
+
+
+@dataclass
+class GpuInfo:
+    name: str
+    driver_version: str
+    memory_mib: int | None = None
+    # the newest CUDA the driver supports ("CUDA Version" in nvidia-smi)
+    cuda_driver_version: str | None = None
+
+
+@dataclass
+class JetsonInfo:
+    model: str  # "NVIDIA Jetson AGX Orin Developer Kit"
+    l4t_version: str | None  # "36.4.0" from /etc/nv_tegra_release
+
+
+@dataclass
+class PlatformInfo:
+    """What the probe found. `accelerator` is the best this machine offers: "jetson", "cuda" or "cpu"."""
+
+    os: str
+    architecture: str
+    python: str
+    os_release: str | None = None
+    gpu: GpuInfo | None = None
+    jetson: JetsonInfo | None = None
+    cuda_version: str | None = None  # CUDA runtime found on the system (toolkit or libcudart)
+    cudnn_version: str | None = None
+    tensorrt_version: str | None = None
+
+    @property
+    def accelerator(self) -> str:
+        if self.jetson is not None:
+            return "jetson"
+        if self.gpu is not None and (self.gpu.cuda_driver_version or self.cuda_version):
+            return "cuda"
+        return "cpu"
+
+    @property
+    def cuda_major(self) -> str | None:
+        """The CUDA major version the machine can run: the driver's, else the runtime's."""
+        version = (self.gpu.cuda_driver_version if self.gpu else None) or self.cuda_version
+        return version.split(".")[0] if version else None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["accelerator"] = self.accelerator
+        return data
+
+
+# --------------------------------------------------------------------------------------------- parsing
+
+
+def _lib_version(libs: Sequence[str], stem: str) -> str | None:
+    """Highest version in `stem.so.X[.Y[.Z]]` among the library names (e.g. libnvinfer.so.10.3.0)."""
+    best: tuple[int, ...] | None = None
+    pattern = re.compile(rf"(?:^|/){re.escape(stem)}\.so\.(\d+(?:\.\d+)*)$")
+    for lib in libs:
+        m = pattern.search(lib)
+        if m:
+            version = tuple(int(p) for p in m.group(1).split("."))
+            if best is None or version > best:
+                best = version
+    return ".".join(str(p) for p in best) if best is not None else None
+
+
+def _parse_gpu(query: str | None, smi: str | None) -> GpuInfo | None:
+    if not query or not query.strip():
+        return None
+    first = query.strip().splitlines()[0]
+    parts = [p.strip() for p in first.split(",")]
+    if len(parts) < 2 or not parts[0]:
+        return None
+    memory: int | None = None
+    if len(parts) > 2:
+        try:
+            memory = int(float(parts[2]))
+        except ValueError:
+            memory = None
+    cuda = None
+    if smi:
+        m = re.search(r"CUDA Version:\s*([0-9.]+)", smi)
+        cuda = m.group(1) if m else None
+    return GpuInfo(name=parts[0], driver_version=parts[1], memory_mib=memory, cuda_driver_version=cuda)
+
+
+def _parse_tegra_release(text: str | None) -> str | None:
+    # "# R36 (release), REVISION: 4.0, GCID: 37537400, BOARD: generic, EABI: aarch64, DATE: ..."
+    if not text:
+        return None
+    m = re.search(r"R(\d+)\s*\(release\),\s*REVISION:\s*([0-9.]+)", text)
+    if not m:
+        return None
+    revision = m.group(2)
+    return f"{m.group(1)}.{revision}" if revision.count(".") >= 1 else f"{m.group(1)}.{revision}.0"
+
+
+def _parse_header_version(text: str | None, prefixes: Sequence[str]) -> str | None:
+    if not text:
+        return None
+    for prefix in prefixes:
+        parts = []
+        for key in ("MAJOR", "MINOR", "PATCHLEVEL" if prefix == "CUDNN_" else "PATCH"):
+            m = re.search(rf"#define\s+{prefix}{key}\s+(\d+)", text)
+            if not m:
+                break
+            parts.append(m.group(1))
+        if len(parts) == 3:
+            return ".".join(parts)
+    return None
+
+
+def _os_release(text: str | None) -> str | None:
+    if not text:
+        return None
+    m = re.search(r'^PRETTY_NAME="?([^"\n]*)"?', text, re.MULTILINE)
+    return m.group(1) if m else None
+
+
+def probe(source: ProbeSource | None = None) -> PlatformInfo:
+    """Detect the platform through `source` (the live system by default)."""
+    src: ProbeSource = source if source is not None else SystemProbe()
+    arch = src.machine().strip().lower()
+    arch = _ARCH_ALIASES.get(arch, arch)
+    info = PlatformInfo(
+        os=src.system().strip().lower(),
+        architecture=arch,
+        python=src.python_version(),
+        os_release=_os_release(src.read(OS_RELEASE)),
+    )
+    if info.os != "linux":
+        return info  # GPU probing below is Linux-only; the allow-list refuses other systems anyway
+
+    libs = src.libraries()
+    tegra = src.read(TEGRA_RELEASE)
+    model = src.read(DEVICE_TREE_MODEL)
+    model_name = model.replace("\x00", "").strip() if model else ""
+    if tegra is not None or "jetson" in model_name.lower():
+        info.jetson = JetsonInfo(model=model_name or "NVIDIA Jetson", l4t_version=_parse_tegra_release(tegra))
+
+    info.gpu = _parse_gpu(src.run(NVIDIA_SMI_QUERY), src.run(NVIDIA_SMI))
+
+    cuda_json = src.read(CUDA_VERSION_JSON)
+    if cuda_json:
+        try:
+            info.cuda_version = str(json.loads(cuda_json)["cuda"]["version"])
+        except (ValueError, KeyError, TypeError):
+            info.cuda_version = None
+    if info.cuda_version is None:
+        info.cuda_version = _lib_version(libs, "libcudart")
+
+    info.cudnn_version = None
+    for header in CUDNN_HEADERS:
+        info.cudnn_version = _parse_header_version(src.read(header), ("CUDNN_",))
+        if info.cudnn_version:
+            break
+    if info.cudnn_version is None:
+        info.cudnn_version = _lib_version(libs, "libcudnn")
+    info.tensorrt_version = _lib_version(libs, "libnvinfer")
+    return info

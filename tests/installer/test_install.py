@@ -1,0 +1,235 @@
+"""The Install step for real on this machine: a venv from an offline wheelhouse, the fingerprint skip,
+linking an existing environment, and every failure leaving the device as it was."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import make_wheel
+
+from edgeinfer.errors import EdgeinferError
+from edgeinfer.installer.install import InstallError, Paths, run_installer
+from edgeinfer.installer.plan import InstallerConfig, UnsupportedPlatformError
+from edgeinfer.installer.probe import RecordedProbe
+from edgeinfer.installer.tiny_model import tiny_model_bytes
+
+PLATFORMS = Path(__file__).parent / "platforms"
+CPU_HOST = RecordedProbe.load(PLATFORMS / "x86_64_cpu.json")
+
+
+def offline_config(wheelhouse: Path, versions: dict[str, str], **extra: object) -> InstallerConfig:
+    return InstallerConfig.from_mapping(
+        {
+            "packages": [],  # ONNX Runtime and its own dependencies only: what the wheelhouse holds
+            "packageVersions": {"numpy": versions["numpy"]},
+            "onnxruntimeVersion": versions["onnxruntime"],
+            "wheelhouse": str(wheelhouse),
+            "allowRoot": True,
+            **extra,
+        }
+    )
+
+
+def snapshot(work: Path) -> dict[str, object]:
+    """Everything a failed run must leave untouched."""
+    link = work / "venv"
+    return {
+        "files": sorted(str(p.relative_to(work)) for p in work.rglob("*") if "venvs/" not in str(p)),
+        "venvs": sorted(p.name for p in (work / "venvs").iterdir()) if (work / "venvs").is_dir() else [],
+        "link": str(link.readlink()) if link.is_symlink() else None,
+        "platform": (work / "platform.json").read_bytes() if (work / "platform.json").exists() else None,
+    }
+
+
+@pytest.fixture
+def linked(tmp_path: Path) -> Paths:
+    """A device whose installer already ran: `venv` links this test environment."""
+    paths = Paths(work=tmp_path / "work")
+    run_installer(InstallerConfig(existingVenv=sys.prefix), paths, source=CPU_HOST)
+    return paths
+
+
+def test_real_install_from_wheelhouse_then_skip(
+    tmp_path: Path, ort_wheelhouse: Path, versions: dict[str, str], record_property: pytest.RecordProperty
+) -> None:
+    artifacts = tmp_path / "artifacts"
+    make_wheel(artifacts, "edgeinfer", "0.1.0", {"edgeinfer_marker.py": "SHIPPED = True\n"})
+    paths = Paths(work=tmp_path / "work", artifacts=artifacts)
+    config = offline_config(ort_wheelhouse, versions)
+
+    t0 = time.perf_counter()
+    first = run_installer(config, paths, source=CPU_HOST)
+    install_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    second = run_installer(config, paths, source=CPU_HOST)
+    skip_s = time.perf_counter() - t0
+    record_property("install_seconds", round(install_s, 3))
+    record_property("skip_seconds", round(skip_s, 3))
+    print(f"\ninstall {install_s:.2f} s, unchanged re-run {skip_s:.3f} s")
+
+    assert not first.skipped
+    assert second.skipped
+    assert second.fingerprint == first.fingerprint
+    report = json.loads((paths.work / "platform.json").read_text())
+    assert report["fingerprint"] == first.fingerprint
+    assert report["providers"]["loaded"] == ["CPUExecutionProvider"]
+    assert report["installed"]["onnxruntime"] == {
+        "package": "onnxruntime",
+        "version": versions["onnxruntime"],
+    }
+    assert report["installed"]["project_wheel"] == "edgeinfer-0.1.0-py3-none-any.whl"
+    assert report["installed"]["packages"]["numpy"] == versions["numpy"]
+    assert report["plan"]["requirements"] == [f"onnxruntime=={versions['onnxruntime']}"]
+    venv_python = paths.work / "venv" / "bin" / "python"
+    out = subprocess.run(
+        [str(venv_python), "-c", "import edgeinfer_marker, onnxruntime; print(onnxruntime.__version__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == versions["onnxruntime"]
+    # the venv is a real directory under the work folder, reached through the `venv` link
+    assert (paths.work / "venv").is_symlink()
+    assert (paths.work / "venv").resolve().parent == paths.work / "venvs"
+
+
+def test_existing_venv_is_verified_and_linked_then_skipped(tmp_path: Path) -> None:
+    paths = Paths(work=tmp_path / "work")
+    config = InstallerConfig(existingVenv=sys.prefix)
+    first = run_installer(config, paths, source=CPU_HOST, is_root=lambda: True)  # linking needs no root rule
+    assert not first.skipped
+    assert (paths.work / "venv").resolve() == Path(sys.prefix).resolve()
+    report = json.loads((paths.work / "platform.json").read_text())
+    assert report["mode"] == "existing"
+    assert "CPUExecutionProvider" in report["providers"]["loaded"]
+    assert run_installer(config, paths, source=CPU_HOST).skipped
+    # a changed platform is a changed fingerprint
+    gpu = RecordedProbe.load(PLATFORMS / "x86_64_cuda11.json")
+    again = run_installer(config, paths, source=gpu)
+    assert not again.skipped
+    assert again.report["plan"]["notes"]
+
+
+def test_unsupported_platform_leaves_the_device_as_it_was(linked: Paths) -> None:
+    before = snapshot(linked.work)
+    with pytest.raises(UnsupportedPlatformError, match="unsupported platform: linux armv7l"):
+        run_installer(
+            InstallerConfig(allowRoot=True),
+            linked,
+            source=RecordedProbe.load(PLATFORMS / "raspberry_pi_armv7.json"),
+        )
+    assert snapshot(linked.work) == before
+
+
+def test_root_is_refused_unless_configured(linked: Paths) -> None:
+    before = snapshot(linked.work)
+    with pytest.raises(InstallError, match="refusing to install as root"):
+        run_installer(InstallerConfig(), linked, source=CPU_HOST, is_root=lambda: True)
+    assert snapshot(linked.work) == before
+
+
+def test_corrupt_wheelhouse_is_refused_before_anything_changes(linked: Paths, tmp_path: Path) -> None:
+    wheelhouse = tmp_path / "wheelhouse"
+    wheelhouse.mkdir()
+    (wheelhouse / "onnxruntime-1.32.0-py3-none-any.whl").write_bytes(b"PK\x03\x04 truncated")
+    before = snapshot(linked.work)
+    with pytest.raises(InstallError, match=r"corrupt wheelhouse: onnxruntime-1\.32\.0-py3-none-any\.whl"):
+        run_installer(InstallerConfig(wheelhouse=str(wheelhouse), allowRoot=True), linked, source=CPU_HOST)
+    assert snapshot(linked.work) == before
+
+
+def test_unreachable_index_is_one_clear_line(linked: Paths) -> None:
+    before = snapshot(linked.work)
+    config = InstallerConfig(indexUrl="http://127.0.0.1:9/simple", allowRoot=True, pipTimeoutSeconds=2)
+    with pytest.raises(InstallError, match=r"package index http://127\.0\.0\.1:9/simple is unreachable"):
+        run_installer(config, linked, source=CPU_HOST)
+    assert snapshot(linked.work) == before
+
+
+def test_wheel_that_fails_to_install_removes_the_half_built_venv(
+    linked: Paths, tmp_path: Path, versions: dict[str, str]
+) -> None:
+    # A well-formed wheel filed under the wrong name: pip finds it, then refuses to install it.
+    wheelhouse = tmp_path / "wheelhouse"
+    wheel = make_wheel(wheelhouse, "other-package", versions["onnxruntime"], {"onnxruntime/__init__.py": ""})
+    wheel.rename(wheelhouse / f"onnxruntime-{versions['onnxruntime']}-py3-none-any.whl")
+    before = snapshot(linked.work)
+    with pytest.raises(InstallError, match="pip install failed") as err:
+        run_installer(offline_config(wheelhouse, versions), linked, source=CPU_HOST)
+    assert "\n" not in str(err.value)
+    assert snapshot(linked.work) == before
+
+
+def test_missing_existing_venv_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(InstallError, match="has no bin/python"):
+        run_installer(
+            InstallerConfig(existingVenv=str(tmp_path / "nope")), Paths(work=tmp_path / "w"), source=CPU_HOST
+        )
+
+
+def test_cli_prints_one_line_and_exits_non_zero(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edgeinfer.installer",
+            "--work",
+            str(tmp_path / "work"),
+            "--probe-recording",
+            str(PLATFORMS / "macos_arm64.json"),
+            "-o",
+            "allowRoot=true",
+            "-o",
+            "existingVenv={configuration:/existingVenv}",
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0
+    assert proc.stderr.startswith("edgeinfer.installer: error: unsupported platform: darwin aarch64")
+    assert not (tmp_path / "work").exists()
+
+
+def test_cli_links_existing_venv_with_recipe_style_options(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    argv = [
+        sys.executable,
+        "-m",
+        "edgeinfer.installer",
+        "--work",
+        str(work),
+        "--probe-recording",
+        str(PLATFORMS / "x86_64_cpu.json"),
+        "-o",
+        f"existingVenv={sys.prefix}",
+        "-o",
+        'allowList=[{"name": "ci", "architectures": ["x86_64"], "accelerators": ["cpu"]}]',
+        "-o",
+        "enableTensorRT=false",
+    ]
+    assert subprocess.run(argv, capture_output=True, check=False).returncode == 0
+    assert json.loads((work / "platform.json").read_text())["allowed_by"] == "ci"
+    second = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert second.returncode == 0
+    assert "unchanged, skipped" in second.stdout
+
+
+def test_the_probe_model_is_the_relu_graph() -> None:
+    onnx = pytest.importorskip("onnx")
+    model = onnx.load_from_string(tiny_model_bytes())
+    onnx.checker.check_model(model)
+    assert [n.op_type for n in model.graph.node] == ["Relu"]
+    assert [i.name for i in model.graph.input] == ["x"]
+
+
+def test_errors_are_edgeinfer_errors() -> None:
+    assert issubclass(InstallError, EdgeinferError)
+    assert issubclass(UnsupportedPlatformError, EdgeinferError)
