@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -210,10 +211,36 @@ class TelemetryComponent:
         self.windows_sent = [*self.windows_sent[-9:], window]
 
     def run(self, tick_s: float = 0.5) -> None:
-        """Tick until `stop()`; waits on an event (never a bare sleep) so a stop is immediate."""
+        """Close windows on time until `stop()`; a sender thread publishes and resends the spool.
+
+        Publishing waits on the nucleus (up to the IPC timeout while IoT Core is unreachable); doing it
+        on its own thread keeps the windows closing on time meanwhile. Waits on events, never sleeps.
+        """
+        pending: queue.Queue[TelemetryWindow] = queue.Queue()
+        sender = threading.Thread(target=self._send_loop, args=(pending, tick_s), name="telemetry-send")
+        sender.start()
+        try:
+            while not self._stop.is_set():
+                for window in self.aggregator.poll():
+                    pending.put(window)
+                self._stop.wait(min(tick_s, max(self.aggregator.seconds_left(), 0.01)))
+        finally:
+            self._stop.set()
+            sender.join()
+            while not pending.empty():  # closed but not yet handed over: spool or send them now
+                self._emit(pending.get_nowait())
+
+    def _send_loop(self, pending: queue.Queue[TelemetryWindow], tick_s: float) -> None:
         while not self._stop.is_set():
-            self.tick()
-            self._stop.wait(min(tick_s, max(self.aggregator.seconds_left(), 0.01)))
+            try:
+                window = pending.get(timeout=tick_s)
+            except queue.Empty:
+                self.publisher.pump()
+                continue
+            try:
+                self._emit(window)
+            except Exception:  # a full disk, say: log it and keep the component alive
+                log.exception("could not publish or spool window %d", window.seq)
 
     def stop(self) -> None:
         self._stop.set()
@@ -285,9 +312,7 @@ def main() -> int:
         level=os.environ.get("EDGEINFER_LOG_LEVEL", "INFO").upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    from edgeinfer.transport.ipc import (  # type: ignore[import-not-found,unused-ignore]
-        GreengrassIpcBus,
-    )
+    from edgeinfer.transport.ipc import GreengrassIpcBus
 
     try:
         thing = thing_name()

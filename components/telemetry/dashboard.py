@@ -25,6 +25,7 @@ from edgeinfer.telemetry.window import STAGES
 __all__ = ["Dashboard", "sparkline"]
 
 _BLOCKS = "▁▂▃▄▅▆▇█"
+_SEEN = 1000  # how far back duplicates are recognised
 
 
 def sparkline(values: list[float]) -> str:
@@ -51,8 +52,10 @@ class _Device:
     window: TelemetryWindow | None = None
     history: deque[TelemetryWindow] = field(default_factory=lambda: deque(maxlen=40))
     window_at: float = 0.0
-    missing: int = 0  # windows whose seq never arrived
-    restarts: int = 0  # seq went backwards (component restarted without its spool)
+    missing: int = 0  # windows whose seq has not arrived (yet)
+    restarts: int = 0  # seq began again (component restarted without its spool state)
+    duplicates: int = 0
+    seen: dict[int, str] = field(default_factory=dict)  # seq -> timestamp
     results: deque[_ResultEvent] = field(default_factory=lambda: deque(maxlen=100_000))
 
 
@@ -78,14 +81,30 @@ class Dashboard:
     # ---------------------------------------------------------------------------------------- input
 
     def add_window(self, window: TelemetryWindow) -> None:
+        """Windows arrive at least once and, after an outage, possibly late: `seq` sorts it out."""
         with self._lock:
             dev = self._device(window.thing)
             last = dev.window
+            seq = window.seq
             if last is not None:
-                if window.seq > last.seq + 1:
-                    dev.missing += window.seq - last.seq - 1
-                elif window.seq <= last.seq:
-                    dev.restarts += 1
+                stamp = dev.seen.get(seq)
+                if stamp == window.timestamp:
+                    dev.duplicates += 1  # the nucleus delivered it and the spool resent it too
+                    return
+                if seq > last.seq and stamp is None:
+                    dev.missing += seq - last.seq - 1
+                elif stamp is not None or seq < last.seq - _SEEN:
+                    dev.restarts += 1  # the component lost its spool state and began again
+                    dev.seen.clear()
+                    dev.missing = 0
+                else:
+                    dev.missing = max(0, dev.missing - 1)  # a late window fills its gap
+                    dev.seen[seq] = window.timestamp
+                    dev.history.append(window)
+                    return
+            dev.seen[seq] = window.timestamp
+            if len(dev.seen) > 2 * _SEEN:
+                dev.seen = {k: v for k, v in dev.seen.items() if k > seq - _SEEN}
             dev.window = window
             dev.history.append(window)
             dev.window_at = self._clock()

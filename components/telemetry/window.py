@@ -184,9 +184,13 @@ class WindowAggregator:
             acc, start, end = self._acc, self._start, self._end
             self._acc = _Accumulator()
             self.window_s = self._next_window_s
-            # The next window starts where this one ended; if the loop stalled for more than a whole
-            # window, skip ahead instead of emitting a burst of empty windows.
-            self._start = end if now < end + self.window_s else now
+            # The next window starts where this one ended. If the loop stalled for more than a whole
+            # window, this window spans the stall (its records arrived during it) and the next one
+            # starts now: no burst of empty windows, and throughput stays records / real span.
+            if now < end + self.window_s:
+                self._start = end
+            else:
+                self._start = end = now
             self._end = self._start + self.window_s
             seq = self.next_seq
             self.next_seq += 1

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import random
 import socket
+import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -140,3 +142,25 @@ def test_prometheus_off_by_default(tmp_path: Path, clock: FakeClock) -> None:
     _, comp = make(tmp_path, clock)
     assert comp.exporter is None
     comp.close(flush=False)
+
+
+def test_run_loop_with_a_sender_thread(tmp_path: Path) -> None:
+    """The real loop on the real clock: stop() ends it promptly and the last window is not lost."""
+    bus = MemoryBus()
+    comp = TelemetryComponent(bus, "dev", TelemetryConfig(windowSeconds=0.05), system=dict, work=tmp_path)
+    comp.start()
+    runner = threading.Thread(target=comp.run, kwargs={"tick_s": 0.01})
+    runner.start()
+    rng = random.Random(4)
+    for _ in range(20):
+        bus.publish(TIMINGS_TOPIC, TimingBatch("dev", [make_record(rng)]).to_json())
+    deadline = time.monotonic() + 30
+    while len(windows(bus)) < 3 and time.monotonic() < deadline:
+        threading.Event().wait(0.01)
+    comp.stop()
+    runner.join(10)
+    assert not runner.is_alive()
+    comp.close()
+    sent = windows(bus)
+    assert [w.seq for w in sent] == list(range(len(sent)))
+    assert sum(w.count for w in sent) == 20

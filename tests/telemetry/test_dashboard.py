@@ -78,11 +78,22 @@ def test_gaps_and_restarts_are_shown(clock: FakeClock) -> None:
         clock.advance(1)
         windows += agg.poll()
     dashboard = Dashboard(clock=clock)
-    for w in (windows[0], windows[3], windows[4], windows[0]):
+    for w in (windows[0], windows[3], windows[4], windows[4]):
         dashboard.add_window(w)
     text = frame(dashboard)
     assert "2 window(s) missing" in text
-    assert "1 restart(s)" in text
+    assert "window 4 of" in text
+    dashboard.add_window(windows[1])  # late, after an outage: fills a gap, does not become "last"
+    text = frame(dashboard)
+    assert "1 window(s) missing" in text
+    assert "window 4 of" in text
+    dashboard.add_window(windows[0])  # a duplicate (at-least-once delivery): ignored
+    assert "restart" not in frame(dashboard)
+    clock.advance(1)
+    again = WindowAggregator("d", window_s=1, clock=clock, wall=lambda: 2e9)  # state lost: seq 0 anew
+    clock.advance(1)
+    dashboard.add_window(again.poll()[0])
+    assert "1 restart(s)" in frame(dashboard)
 
 
 def test_results_age_out(clock: FakeClock) -> None:
