@@ -1,0 +1,179 @@
+"""A dynamic batcher in the manner of Triton's: `max_batch_size`, `max_queue_delay_us`, a bounded queue
+and per-request deadlines. Pure logic plus one condition variable; the clock is injected, so every
+rule is tested by calling `poll(now)` without sleeping.
+
+Requests move through three counts: *admitted* (a slot is reserved before any work is spent on them,
+`admit()` says False when `max_queue_size` slots are taken → OVERLOADED), *incoming* (being decoded on
+a worker thread) and *queued* (decoded, waiting for the engine). The engine thread asks for work only
+when it is idle; `poll` then decides:
+
+1. items past their deadline leave the queue as `expired` (answered DEADLINE_EXCEEDED, never computed);
+2. a full batch goes at once;
+3. otherwise the queue goes as it is when nothing more is being decoded (no waiting when the engine is
+   idle and no request is on its way), when its oldest item has waited `max_queue_delay_us`, or when
+   waiting longer would make a queued item miss its deadline;
+4. otherwise wait (for an arrival, or until the oldest item's delay runs out).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+__all__ = ["BatchPoll", "DynamicBatcher", "Queued"]
+
+
+@dataclass
+class Queued(Generic[T]):
+    item: T
+    enqueued: float
+    deadline: float | None = None
+
+
+@dataclass
+class BatchPoll(Generic[T]):
+    batch: list[Queued[T]] = field(default_factory=list)
+    expired: list[Queued[T]] = field(default_factory=list)
+    wait_s: float | None = None  # None: nothing queued, wait for an arrival
+
+
+class DynamicBatcher(Generic[T]):
+    def __init__(
+        self,
+        max_batch_size: int = 8,
+        max_queue_delay_us: int = 2000,
+        max_queue_size: int = 64,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_batch_size = max_batch_size
+        self.max_queue_delay_us = max_queue_delay_us
+        self.max_queue_size = max_queue_size
+        self.clock = clock
+        self._queue: deque[Queued[T]] = deque()
+        self._admitted = 0  # reserved slots: incoming + queued
+        self._incoming = 0
+        self._closed = False
+        self._cond = threading.Condition()
+        self.depth_max = 0
+
+    # ----------------------------------------------------------------------------------- producers
+
+    def admit(self) -> bool:
+        """Reserve a slot for a request about to be decoded. False: the queue is full (OVERLOADED)."""
+        with self._cond:
+            if self._closed or self._admitted >= self.max_queue_size:
+                return False
+            self._admitted += 1
+            self._incoming += 1
+            return True
+
+    def release(self) -> None:
+        """An admitted request left before reaching the queue (bad image, deadline during decode)."""
+        with self._cond:
+            self._admitted -= 1
+            self._incoming -= 1
+            self._cond.notify_all()
+
+    def put(self, item: T, deadline: float | None = None, *, admitted: bool = True) -> bool:
+        """A decoded item joins the queue. With `admitted=False` a slot is reserved here (sources)."""
+        with self._cond:
+            if not admitted:
+                if self._closed or self._admitted >= self.max_queue_size:
+                    return False
+                self._admitted += 1
+            else:
+                self._incoming -= 1
+            self._queue.append(Queued(item, self.clock(), deadline))
+            self.depth_max = max(self.depth_max, len(self._queue))
+            self._cond.notify_all()
+            return True
+
+    # ----------------------------------------------------------------------------------- consumer
+
+    def poll(self, now: float) -> BatchPoll[T]:
+        """Decide what the idle engine should do now (see the module docstring). Not blocking."""
+        with self._cond:
+            return self._poll(now)
+
+    def _poll(self, now: float) -> BatchPoll[T]:
+        out: BatchPoll[T] = BatchPoll()
+        if any(q.deadline is not None and q.deadline <= now for q in self._queue):
+            keep: deque[Queued[T]] = deque()
+            for q in self._queue:
+                (out.expired if q.deadline is not None and q.deadline <= now else keep).append(q)
+            self._queue = keep
+        if self._queue:
+            delay = self.max_queue_delay_us / 1e6
+            age = now - self._queue[0].enqueued
+            deadlines = [q.deadline for q in self._queue if q.deadline is not None]
+            # Waiting must not make a queued request miss its deadline.
+            urgent = bool(deadlines) and min(deadlines) - now <= delay - age
+            if len(self._queue) >= self.max_batch_size or self._incoming <= 0 or age >= delay or urgent:
+                n = min(self.max_batch_size, len(self._queue))
+                out.batch = [self._queue.popleft() for _ in range(n)]
+            else:
+                out.wait_s = delay - age
+        self._admitted -= len(out.batch) + len(out.expired)
+        return out
+
+    def get(self, timeout: float | None = None) -> BatchPoll[T]:
+        """Block until there is a batch or expired items (or `timeout` seconds, or close())."""
+        end = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                out = self._poll(self.clock())
+                if out.batch or out.expired or self._closed:
+                    return out
+                left = None if end is None else end - time.monotonic()
+                if left is not None and left <= 0:
+                    return out
+                wait = out.wait_s if left is None else min(left, out.wait_s or left)
+                self._cond.wait(wait)
+
+    # ------------------------------------------------------------------------------------ control
+
+    def configure(
+        self,
+        *,
+        max_batch_size: int | None = None,
+        max_queue_delay_us: int | None = None,
+        max_queue_size: int | None = None,
+    ) -> None:
+        """Live update; items already admitted stay admitted."""
+        with self._cond:
+            if max_batch_size is not None:
+                self.max_batch_size = max_batch_size
+            if max_queue_delay_us is not None:
+                self.max_queue_delay_us = max_queue_delay_us
+            if max_queue_size is not None:
+                self.max_queue_size = max_queue_size
+            self._cond.notify_all()
+
+    def close(self) -> list[Queued[T]]:
+        """Refuse new work; return what was queued so the caller can still answer it."""
+        with self._cond:
+            self._closed = True
+            left = list(self._queue)
+            self._queue.clear()
+            self._admitted -= len(left)
+            self._cond.notify_all()
+            return left
+
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    @property
+    def outstanding(self) -> int:
+        return self._admitted
+
+    @property
+    def incoming(self) -> int:
+        return self._incoming

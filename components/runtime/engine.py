@@ -1,0 +1,250 @@
+"""The ONNX Runtime session: provider selection with fallback detection, warm-up, batched runs, top-k.
+
+`Engine.create` tries the configured providers in order. For each it loads the manifest's variant
+meant for that provider and then reads `session.get_providers()`: when ORT fell back silently (CUDA or
+TensorRT libraries missing), that attempt is discarded and the next provider is tried with *its*
+variant — so the variant that runs is always the one the manifest meant for the provider that really
+loaded. What runs is logged once at start and reported in every result (`provider`, `model.variant`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeinfer.messages import ModelRef, Prediction
+from edgeinfer.model.manifest import Manifest, ManifestError, Variant
+from edgeinfer.runtime.config import RuntimeConfig
+from edgeinfer.runtime.providers import (
+    CPU,
+    SHORT_NAMES,
+    PlatformInfo,
+    ProviderPlan,
+    file_sha256,
+    loaded_provider,
+    plan_for,
+    provider_attempts,
+    session_options,
+)
+
+log = logging.getLogger(__name__)
+
+SessionFactory = Callable[[str, Any, list[str], list[dict[str, Any]]], Any]
+
+
+class EngineError(Exception):
+    """No provider could run the model (the message lists every attempt and why it failed)."""
+
+
+def _ort_session(path: str, so: Any, providers: list[str], options: list[dict[str, Any]]) -> Any:
+    import onnxruntime as ort
+
+    return ort.InferenceSession(path, sess_options=so, providers=providers, provider_options=options)
+
+
+@dataclass
+class Attempt:
+    provider: str
+    outcome: str
+
+
+@dataclass
+class Engine:
+    session: Any
+    manifest: Manifest
+    variant: Variant
+    provider: str
+    plan: ProviderPlan
+    labels: list[str]
+    input_name: str
+    output_name: str
+    input_size: int
+    max_batch_size: int
+    attempts: list[Attempt] = field(default_factory=list)
+    apply_softmax: bool | None = None
+    warmup_ms: dict[int, float] = field(default_factory=dict)
+    executions: int = 0
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._binding = self.session.io_binding() if self.plan.io_binding and self.provider != CPU else None
+
+    # ------------------------------------------------------------------------------------------ create
+
+    @classmethod
+    def create(
+        cls,
+        manifest: Manifest,
+        cfg: RuntimeConfig,
+        work_dir: str,
+        *,
+        platform: PlatformInfo | None = None,
+        session_factory: SessionFactory | None = None,
+    ) -> Engine:
+        platform = platform or PlatformInfo.detect()
+        factory = session_factory or _ort_session
+        order, skipped = provider_attempts(cfg.execution_providers, platform.available)
+        attempts = [Attempt(s.split(":")[0], s.split(": ", 1)[1]) for s in skipped]
+        size = cfg.input_size or int(manifest.preprocessing.preferred_input[0])
+        input_name = manifest.inputs[0].name if manifest.inputs else "input"
+        labels = manifest.labels()
+        for wanted in order:
+            try:
+                variant = manifest.variant_for(wanted)
+            except ManifestError:
+                if wanted != CPU:
+                    attempts.append(Attempt(wanted, "the model store has no variant for it"))
+                    continue
+                variant = manifest.fp32
+            path = str(manifest.path(variant))
+            plan = plan_for(
+                wanted,
+                cfg,
+                platform=platform,
+                model_sha256=variant.sha256 or file_sha256(path),
+                quantized=variant.precision == "int8",
+                input_name=input_name,
+                input_size=size,
+                work_dir=work_dir,
+            )
+            if plan.cache_dir:
+                os.makedirs(plan.cache_dir, exist_ok=True)
+            try:
+                session = factory(path, session_options(cfg, wanted), plan.providers, plan.provider_options)
+            except Exception as exc:  # ORT raises its own Fail/RuntimeException types
+                attempts.append(Attempt(wanted, f"session creation failed: {exc}".splitlines()[0][:300]))
+                continue
+            really, ok = loaded_provider(session.get_providers(), wanted)
+            if not ok:
+                attempts.append(Attempt(wanted, f"ONNX Runtime fell back to {really}"))
+                del session
+                continue
+            attempts.append(Attempt(wanted, "loaded"))
+            inputs = session.get_inputs()
+            outputs = session.get_outputs()
+            engine = cls(
+                session=session,
+                manifest=manifest,
+                variant=variant,
+                provider=really,
+                plan=plan,
+                labels=labels,
+                input_name=inputs[0].name,
+                output_name=outputs[0].name,
+                input_size=size,
+                max_batch_size=cfg.max_batch_size,
+                attempts=attempts,
+                apply_softmax=_softmax_hint(outputs[0].name),
+            )
+            log.info(
+                "inference runs on %s with model %s %s variant %s (%s)%s",
+                really,
+                manifest.name,
+                manifest.version,
+                variant.name or variant.file,
+                variant.quant_format or variant.precision,
+                "; not loaded: " + "; ".join(f"{a.provider}: {a.outcome}" for a in attempts[:-1])
+                if len(attempts) > 1
+                else "",
+            )
+            return engine
+        raise EngineError(
+            "no execution provider could run the model: "
+            + "; ".join(f"{a.provider}: {a.outcome}" for a in attempts)
+        )
+
+    # --------------------------------------------------------------------------------------------- run
+
+    @property
+    def model_ref(self) -> ModelRef:
+        return ModelRef(self.manifest.name, self.manifest.version, self.variant.name or self.variant.file)
+
+    @property
+    def short_provider(self) -> str:
+        return SHORT_NAMES.get(self.provider, self.provider)
+
+    def run(self, batch: np.ndarray) -> np.ndarray:
+        """uint8 NHWC batch → class probabilities `[N, classes]` float32."""
+        with self._lock:
+            if self._binding is not None:
+                self._binding.bind_cpu_input(self.input_name, batch)
+                self._binding.bind_output(self.output_name)
+                self.session.run_with_iobinding(self._binding)
+                out = self._binding.copy_outputs_to_cpu()[0]
+            else:
+                out = self.session.run([self.output_name], {self.input_name: batch})[0]
+            self.executions += 1
+        out = np.asarray(out, dtype=np.float32).reshape(batch.shape[0], -1)
+        if self.apply_softmax is None:
+            self.apply_softmax = not _looks_like_probabilities(out)
+        return _softmax(out) if self.apply_softmax else out
+
+    def warm_up(self, max_batch: int | None = None, runs: int = 2) -> dict[int, float]:
+        """Run every batch size once or more so the first real request meets a warm engine."""
+        top = max_batch or self.max_batch_size
+        rng = np.random.default_rng(0)
+        image = rng.integers(0, 256, (self.input_size, self.input_size, 3), dtype=np.uint8)
+        for n in range(1, top + 1):
+            batch = np.ascontiguousarray(np.broadcast_to(image, (n, *image.shape)))
+            start = time.perf_counter()
+            for _ in range(runs):
+                self.run(batch)
+            self.warmup_ms[n] = (time.perf_counter() - start) * 1000 / runs
+        self.executions = 0
+        return dict(self.warmup_ms)
+
+    def top_k(self, probs: np.ndarray, k: int) -> list[Prediction]:
+        k = max(1, min(k, probs.shape[-1]))
+        idx = np.argpartition(-probs, k - 1)[:k]
+        idx = idx[np.argsort(-probs[idx], kind="stable")]
+        return [
+            Prediction(int(i), self.labels[i] if i < len(self.labels) else str(int(i)), float(probs[i]))
+            for i in idx
+        ]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "provider": self.provider,
+            "variant": self.variant.name or self.variant.file,
+            "model": f"{self.manifest.name} {self.manifest.version}",
+            "input_size": self.input_size,
+            "max_batch_size": self.max_batch_size,
+            "cache_dir": self.plan.cache_dir,
+            "attempts": [f"{a.provider}: {a.outcome}" for a in self.attempts],
+        }
+
+
+def _softmax_hint(output_name: str) -> bool | None:
+    name = output_name.lower()
+    if "prob" in name or "softmax" in name:
+        return False
+    if "logit" in name:
+        return True
+    return None
+
+
+def _looks_like_probabilities(out: np.ndarray) -> bool:
+    return bool(out.size and out.min() >= 0.0 and np.allclose(out.sum(axis=-1), 1.0, atol=1e-3))
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    z = x - x.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    out: np.ndarray = (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
+    return out
+
+
+def load_manifest(model_dir: str | Path) -> Manifest:
+    return Manifest.load(model_dir)
+
+
+def stack(images: Sequence[np.ndarray]) -> np.ndarray:
+    return np.ascontiguousarray(np.stack(images, axis=0))

@@ -1,0 +1,73 @@
+"""The placement seam: one decision per request — run it on the edge, hand it to the cloud, or refuse it.
+
+The server asks `PlacementPolicy.decide(request, ctx)` once per accepted request, before any decode
+work is spent on it, and acts on the `Decision`:
+
+- `edge` (the default `EdgeOnly` policy, for everything): decode, batch and run here;
+- `cloud`: `Offloader.offload(request, ctx, reply)` takes the request (e.g. publishes it on
+  `edgeinfer/{thing}/offload`) and **must call `reply(result)` exactly once** — with the cloud's result
+  (`placement="cloud"`) or with an error result of its own (e.g. DEADLINE_EXCEEDED when the cloud does
+  not answer in time). `reply` publishes to the request's reply topic on the bus it came from and
+  records the timing; a second call is ignored. Without an offloader, `cloud` runs on the edge;
+- `reject`: answered at once with `decision.code` (e.g. OVERLOADED) and `decision.reason`.
+
+`decide` runs on the transport thread: it must be quick and must not raise (an exception counts as
+`edge`). The hybrid router fills this seam from `edgeinfer.runtime.offload`; the component wires it
+with `InferenceServer(..., placement=..., offloader=...)` or `server.set_placement(policy, offloader)`.
+The configuration's `placement` object is handed over untouched (`RuntimeConfig.placement`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from edgeinfer.messages import ErrorCode, Request, Result
+from edgeinfer.transport import Target
+
+__all__ = ["EDGE", "Decision", "EdgeOnly", "Offloader", "PlacementContext", "PlacementPolicy", "Reply"]
+
+Where = Literal["edge", "cloud", "reject"]
+Reply = Callable[[Result], None]
+
+
+@dataclass(frozen=True)
+class Decision:
+    where: Where = "edge"
+    code: ErrorCode | None = None  # for `reject`
+    reason: str = ""
+
+
+EDGE = Decision()
+
+
+@dataclass(frozen=True)
+class PlacementContext:
+    """What the runtime knows when a request arrives."""
+
+    thing: str
+    target: Target  # the bus the request came from
+    queue_depth: int  # decoded requests waiting for the engine
+    outstanding: int  # admitted, not yet running (decoding + queued)
+    max_queue_size: int
+    max_batch_size: int
+    engine_ms_per_batch: float  # moving average of recent batch runs (0 before the first)
+    mean_batch_size: float  # of recent batches
+    deadline_left_ms: float | None  # None: the request has no deadline
+    provider: str
+
+
+class PlacementPolicy(Protocol):
+    def decide(self, request: Request, ctx: PlacementContext) -> Decision: ...
+
+
+class Offloader(Protocol):
+    def offload(self, request: Request, ctx: PlacementContext, reply: Reply) -> None: ...
+
+
+class EdgeOnly:
+    """Everything on the edge (the default until the hybrid router configures a policy)."""
+
+    def decide(self, request: Request, ctx: PlacementContext) -> Decision:
+        return EDGE

@@ -1,0 +1,253 @@
+"""Execution-provider planning: which providers to ask ONNX Runtime for, with which options.
+
+Pure functions over plain values so every decision is unit-tested without a GPU:
+
+- `provider_attempts` — the order to try (configuration order, filtered to what this ORT build has);
+- `plan_for` — the `providers=` list and per-provider options for one attempt;
+- `trt_cache_key` — the TensorRT engine/timing cache key: model hash, ORT and TensorRT versions, GPU
+  and profile shapes (an engine built for another of these is invalid, and TRT would rebuild it at
+  every start without a stable cache folder);
+- `loaded_provider` — what really runs: ORT falls back silently when CUDA/TensorRT libraries fail to
+  load, so the session's own `get_providers()` is the only truth.
+
+`PlatformInfo.detect()` gathers the versions and the GPU name cheaply (no subprocess).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgeinfer.runtime.config import RuntimeConfig, normalize_provider
+
+log = logging.getLogger(__name__)
+
+TRT = "TensorrtExecutionProvider"
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+SHORT_NAMES = {TRT: "tensorrt", CUDA: "cuda", CPU: "cpu"}
+
+
+@dataclass(frozen=True)
+class PlatformInfo:
+    ort_version: str
+    trt_version: str = "none"
+    gpu_name: str = "none"
+    available: tuple[str, ...] = (CPU,)
+
+    @classmethod
+    def detect(cls) -> PlatformInfo:
+        import onnxruntime as ort
+
+        available = tuple(ort.get_available_providers())
+        gpu = trt = "none"
+        if TRT in available or CUDA in available:
+            gpu = detect_gpu_name()
+        if TRT in available:
+            trt = detect_trt_version()
+        return cls(ort_version=ort.__version__, trt_version=trt, gpu_name=gpu, available=available)
+
+
+def detect_trt_version() -> str:
+    """TensorRT's version from its Python/lib wheels, or the Jetson/Debian header; `unknown` if none."""
+    for dist in ("tensorrt", "tensorrt-libs", "tensorrt-cu12-libs", "tensorrt_cu12_libs", "tensorrt-cu11"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    for header in glob.glob("/usr/include/*/NvInferVersion.h") + glob.glob("/usr/include/NvInferVersion.h"):
+        try:
+            text = open(header, encoding="utf-8", errors="replace").read()  # noqa: SIM115
+        except OSError:
+            continue
+        parts = [re.search(rf"#define NV_TENSORRT_{k} (\d+)", text) for k in ("MAJOR", "MINOR", "PATCH")]
+        if all(parts):
+            return ".".join(m.group(1) for m in parts if m)
+    libs = sorted(glob.glob("/usr/lib/*/libnvinfer.so.*"))
+    return os.path.basename(libs[-1]).removeprefix("libnvinfer.so.") if libs else "unknown"
+
+
+def detect_gpu_name() -> str:
+    """The GPU model from the NVIDIA driver's procfs (or the Jetson device tree); `unknown` if none."""
+    for info in sorted(glob.glob("/proc/driver/nvidia/gpus/*/information")):
+        try:
+            for line in open(info, encoding="utf-8", errors="replace"):  # noqa: SIM115
+                if line.startswith("Model:"):
+                    return line.split(":", 1)[1].strip()
+        except OSError:
+            continue
+    try:
+        with open("/proc/device-tree/model", encoding="utf-8", errors="replace") as fh:
+            return fh.read().strip("\x00 \n")
+    except OSError:
+        return "unknown"
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------- plans
+
+
+def provider_attempts(order: Sequence[str], available: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The providers worth trying, in order, and a note for each one skipped. CPU is always last."""
+    tried: list[str] = []
+    skipped: list[str] = []
+    for raw in order:
+        name = normalize_provider(raw)
+        if name in tried:
+            continue
+        if name not in available:
+            skipped.append(f"{name}: not in this ONNX Runtime build")
+            continue
+        tried.append(name)
+    if CPU not in tried:
+        tried.append(CPU)
+    return tried, skipped
+
+
+def profile_shapes(input_name: str, max_batch: int, size: int) -> dict[str, str]:
+    """`trt_profile_min/opt/max_shapes` for a dynamic batch at a fixed common image size."""
+
+    def shape(n: int) -> str:
+        return f"{input_name}:{n}x{size}x{size}x3"
+
+    return {
+        "trt_profile_min_shapes": shape(1),
+        "trt_profile_opt_shapes": shape(max_batch),
+        "trt_profile_max_shapes": shape(max_batch),
+    }
+
+
+def trt_cache_key(
+    *,
+    model_sha256: str,
+    ort_version: str,
+    trt_version: str,
+    gpu_name: str,
+    profiles: dict[str, str],
+    fp16: bool,
+    int8: bool,
+) -> str:
+    doc = {
+        "model": model_sha256,
+        "ort": ort_version,
+        "trt": trt_version,
+        "gpu": gpu_name,
+        "profiles": profiles,
+        "fp16": fp16,
+        "int8": int8,
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:20]
+
+
+@dataclass
+class ProviderPlan:
+    """One attempt: the provider we want, what to pass to InferenceSession, and the cache folder."""
+
+    wanted: str
+    providers: list[str]
+    provider_options: list[dict[str, Any]]
+    cache_dir: str | None = None
+    io_binding: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def plan_for(
+    wanted: str,
+    cfg: RuntimeConfig,
+    *,
+    platform: PlatformInfo,
+    model_sha256: str,
+    quantized: bool,
+    input_name: str,
+    input_size: int,
+    work_dir: str,
+) -> ProviderPlan:
+    """Providers and options for a session that should run on `wanted`.
+
+    TensorRT gets CUDA and then the CPU behind it for the nodes it does not take; CUDA gets the CPU.
+    """
+    if wanted == TRT:
+        t = cfg.tensorrt
+        shapes = profile_shapes(input_name, cfg.max_batch_size, input_size)
+        int8 = bool(t.trt_int8_enable and quantized)  # QDQ models quantize explicitly; FP32 would
+        key = trt_cache_key(  # need a calibration table
+            model_sha256=model_sha256,
+            ort_version=platform.ort_version,
+            trt_version=platform.trt_version,
+            gpu_name=platform.gpu_name,
+            profiles=shapes,
+            fp16=t.trt_fp16_enable,
+            int8=int8,
+        )
+        cache_dir = os.path.join(work_dir, "trt-cache", key)
+        trt_opts: dict[str, Any] = {
+            "device_id": t.device_id,
+            "trt_fp16_enable": t.trt_fp16_enable,
+            "trt_int8_enable": int8,
+            "trt_engine_cache_enable": t.trt_engine_cache_enable,
+            "trt_engine_cache_path": cache_dir,
+            "trt_timing_cache_enable": t.trt_timing_cache_enable,
+            "trt_timing_cache_path": cache_dir,
+            "trt_max_workspace_size": t.trt_max_workspace_size,
+            "trt_builder_optimization_level": t.trt_builder_optimization_level,
+            "trt_cuda_graph_enable": t.trt_cuda_graph_enable,
+            **shapes,
+        }
+        return ProviderPlan(
+            wanted,
+            [TRT, CUDA, CPU],
+            [trt_opts, cuda_options(cfg), {}],
+            cache_dir=cache_dir,
+            io_binding=cfg.cuda.io_binding,
+        )
+    if wanted == CUDA:
+        return ProviderPlan(wanted, [CUDA, CPU], [cuda_options(cfg), {}], io_binding=cfg.cuda.io_binding)
+    if wanted == CPU:
+        return ProviderPlan(wanted, [CPU], [{}])
+    return ProviderPlan(wanted, [wanted, CPU], [{}, {}])
+
+
+def cuda_options(cfg: RuntimeConfig) -> dict[str, Any]:
+    c = cfg.cuda
+    return {
+        "device_id": c.device_id,
+        "cudnn_conv_algo_search": c.cudnn_conv_algo_search,
+        "do_copy_in_default_stream": c.do_copy_in_default_stream,
+    }
+
+
+def session_options(cfg: RuntimeConfig, wanted: str) -> Any:
+    """ORT SessionOptions: all graph optimisations, threads sized to the cores, no spinning."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.intra_op_num_threads = cfg.intra_op_threads() if wanted == CPU else 1
+    so.inter_op_num_threads = 1
+    spin = "1" if cfg.cpu.allow_spinning else "0"
+    so.add_session_config_entry("session.intra_op.allow_spinning", spin)
+    so.add_session_config_entry("session.inter_op.allow_spinning", spin)
+    so.log_severity_level = 3
+    return so
+
+
+def loaded_provider(session_providers: Sequence[str], wanted: str) -> tuple[str, bool]:
+    """(the provider that really runs the graph, whether it is the one we asked for)."""
+    first = session_providers[0] if session_providers else CPU
+    return first, first == wanted

@@ -1,0 +1,579 @@
+"""The request pipeline: bus → parse → placement → decode pool → dynamic batcher → engine → reply.
+
+Threads: the transport calls `handle_message` (parse and admit only, never raises); `decode_threads`
+workers decode while the engine thread runs the previous batch (double buffering); one reply thread
+does top-k-to-JSON and publishes, so the engine never waits on the bus; timings go out on their own
+thread. Every accepted request gets exactly one result: ok, or an error with a stable code —
+guarded by `Job.answered`, so no path can answer twice.
+
+Results go to `reply_to` (when `replyToTopics` allows it) or `edgeinfer/{thing}/result`, on the bus
+the request came from (local pub/sub or IoT Core). A `reply_to` outside the allowed topics, or one the
+nucleus refuses at publish time, gets a BAD_REQUEST result on the default topic instead.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgeinfer.messages import (
+    ErrorCode,
+    Latency,
+    MessageError,
+    Request,
+    Result,
+    TimingRecord,
+    error_result,
+    infer_topic,
+    iso_utc,
+    parse_request,
+    result_topic,
+)
+from edgeinfer.runtime.batcher import DynamicBatcher, Queued
+from edgeinfer.runtime.config import RuntimeConfig
+from edgeinfer.runtime.decode import DecodeError, decode_image
+from edgeinfer.runtime.engine import Engine
+from edgeinfer.runtime.placement import (
+    Decision,
+    EdgeOnly,
+    Offloader,
+    PlacementContext,
+    PlacementPolicy,
+)
+from edgeinfer.runtime.timings import TimingPublisher
+from edgeinfer.transport import Bus, Message, Subscription, Target, TransportError, UnauthorizedError
+from edgeinfer.transport.base import topic_matches
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Job:
+    """One accepted request (or source frame) on its way through the pipeline."""
+
+    request: Request
+    target: Target
+    reply_topic: str
+    arrived: float
+    deadline: float | None = None
+    image: np.ndarray | None = None
+    decode_start: float = 0.0
+    decode_end: float = 0.0
+    source: str | None = None  # set for frames from a camera/video/folder source
+    on_done: Callable[[], None] | None = None
+    answered: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def claim(self) -> bool:
+        """True exactly once: the caller is the one that answers this job."""
+        with self.lock:
+            if self.answered:
+                return False
+            self.answered = True
+            return True
+
+
+@dataclass
+class Stats:
+    received: int = 0
+    ok: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    batches: list[int] = field(default_factory=list)  # sizes of recent executions (last 1000)
+    offloaded: int = 0
+    publish_failures: int = 0
+
+    def error(self, code: ErrorCode) -> None:
+        self.errors[code.value] = self.errors.get(code.value, 0) + 1
+
+
+class InferenceServer:
+    def __init__(
+        self,
+        bus: Bus,
+        engine: Engine,
+        cfg: RuntimeConfig,
+        thing: str,
+        *,
+        placement: PlacementPolicy | None = None,
+        offloader: Offloader | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.bus = bus
+        self.engine = engine
+        self.cfg = cfg
+        self.thing = thing
+        self.placement: PlacementPolicy = placement or EdgeOnly()
+        self.offloader = offloader
+        self.clock = clock
+        self.wall = wall
+        self.batcher: DynamicBatcher[Job] = DynamicBatcher(
+            cfg.max_batch_size, cfg.max_queue_delay_us, cfg.max_queue_size, clock=clock
+        )
+        self.timings = TimingPublisher(
+            bus,
+            thing,
+            max_records=cfg.timings.max_records,
+            flush_interval_ms=cfg.timings.flush_interval_ms,
+            enabled=cfg.timings.enabled,
+            clock=clock,
+            wall=wall,
+        )
+        self.stats = Stats()
+        self._stats_lock = threading.Lock()
+        self._decode_pool = concurrent.futures.ThreadPoolExecutor(
+            cfg.decode_threads, thread_name_prefix="edgeinfer-decode"
+        )
+        self._replies: queue.SimpleQueue[tuple[Job, Result] | None] = queue.SimpleQueue()
+        self._subs: list[Subscription] = []
+        self._threads: list[threading.Thread] = []
+        self._running = False
+        self._engine_ms = 0.0
+        self._mean_batch = 0.0
+        self._engine_lock = threading.Lock()
+
+    # --------------------------------------------------------------------------------------- control
+
+    def start(self) -> None:
+        self._running = True
+        for name, fn in (("edgeinfer-engine", self._engine_loop), ("edgeinfer-reply", self._reply_loop)):
+            t = threading.Thread(target=fn, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+        self.timings.start()
+        topic = infer_topic(self.thing)
+        if self.cfg.subscribe_local:
+            self._subs.append(self.bus.subscribe(topic, self.handle_message, target="local"))
+        if self.cfg.subscribe_iot:
+            self._subs.append(self.bus.subscribe(topic, self.handle_message, target="iot", qos=1))
+        log.info(
+            "serving %s on %s (max batch %d, queue delay %d us, queue %d)",
+            topic,
+            " and ".join(
+                t for t, on in (("local", self.cfg.subscribe_local), ("iot", self.cfg.subscribe_iot)) if on
+            ),
+            self.cfg.max_batch_size,
+            self.cfg.max_queue_delay_us,
+            self.cfg.max_queue_size,
+        )
+
+    def stop(self) -> None:
+        for sub in self._subs:
+            try:
+                sub.close()
+            except Exception:  # closing is best effort
+                log.debug("closing a subscription failed", exc_info=True)
+        self._subs.clear()
+        self._decode_pool.shutdown(wait=True)
+        self._running = False
+        if self._threads:
+            self._threads[0].join(timeout=10)  # the engine: the running batch finishes and is answered
+        for item in self.batcher.close():
+            self._fail(item.item, ErrorCode.INTERNAL, "the runtime is stopping")
+        self._replies.put(None)
+        for t in self._threads[1:]:
+            t.join(timeout=10)
+        self._threads.clear()
+        self.timings.stop()
+
+    def set_placement(self, placement: PlacementPolicy, offloader: Offloader | None = None) -> None:
+        self.placement = placement
+        self.offloader = offloader
+
+    def apply_config(self, cfg: RuntimeConfig) -> None:
+        """Apply the keys that are safe live (batching, limits, topics, timings). The engine keys are
+        the caller's business (`swap_engine`)."""
+        self.cfg = cfg
+        self.batcher.configure(
+            max_batch_size=min(cfg.max_batch_size, self.engine.max_batch_size),
+            max_queue_delay_us=cfg.max_queue_delay_us,
+            max_queue_size=cfg.max_queue_size,
+        )
+        self.timings.max_records = cfg.timings.max_records
+        self.timings.flush_interval_ms = cfg.timings.flush_interval_ms
+        self.timings.enabled = cfg.timings.enabled
+
+    def swap_engine(self, engine: Engine) -> None:
+        """Put a new, warmed-up engine in place; the batch running now finishes on the old one."""
+        with self._engine_lock:
+            self.engine = engine
+        self.batcher.configure(max_batch_size=min(self.cfg.max_batch_size, engine.max_batch_size))
+
+    # ------------------------------------------------------------------------------------- requests
+
+    def handle_message(self, msg: Message) -> None:
+        """Transport callback: parse, check, decide placement, admit. Never raises, never blocks long."""
+        try:
+            self._handle(msg)
+        except Exception:  # the last line of defence: still one answer, and keep serving
+            log.exception("unexpected error handling a message on %s", msg.topic)
+            self._publish_error(
+                None, ErrorCode.INTERNAL, "internal error", target=msg.target, arrived=self.clock()
+            )
+
+    def _handle(self, msg: Message) -> None:
+        arrived = self.clock()
+        with self._stats_lock:
+            self.stats.received += 1
+        cfg = self.cfg
+        try:
+            req = parse_request(
+                msg.payload, max_bytes=cfg.max_payload_bytes, allow_image_path=msg.target == "local"
+            )
+        except MessageError as exc:
+            self._publish_error(exc.request_id, exc.code, exc.message, target=msg.target, arrived=arrived)
+            return
+        default_topic = result_topic(self.thing)
+        if req.reply_to is not None and not self._reply_allowed(req.reply_to):
+            self._publish_error(
+                req.id,
+                ErrorCode.BAD_REQUEST,
+                f"'reply_to' {req.reply_to!r} is not a topic this component may publish to",
+                target=msg.target,
+                arrived=arrived,
+            )
+            return
+        engine = self.engine
+        if req.model is not None and req.model not in (engine.manifest.name, engine.model_ref.variant):
+            self._publish_error(
+                req.id,
+                ErrorCode.BAD_REQUEST,
+                f"unknown model {req.model!r}: this runtime serves {engine.manifest.name!r}",
+                target=msg.target,
+                arrived=arrived,
+                topic=req.reply_to,
+            )
+            return
+        if req.image_path is not None and not self._path_allowed(req.image_path):
+            self._publish_error(
+                req.id,
+                ErrorCode.BAD_REQUEST,
+                "'image_path' is not inside a folder listed in imageFolders",
+                target=msg.target,
+                arrived=arrived,
+                topic=req.reply_to,
+            )
+            return
+        deadline_ms = req.deadline_ms or cfg.default_deadline_ms or None
+        job = Job(
+            request=req,
+            target=msg.target,
+            reply_topic=req.reply_to or default_topic,
+            arrived=arrived,
+            deadline=arrived + deadline_ms / 1000 if deadline_ms else None,
+        )
+        decision = self._decide(job)
+        if decision.where == "reject":
+            self._fail(job, decision.code or ErrorCode.OVERLOADED, decision.reason or "refused by placement")
+            return
+        if decision.where == "cloud" and self.offloader is not None:
+            with self._stats_lock:
+                self.stats.offloaded += 1
+            try:
+                self.offloader.offload(
+                    req, self._context(job), lambda result: self._reply_offloaded(job, result)
+                )
+            except Exception as exc:
+                log.warning("offload of %s failed, answering with an error: %s", req.id, exc)
+                self._fail(job, ErrorCode.INTERNAL, f"offload failed: {exc}")
+            return
+        if not self.batcher.admit():
+            self._fail(job, ErrorCode.OVERLOADED, f"the queue is full ({cfg.max_queue_size} requests)")
+            return
+        try:
+            self._decode_pool.submit(self._decode, job)
+        except RuntimeError:  # pool shut down: we are stopping
+            self.batcher.release()
+            self._fail(job, ErrorCode.INTERNAL, "the runtime is stopping")
+
+    def submit_frame(
+        self,
+        frame_id: str,
+        image: np.ndarray,
+        *,
+        source: str,
+        topic: str,
+        target: Target,
+        top_k: int,
+        on_done: Callable[[], None] | None = None,
+    ) -> bool:
+        """A decoded frame from a source joins the queue. False when the queue is full."""
+        req = Request(
+            id=frame_id, top_k=top_k, result_format="dlr" if self.cfg.result_format == "dlr" else "edgeinfer"
+        )
+        now = self.clock()
+        job = Job(
+            req,
+            target,
+            topic,
+            now,
+            image=image,
+            decode_start=now,
+            decode_end=now,
+            source=source,
+            on_done=on_done,
+        )
+        return self.batcher.put(job, None, admitted=False)
+
+    # ------------------------------------------------------------------------------------ pipeline
+
+    def _decode(self, job: Job) -> None:
+        try:
+            job.decode_start = self.clock()
+            if job.deadline is not None and job.decode_start >= job.deadline:
+                self.batcher.release()
+                self._fail(job, ErrorCode.DEADLINE_EXCEEDED, "deadline passed before decode")
+                return
+            data = job.request.image
+            if data is None:
+                data = self._read_path(job.request.image_path or "")
+            job.image = decode_image(
+                data,
+                self.engine.input_size,
+                max_pixels=self.cfg.max_image_pixels,
+                min_side=self.cfg.min_image_side,
+            )
+            job.decode_end = self.clock()
+        except DecodeError as exc:
+            self.batcher.release()
+            self._fail(job, ErrorCode.BAD_IMAGE, str(exc))
+            return
+        except MessageError as exc:
+            self.batcher.release()
+            self._fail(job, exc.code, exc.message)
+            return
+        except Exception as exc:
+            log.exception("decode of %s failed", job.request.id)
+            self.batcher.release()
+            self._fail(job, ErrorCode.INTERNAL, f"decode failed: {exc}")
+            return
+        if not self.batcher.put(job, job.deadline):
+            self._fail(job, ErrorCode.INTERNAL, "the runtime is stopping")
+
+    def _engine_loop(self) -> None:
+        while self._running:
+            poll = self.batcher.get(timeout=0.1)
+            for item in poll.expired:
+                self._fail(item.item, ErrorCode.DEADLINE_EXCEEDED, "deadline passed while queued")
+            if poll.batch:
+                self._run_batch(poll.batch)
+
+    def _run_batch(self, batch: list[Queued[Job]]) -> None:
+        jobs = [q.item for q in batch]
+        with self._engine_lock:
+            engine = self.engine
+        start = self.clock()
+        try:
+            images = np.stack([j.image for j in jobs if j.image is not None])
+            if images.shape[1] != engine.input_size:  # an engine swap changed the input size
+                from edgeinfer.runtime.decode import to_model_input
+
+                images = np.stack([to_model_input(img, engine.input_size, bgr=False) for img in images])
+            probs = engine.run(images)
+        except Exception as exc:
+            log.exception("inference on a batch of %d failed", len(jobs))
+            for j in jobs:
+                self._fail(j, ErrorCode.INTERNAL, f"inference failed: {exc}")
+            return
+        end = self.clock()
+        n = len(jobs)
+        self.timings.execution(n)
+        ms = (end - start) * 1000
+        with self._stats_lock:
+            self.stats.batches.append(n)
+            del self.stats.batches[:-1000]
+            self._engine_ms = ms if not self._engine_ms else 0.8 * self._engine_ms + 0.2 * ms
+            self._mean_batch = n if not self._mean_batch else 0.8 * self._mean_batch + 0.2 * n
+        for j, row in zip(jobs, probs, strict=True):
+            preds = engine.top_k(row, j.request.top_k)
+            lat = Latency(
+                queue=((j.decode_start - j.arrived) + (start - j.decode_end)) * 1000,
+                decode=(j.decode_end - j.decode_start) * 1000,
+                inference=ms,
+            )
+            result = Result(
+                id=j.request.id,
+                status="ok",
+                timestamp="",
+                predictions=preds,
+                model=engine.model_ref,
+                placement="edge",
+                provider=engine.provider,
+                batch_size=n,
+                latency_ms=lat,
+            )
+            self._replies.put((j, result))
+
+    def _reply_loop(self) -> None:
+        while True:
+            item = self._replies.get()
+            if item is None:
+                return
+            job, result = item
+            try:
+                self._send(job, result)
+            except Exception:
+                log.exception("publishing the result of %s failed", job.request.id)
+
+    def _send(self, job: Job, result: Result, *, postprocess_from: float | None = None) -> None:
+        """Finish the latency figures, publish once, record the timing."""
+        if not job.claim():
+            return
+        if job.on_done is not None:
+            job.on_done()
+        now = self.clock()
+        lat = result.latency_ms
+        if result.status == "ok" and result.placement == "edge":
+            lat.postprocess = max(0.0, (now - job.arrived) * 1000 - lat.queue - lat.decode - lat.inference)
+        lat.total = (now - job.arrived) * 1000
+        result.timestamp = iso_utc(self.wall())
+        fmt = job.request.result_format
+        if result.status == "ok" and (fmt == "dlr" or self.cfg.result_format == "dlr"):
+            doc: dict[str, Any] = {"id": result.id, "status": "ok", **result.to_dlr_dict()}
+            import json
+
+            payload = json.dumps(doc, separators=(",", ":")).encode()
+        else:
+            payload = result.to_json()
+        topic = job.reply_topic
+        try:
+            self.bus.publish(topic, payload, target=job.target, qos=1 if job.target == "iot" else 0)
+        except UnauthorizedError as exc:
+            default = result_topic(self.thing)
+            if topic == default:
+                self._publish_failed(job, exc)
+            else:
+                log.warning("reply_to %s refused by the nucleus: %s", topic, exc)
+                err = error_result(
+                    result.id,
+                    ErrorCode.BAD_REQUEST,
+                    f"'reply_to' {topic!r} is not a topic this component may publish to",
+                    timestamp=result.timestamp,
+                    latency=Latency(total=lat.total),
+                    model=result.model,
+                    provider=result.provider,
+                )
+                result = err
+                try:
+                    self.bus.publish(default, err.to_json(), target=job.target)
+                except TransportError as exc2:
+                    self._publish_failed(job, exc2)
+        except TransportError as exc:
+            self._publish_failed(job, exc)
+        with self._stats_lock:
+            if result.status == "ok":
+                self.stats.ok += 1
+            elif result.error is not None:
+                self.stats.error(result.error.code)
+        self.timings.record(
+            TimingRecord(
+                id=result.id,
+                status=result.status,
+                latency_ms=result.latency_ms,
+                batch_size=result.batch_size,
+                provider=result.provider,
+                placement=result.placement,
+                code=result.error.code if result.error else None,
+                offloaded=result.placement == "cloud",
+                queue_depth=self.batcher.depth,
+                end=self.wall(),
+            )
+        )
+
+    def _publish_failed(self, job: Job, exc: Exception) -> None:
+        with self._stats_lock:
+            self.stats.publish_failures += 1
+        log.warning("result of %s not published on %s: %s", job.request.id, job.reply_topic, exc)
+
+    # -------------------------------------------------------------------------------------- answers
+
+    def _fail(self, job: Job, code: ErrorCode, message: str) -> None:
+        result = error_result(
+            job.request.id,
+            code,
+            message,
+            timestamp="",
+            model=self.engine.model_ref,
+            provider=self.engine.provider,
+        )
+        self._send(job, result)
+
+    def _publish_error(
+        self,
+        request_id: str | None,
+        code: ErrorCode,
+        message: str,
+        *,
+        target: Target,
+        arrived: float,
+        topic: str | None = None,
+    ) -> None:
+        """An error for a request that never became a job (bad payload, refused reply_to)."""
+        req = Request(id=request_id or "")
+        job = Job(req, target, topic or result_topic(self.thing), arrived)
+        result = error_result(request_id, code, message, timestamp="")
+        self._send(job, result)
+
+    def _reply_offloaded(self, job: Job, result: Result) -> None:
+        if result.id is None:
+            result.id = job.request.id
+        self._send(job, result)
+
+    # ------------------------------------------------------------------------------------- helpers
+
+    def _decide(self, job: Job) -> Decision:
+        try:
+            return self.placement.decide(job.request, self._context(job))
+        except Exception:
+            log.exception("placement policy failed; running %s on the edge", job.request.id)
+            return Decision()
+
+    def _context(self, job: Job) -> PlacementContext:
+        return PlacementContext(
+            thing=self.thing,
+            target=job.target,
+            queue_depth=self.batcher.depth,
+            outstanding=self.batcher.outstanding,
+            max_queue_size=self.batcher.max_queue_size,
+            max_batch_size=self.batcher.max_batch_size,
+            engine_ms_per_batch=self._engine_ms,
+            mean_batch_size=self._mean_batch,
+            deadline_left_ms=None if job.deadline is None else (job.deadline - self.clock()) * 1000,
+            provider=self.engine.provider,
+        )
+
+    def _reply_allowed(self, topic: str) -> bool:
+        if topic == result_topic(self.thing):
+            return True
+        return any(topic_matches(f.replace("{thing}", self.thing), topic) for f in self.cfg.reply_to_topics)
+
+    def _path_allowed(self, path: str) -> bool:
+        real = os.path.realpath(path)
+        for folder in self.cfg.image_folders:
+            base = os.path.realpath(folder)
+            if real == base or real.startswith(base.rstrip(os.sep) + os.sep):
+                return True
+        return False
+
+    def _read_path(self, path: str) -> bytes:
+        try:
+            size = os.path.getsize(path)
+            if size > self.cfg.max_payload_bytes:
+                raise MessageError(ErrorCode.TOO_LARGE, f"image file is {size} bytes, over the limit")
+            with open(path, "rb") as fh:
+                return fh.read()
+        except OSError as exc:
+            raise MessageError(ErrorCode.BAD_IMAGE, f"cannot read image_path: {exc.strerror}") from None
+
+    def batch_sizes(self) -> list[int]:
+        with self._stats_lock:
+            return list(self.stats.batches)

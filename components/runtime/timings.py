@@ -1,0 +1,124 @@
+"""Per-request stage timings, published in small batches on `edgeinfer/local/timings`, off the hot path.
+
+`record()` only appends to a list under a lock; a background thread publishes a `TimingBatch` when
+`max_records` are waiting or `flush_interval_ms` after the first one, whichever comes first. If the
+bus refuses the publish the batch is dropped (timings are telemetry, never worth blocking a result).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from edgeinfer.messages import TIMINGS_TOPIC, TimingBatch, TimingRecord, iso_utc
+from edgeinfer.transport import PubSub, TransportError
+
+log = logging.getLogger(__name__)
+
+
+class TimingPublisher:
+    def __init__(
+        self,
+        bus: PubSub,
+        thing: str,
+        *,
+        max_records: int = 32,
+        flush_interval_ms: float = 250.0,
+        enabled: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.bus = bus
+        self.thing = thing
+        self.max_records = max_records
+        self.flush_interval_ms = flush_interval_ms
+        self.enabled = enabled
+        self.clock = clock
+        self.wall = wall
+        self._records: list[TimingRecord] = []
+        self._executions: list[int] = []
+        self._first: float | None = None
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self.published = 0
+        self.failed = 0
+
+    def record(self, rec: TimingRecord) -> None:
+        if not self.enabled:
+            return
+        with self._cond:
+            self._records.append(rec)
+            if self._first is None:
+                self._first = self.clock()
+                self._cond.notify()  # the thread now has a flush time to wait for
+            elif len(self._records) >= self.max_records:
+                self._cond.notify()
+
+    def execution(self, batch_size: int) -> None:
+        if not self.enabled:
+            return
+        with self._cond:
+            self._executions.append(batch_size)
+            if self._first is None:
+                self._first = self.clock()
+                self._cond.notify()
+
+    def due(self, now: float) -> bool:
+        with self._cond:
+            return self._due(now)
+
+    def _due(self, now: float) -> bool:
+        if self._first is None:
+            return False
+        return len(self._records) >= self.max_records or (now - self._first) * 1000 >= self.flush_interval_ms
+
+    def flush(self) -> int:
+        """Publish what is waiting now (called by the thread, and by tests). Returns records sent."""
+        with self._cond:
+            records, executions = self._records, self._executions
+            self._records, self._executions, self._first = [], [], None
+        if not records and not executions:
+            return 0
+        for start in range(0, max(1, len(records)), self.max_records):
+            chunk = records[start : start + self.max_records]
+            batch = TimingBatch(
+                self.thing, chunk, executions if start == 0 else [], timestamp=iso_utc(self.wall())
+            )
+            try:
+                self.bus.publish(TIMINGS_TOPIC, batch.to_json(), target="local")
+                self.published += 1
+            except TransportError as exc:
+                self.failed += 1
+                log.debug("timings not published: %s", exc)
+        return len(records)
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="edgeinfer-timings", daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stop and not self._due(self.clock()):
+                    timeout = None
+                    if self._first is not None:
+                        timeout = max(0.001, self.flush_interval_ms / 1000 - (self.clock() - self._first))
+                    self._cond.wait(timeout)
+                stop = self._stop
+            self.flush()
+            if stop:
+                return
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        else:
+            self.flush()

@@ -1,0 +1,132 @@
+"""The dynamic batcher's rules, driven by a fake clock (no sleeping)."""
+
+from __future__ import annotations
+
+import threading
+
+from edgeinfer.runtime.batcher import DynamicBatcher
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make(**kw: int) -> tuple[DynamicBatcher[str], Clock]:
+    clock = Clock()
+    opts = {"max_batch_size": 4, "max_queue_delay_us": 1000, "max_queue_size": 8, **kw}
+    return DynamicBatcher(clock=clock, **opts), clock
+
+
+def put(b: DynamicBatcher[str], item: str, deadline: float | None = None) -> None:
+    assert b.admit()
+    b.put(item, deadline)
+
+
+def test_idle_engine_does_not_wait_when_nothing_is_on_its_way() -> None:
+    b, clock = make()
+    put(b, "a")
+    poll = b.poll(clock())
+    assert [q.item for q in poll.batch] == ["a"]
+    assert poll.wait_s is None
+
+
+def test_waits_up_to_the_queue_delay_for_requests_being_decoded() -> None:
+    b, clock = make()
+    put(b, "a")
+    assert b.admit()  # "b" is being decoded
+    poll = b.poll(clock())
+    assert poll.batch == []
+    assert poll.wait_s is not None
+    assert 0 < poll.wait_s <= 0.001
+    clock.t += 0.0004
+    b.put("b")
+    poll = b.poll(clock())  # nothing else incoming: go now with both
+    assert [q.item for q in poll.batch] == ["a", "b"]
+
+
+def test_queue_delay_expiry_dispatches_a_partial_batch() -> None:
+    b, clock = make()
+    put(b, "a")
+    assert b.admit()  # still decoding, forever
+    clock.t += 0.0011
+    assert [q.item for q in b.poll(clock()).batch] == ["a"]
+
+
+def test_full_batch_goes_at_once_in_fifo_order() -> None:
+    b, clock = make()
+    for i in range(6):
+        put(b, str(i))
+    assert b.admit()
+    assert [q.item for q in b.poll(clock()).batch] == ["0", "1", "2", "3"]
+    clock.t += 0.002
+    assert [q.item for q in b.poll(clock()).batch] == ["4", "5"]
+
+
+def test_bounded_queue_refuses_and_frees_slots() -> None:
+    b, clock = make(max_queue_size=3)
+    for i in range(3):
+        put(b, str(i))
+    assert not b.admit()
+    assert b.outstanding == 3
+    assert len(b.poll(clock()).batch) == 3
+    assert b.outstanding == 0
+    assert b.admit()
+    b.release()
+    assert b.outstanding == 0
+    assert b.incoming == 0
+
+
+def test_expired_items_leave_without_being_batched() -> None:
+    b, clock = make()
+    put(b, "late", deadline=clock() + 0.001)
+    put(b, "fine", deadline=clock() + 10)
+    put(b, "none")
+    clock.t += 0.002
+    poll = b.poll(clock())
+    assert [q.item for q in poll.expired] == ["late"]
+    assert [q.item for q in poll.batch] == ["fine", "none"]
+    assert b.outstanding == 0
+
+
+def test_no_waiting_that_would_miss_a_deadline() -> None:
+    b, clock = make(max_queue_delay_us=100_000)
+    put(b, "a", deadline=clock() + 0.5)
+    assert b.admit()
+    assert b.poll(clock()).batch == []  # 100 ms of delay fits in its 500 ms
+    put(b, "b", deadline=clock() + 0.01)
+    assert b.admit()
+    assert [q.item for q in b.poll(clock()).batch] == ["a", "b"]
+
+
+def test_zero_delay_never_waits_and_live_reconfigure() -> None:
+    b, clock = make(max_queue_delay_us=0)
+    put(b, "a")
+    assert b.admit()
+    assert len(b.poll(clock()).batch) == 1
+    b.configure(max_batch_size=1, max_queue_size=2)
+    b.put("b")
+    put(b, "c")
+    assert [q.item for q in b.poll(clock()).batch] == ["b"]
+
+
+def test_get_blocks_until_put_and_close_returns_leftovers() -> None:
+    b: DynamicBatcher[str] = DynamicBatcher(max_batch_size=2, max_queue_delay_us=0)
+    got: list[list[str]] = []
+
+    def consumer() -> None:
+        got.append([q.item for q in b.get(timeout=30).batch])
+
+    t = threading.Thread(target=consumer)
+    t.start()
+    assert b.admit()
+    b.put("x")
+    t.join(30)
+    assert got == [["x"]]
+    b.put("y", admitted=False)
+    assert [q.item for q in b.close()] == ["y"]
+    assert not b.admit()
+    assert b.get(timeout=0).batch == []

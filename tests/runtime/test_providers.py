@@ -1,0 +1,211 @@
+"""Provider planning and selection: order, TensorRT options and cache keys, fallback detection."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edgeinfer.model.manifest import Manifest
+from edgeinfer.runtime.config import RuntimeConfig
+from edgeinfer.runtime.engine import Engine, EngineError
+from edgeinfer.runtime.providers import (
+    CPU,
+    CUDA,
+    TRT,
+    PlatformInfo,
+    loaded_provider,
+    plan_for,
+    profile_shapes,
+    provider_attempts,
+    trt_cache_key,
+)
+
+GPU = PlatformInfo("1.20.0", "10.4.0", "NVIDIA H100", (TRT, CUDA, CPU))
+
+
+def test_attempt_order_filters_and_ends_with_cpu() -> None:
+    order, skipped = provider_attempts(["tensorrt", "cuda"], (CUDA, CPU))
+    assert order == [CUDA, CPU]
+    assert skipped == [f"{TRT}: not in this ONNX Runtime build"]
+    assert provider_attempts([CPU, "cpu"], (CPU,))[0] == [CPU]
+
+
+def test_trt_plan_options_and_cache_dir(tmp_path: Path) -> None:
+    cfg = RuntimeConfig(max_batch_size=8)
+    plan = plan_for(
+        TRT,
+        cfg,
+        platform=GPU,
+        model_sha256="ab" * 32,
+        quantized=True,
+        input_name="input",
+        input_size=256,
+        work_dir=str(tmp_path),
+    )
+    assert plan.providers == [TRT, CUDA, CPU]
+    trt = plan.provider_options[0]
+    assert trt["trt_fp16_enable"]
+    assert trt["trt_int8_enable"]
+    assert trt["trt_engine_cache_enable"]
+    assert trt["trt_timing_cache_enable"]
+    assert trt["trt_engine_cache_path"] == trt["trt_timing_cache_path"] == plan.cache_dir
+    assert plan.cache_dir is not None
+    assert plan.cache_dir.startswith(str(tmp_path / "trt-cache"))
+    assert trt["trt_profile_min_shapes"] == "input:1x256x256x3"
+    assert trt["trt_profile_opt_shapes"] == trt["trt_profile_max_shapes"] == "input:8x256x256x3"
+    assert plan.provider_options[1]["cudnn_conv_algo_search"] == "HEURISTIC"
+    fp32 = plan_for(
+        TRT,
+        cfg,
+        platform=GPU,
+        model_sha256="cd" * 32,
+        quantized=False,
+        input_name="input",
+        input_size=256,
+        work_dir=str(tmp_path),
+    )
+    assert fp32.provider_options[0]["trt_int8_enable"] is False  # no calibration table for FP32
+    assert fp32.cache_dir != plan.cache_dir
+
+
+def test_cache_key_changes_with_every_ingredient() -> None:
+    base: dict[str, Any] = {
+        "model_sha256": "m",
+        "ort_version": "1.20",
+        "trt_version": "10.4",
+        "gpu_name": "H100",
+        "profiles": profile_shapes("input", 8, 224),
+        "fp16": True,
+        "int8": True,
+    }
+    key = trt_cache_key(**base)
+    assert key == trt_cache_key(**base)
+    for field, other in (
+        ("model_sha256", "m2"),
+        ("ort_version", "1.21"),
+        ("trt_version", "10.5"),
+        ("gpu_name", "Orin"),
+        ("profiles", profile_shapes("input", 4, 224)),
+        ("fp16", False),
+    ):
+        assert trt_cache_key(**{**base, field: other}) != key, field
+
+
+def test_cuda_and_cpu_plans() -> None:
+    cfg = RuntimeConfig()
+    cuda = plan_for(
+        CUDA,
+        cfg,
+        platform=GPU,
+        model_sha256="x",
+        quantized=True,
+        input_name="input",
+        input_size=224,
+        work_dir="/w",
+    )
+    assert cuda.providers == [CUDA, CPU]
+    assert cuda.io_binding
+    assert cuda.cache_dir is None
+    cpu = plan_for(
+        CPU,
+        cfg,
+        platform=GPU,
+        model_sha256="x",
+        quantized=True,
+        input_name="input",
+        input_size=224,
+        work_dir="/w",
+    )
+    assert cpu.providers == [CPU]
+    assert not cpu.io_binding
+
+
+def test_loaded_provider() -> None:
+    assert loaded_provider([TRT, CUDA, CPU], TRT) == (TRT, True)
+    assert loaded_provider([CPU], TRT) == (CPU, False)
+
+
+class FakeSession:
+    """Stands in for an ORT session on a GPU machine: `loads` says which providers really load."""
+
+    def __init__(self, path: str, providers: list[str], loads: set[str]) -> None:
+        self.path = path
+        self.providers = [p for p in providers if p in loads] or [CPU]
+
+    def get_providers(self) -> list[str]:
+        return self.providers
+
+    def get_inputs(self) -> list[Any]:
+        return [type("I", (), {"name": "input"})()]
+
+    def get_outputs(self) -> list[Any]:
+        return [type("O", (), {"name": "logits"})()]
+
+    def io_binding(self) -> None:
+        return None
+
+
+def factory(loads: set[str], calls: list[tuple[str, list[str], list[dict[str, Any]]]]) -> Callable[..., Any]:
+    def make(path: str, so: Any, providers: list[str], options: list[dict[str, Any]]) -> FakeSession:
+        calls.append((Path(path).name, providers, options))
+        if "boom" in loads and providers[0] == TRT:
+            raise RuntimeError("TensorRT EP failed to create: libnvinfer.so.10 not found")
+        return FakeSession(path, providers, loads)
+
+    return make
+
+
+@pytest.mark.parametrize(
+    ("loads", "provider", "variant", "tries"),
+    [
+        ({TRT, CUDA, CPU}, TRT, "int8-tensorrt", 1),
+        ({CUDA, CPU}, CUDA, "fp32", 2),  # TRT fell back silently: retried with CUDA's variant
+        ({CPU}, CPU, "int8-cpu", 3),
+        ({"boom", CUDA, CPU}, CUDA, "fp32", 2),  # TRT raised at creation
+    ],
+)
+def test_variant_follows_the_provider_that_really_loaded(  # noqa: PLR0917
+    tiny_store: Path, tmp_path: Path, loads: set[str], provider: str, variant: str, tries: int
+) -> None:
+    calls: list[tuple[str, list[str], list[dict[str, Any]]]] = []
+    engine = Engine.create(
+        Manifest.load(tiny_store),
+        RuntimeConfig(),
+        str(tmp_path),
+        platform=GPU,
+        session_factory=factory(loads, calls),
+    )
+    assert engine.provider == provider
+    assert engine.variant.name == variant
+    assert len(calls) == tries
+    assert engine.attempts[-1].outcome == "loaded"
+    if provider != TRT:
+        assert any(a.provider == TRT and a.outcome != "loaded" for a in engine.attempts)
+    assert engine.model_ref.variant == variant
+
+
+def test_no_provider_loads_raises_with_reasons(tiny_store: Path, tmp_path: Path) -> None:
+    cfg = RuntimeConfig(execution_providers=[TRT])
+    with pytest.raises(EngineError, match="fell back"):
+        Engine.create(
+            Manifest.load(tiny_store),
+            cfg,
+            str(tmp_path),
+            platform=PlatformInfo("1", "none", "none", (TRT, CPU)),
+            session_factory=lambda path, so, providers, options: (
+                (_ for _ in ()).throw(RuntimeError("cpu broken"))
+                if providers == [CPU]
+                else FakeSession(path, providers, {CPU})
+            ),
+        )
+
+
+def test_real_cpu_engine(make_engine: Callable[..., Engine]) -> None:
+    engine = make_engine(RuntimeConfig(max_batch_size=3))
+    assert engine.provider == CPU
+    assert engine.variant.name == "int8-cpu"
+    assert sorted(engine.warmup_ms) == [1, 2, 3]
+    assert engine.describe()["attempts"][-1] == f"{CPU}: loaded"

@@ -1,0 +1,428 @@
+"""The request pipeline on a MemoryBus with the real ONNX Runtime on a tiny model."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from edgeinfer.messages import ErrorCode, Request, Result, result_topic
+from edgeinfer.runtime.config import RuntimeConfig
+from edgeinfer.runtime.engine import Engine
+from edgeinfer.runtime.placement import Decision, PlacementContext
+from edgeinfer.runtime.server import InferenceServer
+from edgeinfer.transport import MemoryBus, Message, Target, UnauthorizedError
+
+from .conftest import solid_jpeg, solid_png
+
+THING = "dev1"
+INFER = f"edgeinfer/{THING}/infer"
+RESULT = result_topic(THING)
+
+
+class GuardedBus(MemoryBus):
+    """A MemoryBus whose nucleus refuses publishes on `forbidden/#` (as accessControl would)."""
+
+    def publish(self, topic: str, payload: bytes, *, target: Target = "local", qos: int = 0) -> None:
+        if topic.startswith("forbidden/"):
+            raise UnauthorizedError(f"not authorized to publish to {topic}")
+        super().publish(topic, payload, target=target, qos=qos)
+
+
+def wait_for(pred: Callable[[], bool], timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > end:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.005)
+
+
+class Harness:
+    def __init__(self, engine: Engine, cfg: RuntimeConfig) -> None:
+        self.bus = GuardedBus()
+        self.server = InferenceServer(self.bus, engine, cfg, THING)
+        self.server.start()
+
+    def send(self, doc: dict[str, Any] | bytes, target: Target = "local") -> None:
+        payload = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+        self.bus.publish(INFER, payload, target=target)
+
+    def results(self, topic: str = "edgeinfer/#", target: Target | None = None) -> list[Result]:
+        return [
+            Result.parse(m.payload)
+            for m in self.bus.messages_on(topic, target)
+            if m.topic != INFER and not m.topic.startswith("edgeinfer/local/")
+        ]
+
+    def wait_results(self, n: int, **kw: Any) -> list[Result]:
+        wait_for(lambda: len(self.results(**kw)) >= n)
+        return self.results(**kw)
+
+
+@pytest.fixture
+def harness(make_engine: Callable[..., Engine]) -> Iterator[Harness]:
+    cfg = RuntimeConfig(max_batch_size=4, max_queue_size=16, max_payload_bytes=64 * 1024)
+    h = Harness(make_engine(cfg), cfg)
+    yield h
+    h.server.stop()
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def test_ok_result_on_the_bus_it_came_from(harness: Harness) -> None:
+    harness.send({"id": "r1", "image": b64(solid_jpeg((250, 5, 5))), "top_k": 2})
+    harness.send({"id": "g1", "image": b64(solid_png((5, 250, 5)))}, target="iot")
+    (red,) = harness.wait_results(1, target="local")
+    (green,) = harness.wait_results(1, target="iot")
+    assert red.id == "r1"
+    assert red.status == "ok"
+    assert [p.index for p in red.predictions] == [0, 1][: len(red.predictions)]
+    assert len(red.predictions) == 2
+    assert red.predictions[0].label == "red"
+    assert red.provider == "CPUExecutionProvider"
+    assert red.model is not None
+    assert red.model.variant == "int8-cpu"
+    assert red.batch_size >= 1
+    assert red.latency_ms.total >= red.latency_ms.inference >= 0
+    assert green.id == "g1"
+    assert green.predictions[0].index == 1
+
+
+def test_reply_to_allowed_topic_and_dlr_format(harness: Harness) -> None:
+    topic = f"{RESULT}/mine"
+    harness.send({"id": "a", "image": b64(solid_jpeg((5, 5, 250))), "reply_to": topic})
+    harness.send({"id": "d", "image": b64(solid_jpeg((5, 5, 250))), "result_format": "dlr"})
+    wait_for(lambda: len(harness.bus.messages_on(topic)) == 1 and len(harness.bus.messages_on(RESULT)) == 1)
+    assert Result.parse(harness.bus.messages_on(topic)[0].payload).predictions[0].label == "blue"
+    dlr = json.loads(harness.bus.messages_on(RESULT)[0].payload)
+    assert dlr["id"] == "d"
+    assert dlr["inference-results"][0]["Label"] == "blue"
+    assert isinstance(dlr["inference-results"][0]["Score"], str)
+
+
+def _bad_requests(tmp: Path) -> list[tuple[bytes, str | None, ErrorCode]]:
+    good = solid_jpeg((200, 30, 30), (640, 480))
+    big = np.zeros((20000, 20000), dtype=np.uint8)  # never decoded: only the header is read
+    header_bomb = bytearray(solid_jpeg((1, 2, 3), (16, 16)))
+    sof = header_bomb.find(b"\xff\xc0")
+    header_bomb[sof + 5 : sof + 9] = (20000).to_bytes(2, "big") * 2
+    del big
+    one = solid_png((9, 9, 9), (1, 1))
+
+    def req(rid: str, **kw: Any) -> bytes:
+        return json.dumps({"id": rid, **kw}).encode()
+
+    return [
+        (b"{not json", None, ErrorCode.BAD_REQUEST),
+        (b"[1,2]", None, ErrorCode.BAD_REQUEST),
+        (json.dumps({"image": b64(good)}).encode(), None, ErrorCode.BAD_REQUEST),
+        (req("b64", image="@@@not-base64@@@"), "b64", ErrorCode.BAD_IMAGE),
+        (req("empty", image=""), "empty", ErrorCode.BAD_IMAGE),
+        (req("trunc", image=b64(good[: len(good) // 2])), "trunc", ErrorCode.BAD_IMAGE),
+        (req("corrupt", image=b64(b"\xff\xd8\xff\xe0" + b"\x00" * 300)), "corrupt", ErrorCode.BAD_IMAGE),
+        (req("text", image=b64(b"hello, world")), "text", ErrorCode.BAD_IMAGE),
+        (req("tiny", image=b64(one)), "tiny", ErrorCode.BAD_IMAGE),
+        (req("bomb", image=b64(bytes(header_bomb))), "bomb", ErrorCode.BAD_IMAGE),
+        (req("huge", image=b64(b"\xff\xd8" + b"x" * 70000)), "huge", ErrorCode.TOO_LARGE),
+        (req("model", image=b64(good), model="resnet9000"), "model", ErrorCode.BAD_REQUEST),
+        (req("reply", image=b64(good), reply_to="someone/else"), "reply", ErrorCode.BAD_REQUEST),
+        (req("k", image=b64(good), top_k=0), "k", ErrorCode.BAD_REQUEST),
+        (req("path", image_path=str(tmp / "x.jpg")), "path", ErrorCode.BAD_REQUEST),
+    ]
+
+
+def test_every_bad_request_gets_exactly_one_error_and_serving_goes_on(
+    harness: Harness, tmp_path: Path
+) -> None:
+    cases = _bad_requests(tmp_path)
+    for payload, _, _ in cases:
+        harness.send(payload)
+    harness.send({"id": "after", "image": b64(solid_jpeg((5, 250, 5)))})
+    results = harness.wait_results(len(cases) + 1, topic=RESULT)
+    time.sleep(0.2)  # nothing more arrives
+    results = harness.results(topic=RESULT)
+    assert len(results) == len(cases) + 1
+    errors = [r for r in results if r.status == "error"]
+    got = sorted(((r.id or "", r.error.code) for r in errors if r.error), key=str)
+    want = sorted(((rid or "", code) for _, rid, code in cases), key=str)
+    assert got == want
+    ok = [r for r in results if r.status == "ok"]
+    assert [r.id for r in ok] == ["after"]
+    assert ok[0].predictions[0].label == "green"
+    for r in errors:
+        assert r.error is not None
+        assert r.error.message
+
+
+def test_reply_to_refused_by_the_nucleus_answers_bad_request_on_default_topic(
+    make_engine: Callable[..., Engine],
+) -> None:
+    cfg = RuntimeConfig(max_batch_size=2, reply_to_topics=["forbidden/#", "edgeinfer/{thing}/result/#"])
+    h = Harness(make_engine(cfg), cfg)
+    try:
+        h.send({"id": "f", "image": b64(solid_jpeg((1, 200, 1))), "reply_to": "forbidden/x"})
+        (res,) = h.wait_results(1, topic=RESULT)
+        assert res.id == "f"
+        assert res.error is not None
+        assert res.error.code == ErrorCode.BAD_REQUEST
+    finally:
+        h.server.stop()
+
+
+def test_image_path_inside_allowed_folder(make_engine: Callable[..., Engine], tmp_path: Path) -> None:
+    (tmp_path / "a.png").write_bytes(solid_png((240, 3, 3)))
+    cfg = RuntimeConfig(max_batch_size=2, image_folders=[str(tmp_path)])
+    h = Harness(make_engine(cfg), cfg)
+    try:
+        h.send({"id": "p", "image_path": str(tmp_path / "a.png")})
+        h.send({"id": "missing", "image_path": str(tmp_path / "nope.png")})
+        h.send({"id": "escape", "image_path": str(tmp_path / ".." / "etc.png")})
+        h.send({"id": "iot", "image_path": str(tmp_path / "a.png")}, target="iot")
+        res = {r.id: r for r in h.wait_results(4)}
+        assert res["p"].status == "ok"
+        assert res["p"].predictions[0].label == "red"
+        assert res["missing"].error
+        assert res["missing"].error.code == ErrorCode.BAD_IMAGE
+        assert res["escape"].error
+        assert res["escape"].error.code == ErrorCode.BAD_REQUEST
+        assert res["iot"].error
+        assert res["iot"].error.code == ErrorCode.BAD_REQUEST
+    finally:
+        h.server.stop()
+
+
+class Gate:
+    """An engine wrapper that blocks `run` until released: makes a burst pile up deterministically."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.sizes: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    def run(self, batch: np.ndarray) -> np.ndarray:
+        self.entered.set()
+        self.release.wait(30)
+        self.sizes.append(batch.shape[0])
+        return self.engine.run(batch)
+
+
+def test_burst_beyond_the_queue_every_request_answered(make_engine: Callable[..., Engine]) -> None:
+    cfg = RuntimeConfig(max_batch_size=4, max_queue_size=8, decode_threads=2)
+    gate = Gate(make_engine(cfg))
+    bus = MemoryBus()
+    server = InferenceServer(bus, gate, cfg, THING)  # type: ignore[arg-type]
+    server.start()
+    try:
+        img = b64(solid_jpeg((250, 1, 1)))
+        bus.publish(INFER, json.dumps({"id": "first", "image": img}).encode())
+        assert gate.entered.wait(30)  # the engine is busy with "first"
+        n = 40
+        for i in range(n):
+            bus.publish(INFER, json.dumps({"id": f"b{i}", "image": img}).encode())
+        wait_for(lambda: server.batcher.incoming == 0)
+        gate.release.set()
+        wait_for(lambda: len(bus.messages_on(RESULT)) >= n + 1)
+        time.sleep(0.1)
+        results = [Result.parse(m.payload) for m in bus.messages_on(RESULT)]
+        assert sorted(r.id or "" for r in results) == sorted(["first"] + [f"b{i}" for i in range(n)])
+        ok = [r for r in results if r.status == "ok"]
+        over = [r for r in results if r.error and r.error.code == ErrorCode.OVERLOADED]
+        assert len(ok) + len(over) == n + 1
+        assert len(ok) == 1 + cfg.max_queue_size  # the running one plus a full queue
+        assert max(r.batch_size for r in ok) == cfg.max_batch_size  # the backlog ran batched
+        assert gate.sizes[0] == 1  # the first request did not wait for company
+    finally:
+        gate.release.set()
+        server.stop()
+
+
+def test_deadline_passed_in_queue_is_not_computed(make_engine: Callable[..., Engine]) -> None:
+    cfg = RuntimeConfig(max_batch_size=2, max_queue_size=8)
+    gate = Gate(make_engine(cfg))
+    bus = MemoryBus()
+    server = InferenceServer(bus, gate, cfg, THING)  # type: ignore[arg-type]
+    server.start()
+    try:
+        img = b64(solid_jpeg((250, 1, 1)))
+        bus.publish(INFER, json.dumps({"id": "first", "image": img}).encode())
+        assert gate.entered.wait(30)
+        bus.publish(INFER, json.dumps({"id": "late", "image": img, "deadline_ms": 1}).encode())
+        wait_for(lambda: server.batcher.incoming == 0)
+        time.sleep(0.01)  # its 1 ms deadline is over while the engine is still busy
+        gate.release.set()
+        wait_for(lambda: len(bus.messages_on(RESULT)) >= 2)
+        res = {r.id: r for r in (Result.parse(m.payload) for m in bus.messages_on(RESULT))}
+        assert res["first"].status == "ok"
+        assert res["late"].error
+        assert res["late"].error.code == ErrorCode.DEADLINE_EXCEEDED
+        assert sum(gate.sizes) == 1
+    finally:
+        gate.release.set()
+        server.stop()
+
+
+def test_placement_seam_reject_and_cloud(make_engine: Callable[..., Engine]) -> None:
+    cfg = RuntimeConfig(max_batch_size=2)
+    bus = MemoryBus()
+    server = InferenceServer(bus, make_engine(cfg), cfg, THING)
+    seen: list[PlacementContext] = []
+
+    class Policy:
+        def decide(self, request: Request, ctx: PlacementContext) -> Decision:
+            seen.append(ctx)
+            if request.id.startswith("no"):
+                return Decision("reject", ErrorCode.OVERLOADED, "edge too busy and cloud off")
+            return Decision("cloud") if request.offload == "always" else Decision()
+
+    class Cloud:
+        def offload(self, request: Request, ctx: PlacementContext, reply: Callable[[Result], None]) -> None:
+            res = Result(request.id, "ok", "", placement="cloud", provider="cloud")
+            reply(res)
+            reply(res)  # a second answer is ignored
+
+    server.set_placement(Policy(), Cloud())
+    server.start()
+    try:
+        img = b64(solid_jpeg((250, 1, 1)))
+        for rid, off in (("no1", "auto"), ("c1", "always"), ("e1", "auto")):
+            bus.publish(INFER, json.dumps({"id": rid, "image": img, "offload": off}).encode())
+        wait_for(lambda: len(bus.messages_on(RESULT)) >= 3)
+        time.sleep(0.1)
+        res = {r.id: r for r in (Result.parse(m.payload) for m in bus.messages_on(RESULT))}
+        assert len(bus.messages_on(RESULT)) == 3
+        assert res["no1"].error
+        assert res["no1"].error.code == ErrorCode.OVERLOADED
+        assert res["c1"].placement == "cloud"
+        assert res["e1"].placement == "edge"
+        assert seen[0].thing == THING
+        assert seen[0].max_batch_size == 2
+    finally:
+        server.stop()
+
+
+def test_timings_published_in_batches(make_engine: Callable[..., Engine]) -> None:
+    from edgeinfer.messages import TIMINGS_TOPIC, TimingBatch
+
+    cfg = RuntimeConfig(max_batch_size=4)
+    cfg.timings.flush_interval_ms = 20
+    bus = MemoryBus()
+    server = InferenceServer(bus, make_engine(cfg), cfg, THING)
+    server.start()
+    try:
+        for i in range(5):
+            bus.publish(INFER, json.dumps({"id": f"t{i}", "image": b64(solid_jpeg((9, 9, 200)))}).encode())
+        bus.publish(INFER, b"garbage")
+        wait_for(
+            lambda: (
+                sum(len(TimingBatch.parse(m.payload).records) for m in bus.messages_on(TIMINGS_TOPIC)) >= 6
+            )
+        )
+        batches = [TimingBatch.parse(m.payload) for m in bus.messages_on(TIMINGS_TOPIC)]
+        recs = [r for b in batches for r in b.records]
+        assert {r.id for r in recs if r.status == "ok"} == {f"t{i}" for i in range(5)}
+        assert [r.code for r in recs if r.status == "error"] == [ErrorCode.BAD_REQUEST]
+        assert sum(sum(b.executions) for b in batches) == 5
+        assert all(m.target == "local" for m in bus.messages_on(TIMINGS_TOPIC))
+    finally:
+        server.stop()
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=10,
+)
+_fields = st.fixed_dictionaries(
+    {},
+    optional={
+        "id": st.one_of(st.text(max_size=300), st.integers(), st.none(), st.booleans()),
+        "image": st.one_of(st.text(max_size=50), st.binary(max_size=200).map(b64), _json_values),
+        "image_path": st.one_of(st.text(max_size=30), _json_values),
+        "reply_to": st.one_of(st.text(max_size=30), _json_values),
+        "deadline_ms": _json_values,
+        "top_k": _json_values,
+        "offload": _json_values,
+        "model": _json_values,
+        "result_format": _json_values,
+    },
+)
+_payloads = st.one_of(
+    st.binary(max_size=300),
+    _json_values.map(lambda v: json.dumps(v).encode()),
+    _fields.map(lambda d: json.dumps(d).encode()),
+)
+
+
+@pytest.fixture(scope="module")
+def garbage_server(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferenceServer]:
+    from edgeinfer.model.manifest import Manifest
+
+    cfg = RuntimeConfig(max_batch_size=2, max_queue_size=64)
+    engine = Engine.create(Manifest.load(tiny_store), cfg, str(tmp_path_factory.mktemp("w")))
+    server = InferenceServer(MemoryBus(), engine, cfg, THING)
+    server.start()
+    yield server
+    server.stop()
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(payloads=st.lists(_payloads, min_size=1, max_size=5))
+def test_property_garbage_always_gets_exactly_one_answer(
+    garbage_server: InferenceServer, payloads: list[bytes]
+) -> None:
+    bus = garbage_server.bus
+    assert isinstance(bus, MemoryBus)
+    bus.published.clear()
+    for p in payloads:
+        garbage_server.handle_message(Message(INFER, p, "local"))
+    wait_for(lambda: len(_answers(bus)) >= len(payloads), timeout=20)
+    wait_for(lambda: garbage_server.batcher.outstanding == 0 and garbage_server.batcher.depth == 0)
+    time.sleep(0.002)
+    answers = _answers(bus)
+    assert len(answers) == len(payloads)
+    for res in answers:
+        assert res.status in ("ok", "error")
+        if res.status == "error":
+            assert res.error is not None
+            assert res.error.code in set(ErrorCode)
+
+
+def _answers(bus: MemoryBus) -> list[Result]:
+    out = []
+    for m in list(bus.published):
+        if m.topic == INFER or m.topic.startswith("edgeinfer/local/"):
+            continue
+        doc = json.loads(m.payload)
+        if "inference-results" in doc:
+            doc = {"id": doc["id"], "status": "ok", "timestamp": doc["timestamp"]}
+        out.append(Result.from_dict(doc))
+    return out
+
+
+def test_large_jpeg_decoded_reduced(harness: Harness) -> None:
+    img = np.zeros((960, 1280, 3), dtype=np.uint8)
+    img[:, :, 1] = 220
+    ok, buf = cv2.imencode(".jpg", img)
+    assert ok
+    harness.send({"id": "big", "image": b64(bytes(buf))})
+    (res,) = harness.wait_results(1)
+    assert res.status == "ok"
+    assert res.predictions[0].label == "green"
