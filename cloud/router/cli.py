@@ -1,0 +1,180 @@
+"""`edgeinfer cloud router`: run a router process (start as many as you like; they share the stream)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from edgeinfer.errors import EdgeinferError
+
+log = logging.getLogger(__name__)
+
+_EPILOG = """\
+examples:
+  edgeinfer cloud router --broker 127.0.0.1:1883
+  edgeinfer cloud router --broker 127.0.0.1:1883 --model-dir artifacts/com.edgeinfer.ModelStore/0.1.0
+  edgeinfer cloud router --endpoint xxxx-ats.iot.eu-west-1.amazonaws.com \\
+      --cert router.pem.crt --key router.pem.key --ca AmazonRootCA1.pem --workers 2
+  edgeinfer cloud router --broker 127.0.0.1:1883 --sagemaker-endpoint lite2-prod --region eu-west-1
+"""
+
+
+def register(subparsers: Any) -> None:
+    cloud = subparsers.add_parser("cloud", help="cloud side: the hybrid router", description="Cloud side.")
+    sub = cloud.add_subparsers(dest="cloud_command", metavar="COMMAND")
+    cloud.set_defaults(func=lambda _args: _usage(cloud))
+    p = sub.add_parser(
+        "router",
+        help="serve offloaded requests (MQTT shared subscription; run any number of them)",
+        description=(
+            "Serve the requests edge devices offload on edgeinfer/+/offload and answer each on "
+            "edgeinfer/{thing}/offload/result. Routers of one --group split the stream between them."
+        ),
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    where = p.add_argument_group("broker (one of)")
+    where.add_argument(
+        "--broker", metavar="HOST:PORT", help="plain TCP to a local broker (the simulated core)"
+    )
+    where.add_argument("--endpoint", metavar="HOST", help="AWS IoT Core data endpoint (mutual TLS)")
+    p.add_argument("--port", type=int, default=8883, help="IoT Core port (default 8883)")
+    p.add_argument("--cert", metavar="FILE", help="X.509 certificate for --endpoint")
+    p.add_argument("--key", metavar="FILE", help="private key for --endpoint")
+    p.add_argument("--ca", metavar="FILE", help="CA bundle for --endpoint (default: the system's)")
+    p.add_argument("--client-id", help="MQTT client id (default: edgeinfer-router-<pid>)")
+    p.add_argument("--group", default="edgeinfer-router", help="shared-subscription group")
+    backend = p.add_argument_group("backend")
+    backend.add_argument(
+        "--model-dir",
+        metavar="DIR",
+        help="model store to run (default: the EfficientNet-Lite2 FP32 store built by "
+        "'edgeinfer model build --arch lite2 --no-int8')",
+    )
+    backend.add_argument(
+        "--providers", default="cpu", help="ONNX Runtime providers in order, comma-separated (default cpu)"
+    )
+    backend.add_argument("--threads", type=int, default=0, help="ORT intra-op threads (0: one per core)")
+    backend.add_argument("--sagemaker-endpoint", metavar="NAME", help="use a SageMaker endpoint instead")
+    backend.add_argument("--region", help="AWS region for SageMaker / CloudWatch")
+    p.add_argument("--workers", type=int, default=1, help="worker threads (default 1)")
+    p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--max-queue", type=int, default=256, help="waiting requests before OVERLOADED")
+    p.add_argument("--known-things", metavar="T1,T2", help="only these things may offload")
+    p.add_argument("--cloudwatch", action="store_true", help="publish metrics to CloudWatch")
+    p.add_argument("--namespace", default="edgeinfer/router", help="CloudWatch namespace")
+    p.set_defaults(func=run)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def default_model_dir() -> Path:
+    from edgeinfer.model.build import BuildOptions
+
+    return BuildOptions(arch="lite2", int8=False).output_dir()
+
+
+def _connect(args: argparse.Namespace) -> Any:
+    from edgeinfer.transport import TransportError
+    from edgeinfer.transport.mqtt import MqttPubSub, parse_broker
+
+    client_id = args.client_id
+    try:
+        if args.broker and args.endpoint:
+            raise EdgeinferError("give either --broker HOST:PORT or --endpoint HOST, not both")
+        if args.broker:
+            try:
+                host, port = parse_broker(args.broker)
+            except ValueError as exc:
+                raise EdgeinferError(f"--broker: {exc}") from None
+            return MqttPubSub.connect_tcp(host, port, client_id=client_id)
+        if args.endpoint:
+            if not args.cert or not args.key:
+                raise EdgeinferError("--endpoint needs --cert FILE and --key FILE (mutual TLS)")
+            return MqttPubSub.connect_iot_core(
+                args.endpoint,
+                port=args.port,
+                cert_filepath=args.cert,
+                pri_key_filepath=args.key,
+                ca_filepath=args.ca,
+                client_id=client_id,
+            )
+    except TransportError as exc:
+        raise EdgeinferError(str(exc)) from None
+    raise EdgeinferError("say where to connect: --broker HOST:PORT or --endpoint HOST --cert --key")
+
+
+def _backend(args: argparse.Namespace) -> Any:
+    from edgeinfer.cloud.router.backends import BackendError, OnnxBackend, SageMakerBackend
+
+    if args.sagemaker_endpoint:
+        return SageMakerBackend(args.sagemaker_endpoint, region_name=args.region)
+    from edgeinfer.runtime.config import normalize_provider
+
+    model_dir = Path(args.model_dir) if args.model_dir else default_model_dir()
+    if not (model_dir / "manifest.json").is_file():
+        hint = "" if args.model_dir else " (build it: edgeinfer model build --arch lite2 --no-int8)"
+        raise EdgeinferError(f"no model store at {model_dir}{hint}")
+    providers = [normalize_provider(p) for p in args.providers.split(",") if p.strip()]
+    try:
+        return OnnxBackend.load(
+            model_dir,
+            providers=providers,
+            max_batch_size=args.max_batch_size,
+            intra_op_num_threads=args.threads,
+        )
+    except BackendError as exc:
+        raise EdgeinferError(f"cannot load the model: {exc}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from edgeinfer.cloud.router.router import Router, RouterConfig
+
+    if args.workers < 1:
+        raise EdgeinferError("--workers must be at least 1")
+    backend = _backend(args)
+    metrics = None
+    if args.cloudwatch:
+        from edgeinfer.cloud.router.metrics import CloudWatchMetrics
+
+        metrics = CloudWatchMetrics(namespace=args.namespace, router=args.group, region_name=args.region)
+    known = (
+        frozenset(t.strip() for t in args.known_things.split(",") if t.strip()) if args.known_things else None
+    )
+    pubsub = _connect(args)
+    config = RouterConfig(
+        group=args.group,
+        workers=args.workers,
+        max_batch_size=args.max_batch_size,
+        max_queue=args.max_queue,
+        known_things=known,
+    )
+    router = Router(pubsub, backend, config, metrics=metrics)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    router.start()
+    print(
+        f"router: serving {backend.model_ref.name} ({backend.provider}) for group {args.group} "
+        f"via {pubsub.describe}; Ctrl-C to stop",
+        file=sys.stderr,
+    )
+    try:
+        stop.wait()
+    finally:
+        router.stop()
+        pubsub.close()
+        stats = router.stats()
+        print(
+            f"router: answered {stats['answered']} ({stats['ok']} ok, errors {stats['errors'] or 'none'})",
+            file=sys.stderr,
+        )
+    return 0
