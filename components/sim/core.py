@@ -174,7 +174,6 @@ class Nucleus:
         self.on_state = on_state
         self.loop: asyncio.AbstractEventLoop | None = None
         root = options.root
-        (root / "logs").mkdir(parents=True, exist_ok=True)
         self.components: dict[str, Component] = {}
         self._tokens: dict[str, str] = {}
         for recipe in recipes:
@@ -209,12 +208,13 @@ class Nucleus:
         self.server: ipc.IpcServer | None = None
         self._state_changed: asyncio.Event = asyncio.Event()
         self._stopping = False
-        self.check_variables()
 
     # ------------------------------------------------------------ set-up
 
     def _prepare_artifacts(self, artifacts_dir: Path | None) -> None:
+        """Check everything first (variables, artifacts), then lay out packages/ and work/."""
         root = self.options.root
+        layout: list[tuple[Component, Path, Path, Path, Path | None]] = []
         for comp in self.components.values():
             r = comp.recipe
             art = root / "packages" / "artifacts" / r.name / r.version
@@ -230,12 +230,13 @@ class Nucleus:
                 if artifact.uri.lower().startswith("docker:"):
                     continue
                 if src is None or not (src / artifact.filename).is_file():
-                    where = (
-                        src / artifact.filename
-                        if src
-                        else f"<artifacts>/{r.name}/{r.version}/{artifact.filename}"
-                    )
+                    where = src / artifact.filename if src else f"<artifacts>/{r.name}/{r.version}"
                     raise RecipeError(f"{r.file}: {artifact.field}: artifact not found at {where}")
+            layout.append((comp, art, unz, work, src))
+        self.check_variables()
+        (root / "logs").mkdir(parents=True, exist_ok=True)
+        for comp, art, unz, work, src in layout:
+            r = comp.recipe
             art.parent.mkdir(parents=True, exist_ok=True)
             if art.is_symlink() or art.is_file():
                 art.unlink()
@@ -252,9 +253,7 @@ class Nucleus:
                     try:
                         _extract_zip(archive, dest)
                     except (zipfile.BadZipFile, OSError) as exc:
-                        raise RecipeError(
-                            f"{r.file}: {artifact.field}: cannot unarchive {archive}: {exc}"
-                        ) from exc
+                        raise RecipeError(f"{r.file}: {artifact.field}: cannot unarchive: {exc}") from exc
             unz.mkdir(parents=True, exist_ok=True)
             work.mkdir(parents=True, exist_ok=True)
 
