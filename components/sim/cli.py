@@ -1,0 +1,305 @@
+"""`edgeinfer sim up | status | logs | down`: run recipes/ + artifacts/ on a simulated Greengrass core.
+
+`up` stays in the foreground with a live status line (Ctrl-C stops everything) or, with `--detach`,
+leaves a background process; `status`, `logs` and `down` find it through `WORK_DIR/status.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from edgeinfer.errors import EdgeinferError
+
+DEFAULT_WORK_DIR = ".edgeinfer/sim"
+
+
+def register(subparsers: Any) -> None:
+    sim = subparsers.add_parser(
+        "sim",
+        help="run the components on a simulated Greengrass core (local nucleus + MQTT broker)",
+        description=(
+            "A local Greengrass nucleus for tests and demos: loads recipes and artifacts as "
+            "`greengrass-cli deployment create` does, runs the lifecycles, serves Greengrass IPC and "
+            "bridges IoT Core to a local mosquitto."
+        ),
+    )
+    sub = sim.add_subparsers(dest="sim_command", metavar="ACTION")
+
+    up = sub.add_parser("up", help="start the simulated core with the components of a recipe folder")
+    up.add_argument("--recipes", default="recipes", type=Path, help="recipe folder (default: recipes)")
+    up.add_argument(
+        "--artifacts", default="artifacts", type=Path, help="artifact folder (default: artifacts)"
+    )
+    up.add_argument("--thing", default="edgeinfer-sim", help="the core device's thing name")
+    up.add_argument(
+        "--component",
+        action="append",
+        dest="components",
+        metavar="NAME[=VERSION]",
+        help="deploy only these components (and their dependencies); repeatable",
+    )
+    up.add_argument(
+        "--config-merge",
+        action="append",
+        default=[],
+        metavar="COMPONENT=JSON",
+        help="deployment-time configuration merge for one component; repeatable",
+    )
+    up.add_argument(
+        "--broker", metavar="HOST:PORT", help="use this MQTT broker instead of starting mosquitto"
+    )
+    up.add_argument("--region", default="us-east-1", help="AWS_REGION given to components")
+    up.add_argument("--detach", action="store_true", help="start in the background and return")
+    _work_dir_arg(up)
+    up.set_defaults(func=_up)
+
+    status = sub.add_parser("status", help="components and their states")
+    status.add_argument("--json", action="store_true", help="print status.json")
+    _work_dir_arg(status)
+    status.set_defaults(func=_status)
+
+    logs = sub.add_parser("logs", help="a component's log (stdout, stderr and lifecycle events)")
+    logs.add_argument("component")
+    logs.add_argument("-n", "--lines", type=int, default=0, help="only the last N lines")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+    _work_dir_arg(logs)
+    logs.set_defaults(func=_logs)
+
+    down = sub.add_parser("down", help="stop a detached simulated core")
+    _work_dir_arg(down)
+    down.set_defaults(func=_down)
+
+    sim.set_defaults(func=lambda _args: (sim.print_help(sys.stderr), 2)[1])
+
+
+def _work_dir_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        default=Path(os.environ.get("EDGEINFER_SIM_DIR", DEFAULT_WORK_DIR)),
+        help=f"the core's root (logs, work, status.json; default: $EDGEINFER_SIM_DIR or {DEFAULT_WORK_DIR})",
+    )
+
+
+def _read_status(work_dir: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((work_dir / "status.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _running(work_dir: Path) -> dict[str, Any] | None:
+    status = _read_status(work_dir)
+    if status and status.get("running") and _alive(int(status.get("pid", 0))):
+        return status
+    return None
+
+
+def _parse_merges(items: list[str]) -> dict[str, dict[str, Any]]:
+    merges: dict[str, dict[str, Any]] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name:
+            raise EdgeinferError(f"--config-merge {item!r}: expected COMPONENT=JSON")
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise EdgeinferError(f"--config-merge {name}: not JSON: {exc}") from exc
+        if not isinstance(value, dict):
+            raise EdgeinferError(f"--config-merge {name}: the JSON must be an object")
+        merges[name] = {**merges.get(name, {}), **value}
+    return merges
+
+
+def _status_line(states: dict[str, str]) -> str:
+    return "  ".join(f"{name} {state}" for name, state in states.items())
+
+
+def _up(args: argparse.Namespace) -> int:
+    from edgeinfer.sim.simulator import Simulator
+
+    work_dir: Path = args.work_dir
+    running = _running(work_dir)
+    if running:
+        raise EdgeinferError(
+            f"a simulated core already runs from {work_dir} (pid {running['pid']}): "
+            "`edgeinfer sim down` first"
+        )
+    merges = _parse_merges(args.config_merge)
+    if not args.recipes.is_dir():
+        raise EdgeinferError(f"{args.recipes}: recipe folder not found")
+    if args.detach:
+        return _detach(args, work_dir)
+
+    sim = Simulator(
+        args.recipes,
+        args.artifacts if args.artifacts.is_dir() else None,
+        thing=args.thing,
+        components=args.components,
+        config_merge=merges,
+        work_dir=work_dir,
+        broker=args.broker,
+        region=args.region,
+    )
+
+    def terminate(_sig: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, terminate)
+    sim.start()
+    try:
+        _foreground(sim)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        print("edgeinfer sim: stopping", file=sys.stderr)
+        sim.stop()
+    return 0
+
+
+def _foreground(sim: Any) -> None:
+    header = (
+        f"simulated core '{sim.thing}' · broker {sim.broker[0]}:{sim.broker[1]} · "
+        f"root {sim.root} · Ctrl-C stops"
+    )
+    if not sys.stderr.isatty():
+        print(header, file=sys.stderr, flush=True)
+        last = ""
+        while True:
+            line = _status_line(sim.states())
+            if line != last:
+                print(line, file=sys.stderr, flush=True)
+                last = line
+            time.sleep(0.2)
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console(stderr=True)
+    console.print(header)
+    with Live(console=console, refresh_per_second=4, transient=False) as live:
+        while True:
+            states = sim.states()
+            colored = "  ".join(f"[bold]{n}[/] {_color(s)}" for n, s in states.items())
+            live.update(colored)
+            time.sleep(0.25)
+
+
+def _color(state: str) -> str:
+    color = {"RUNNING": "green", "FINISHED": "cyan", "ERRORED": "yellow", "BROKEN": "red"}.get(state, "dim")
+    return f"[{color}]{state}[/]"
+
+
+def _detach(args: argparse.Namespace, work_dir: Path) -> int:
+    work_dir.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        (work_dir / "status.json").unlink()
+    argv = [sys.executable, "-m", "edgeinfer", "sim", "up", "--work-dir", str(work_dir)]
+    argv += ["--recipes", str(args.recipes), "--artifacts", str(args.artifacts), "--thing", args.thing]
+    argv += ["--region", args.region]
+    for item in args.config_merge:
+        argv += ["--config-merge", item]
+    for name in args.components or []:
+        argv += ["--component", name]
+    if args.broker:
+        argv += ["--broker", args.broker]
+    out_path = work_dir / "sim.out"
+    with out_path.open("wb") as out:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
+        )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        status = _read_status(work_dir)
+        if status and status.get("running") and status.get("pid") == proc.pid:
+            print(
+                f"simulated core '{status['thing']}' running (pid {proc.pid}), broker {status['broker']}, "
+                f"root {status['root']}; `edgeinfer sim status`, `edgeinfer sim down`"
+            )
+            return 0
+        if proc.poll() is not None:
+            lines = out_path.read_text(errors="replace").strip().splitlines()
+            error = next((ln for ln in reversed(lines) if "error" in ln.lower()), lines[-1] if lines else "")
+            raise EdgeinferError(
+                f"the simulated core did not start: {error.removeprefix('edgeinfer: error: ')}"
+            )
+        time.sleep(0.05)
+    raise EdgeinferError(f"the simulated core did not report in 60s; see {out_path}")
+
+
+def _status(args: argparse.Namespace) -> int:
+    status = _read_status(args.work_dir)
+    if status is None:
+        raise EdgeinferError(f"no simulated core in {args.work_dir}: start one with `edgeinfer sim up`")
+    running = bool(status.get("running")) and _alive(int(status.get("pid", 0)))
+    if args.json:
+        print(json.dumps({**status, "running": running}, indent=2))
+        return 0
+    print(
+        f"thing {status['thing']}  broker {status['broker']}  "
+        f"{'running, pid ' + str(status['pid']) if running else 'stopped'}"
+    )
+    comps = status.get("components", {})
+    width = max((len(n) for n in comps), default=10)
+    for name, info in comps.items():
+        print(f"  {name:<{width}}  {info.get('version', ''):<10} {info.get('state', '')}")
+    return 0 if running else 1
+
+
+def _logs(args: argparse.Namespace) -> int:
+    path = args.work_dir / "logs" / f"{args.component}.log"
+    if not path.exists():
+        status = _read_status(args.work_dir) or {}
+        known = ", ".join(status.get("components", {})) or "none"
+        raise EdgeinferError(f"no log for {args.component} in {args.work_dir} (components: {known})")
+    with path.open("r", encoding="utf-8", errors="replace") as f:
+        lines = f.readlines()
+        sys.stdout.writelines(lines[-args.lines :] if args.lines else lines)
+        sys.stdout.flush()
+        while args.follow:
+            line = f.readline()
+            if line:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+            else:
+                time.sleep(0.2)
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    status = _running(args.work_dir)
+    if status is None:
+        print(f"no simulated core running from {args.work_dir}")
+        return 0
+    pid = int(status["pid"])
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while _alive(pid) and time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.05)
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+        print(f"simulated core (pid {pid}) did not stop in 60s: killed")
+        return 1
+    print(f"simulated core (pid {pid}) stopped")
+    return 0

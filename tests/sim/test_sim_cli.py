@@ -1,0 +1,85 @@
+"""`edgeinfer sim up --detach / status / logs / down` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from sim_testkit import Device
+
+from edgeinfer.sim import MosquittoBroker
+
+
+def edgeinfer(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "edgeinfer", *args],
+        check=False,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_up_status_logs_down(device: Device, tmp_path: Path, sim_broker: MosquittoBroker) -> None:
+    device.add(
+        "com.example.Echo",
+        config={"word": "default"},
+        lifecycle={"Run": "echo word={configuration:/word}; sleep 60"},
+    )
+    work = tmp_path / "core"
+    common = ["--work-dir", str(work)]
+    up = edgeinfer(
+        "sim",
+        "up",
+        "--detach",
+        "--recipes",
+        str(device.recipes),
+        "--artifacts",
+        str(device.artifacts),
+        "--thing",
+        "cli-thing",
+        "--config-merge",
+        'com.example.Echo={"word": "merged"}',
+        "--broker",
+        f"{sim_broker.host}:{sim_broker.port}",
+        *common,
+        cwd=tmp_path,
+    )
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "running" in up.stdout
+        again = edgeinfer("sim", "up", "--recipes", str(device.recipes), *common, cwd=tmp_path)
+        assert again.returncode == 2
+        assert "already runs" in again.stderr
+        status = edgeinfer("sim", "status", "--json", *common, cwd=tmp_path)
+        data = json.loads(status.stdout)
+        assert data["running"] is True
+        assert data["thing"] == "cli-thing"
+        assert data["components"]["com.example.Echo"]["state"] in ("STARTING", "RUNNING")
+        for _ in range(100):
+            logs = edgeinfer("sim", "logs", "com.example.Echo", *common, cwd=tmp_path)
+            if "word=merged" in logs.stdout:
+                break
+        assert "word=merged" in logs.stdout
+        assert edgeinfer("sim", "logs", "com.example.Nope", *common, cwd=tmp_path).returncode == 2
+    finally:
+        down = edgeinfer("sim", "down", *common, cwd=tmp_path)
+    assert down.returncode == 0
+    assert "stopped" in down.stdout
+    status = edgeinfer("sim", "status", *common, cwd=tmp_path)
+    assert status.returncode == 1
+    assert "FINISHED" in status.stdout
+
+
+def test_bad_recipe_is_one_line_and_exit_2(device: Device, tmp_path: Path) -> None:
+    device.add("com.example.App", deps={"com.example.Ghost": {}})
+    result = edgeinfer(
+        "sim", "up", "--recipes", str(device.recipes), "--work-dir", str(tmp_path / "c"), cwd=tmp_path
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "ComponentDependencies.com.example.Ghost: unknown dependency" in lines[0]
