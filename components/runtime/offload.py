@@ -37,8 +37,10 @@ success closes the breaker; its failure opens it again with a doubled cooldown (
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import itertools
+import logging
 import math
 import threading
 import time
@@ -57,6 +59,7 @@ __all__ = [
     "CloudOutcome",
     "Decision",
     "Fallback",
+    "HybridPlacement",
     "LinearFit",
     "OffloadConfig",
     "PlacementPolicy",
@@ -65,6 +68,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 # Error codes from the cloud that are the request's fault, not the cloud's: forward them as they are.
 _REQUEST_FAULTS = {ErrorCode.BAD_REQUEST, ErrorCode.BAD_IMAGE, ErrorCode.TOO_LARGE}
@@ -463,13 +468,29 @@ class PlacementPolicy(Generic[T]):
         """
         now = self.clock() if now is None else now
         arrived = now if arrived is None else arrived
+        left = None if request.deadline_ms is None else request.deadline_ms - (now - arrived) * 1000.0
+        return self.decide_left(
+            request, ahead=ahead, payload_bytes=payload_bytes, deadline_left_ms=left, now=now
+        )
+
+    def decide_left(
+        self,
+        request: Request,
+        *,
+        ahead: int,
+        payload_bytes: int,
+        deadline_left_ms: float | None,
+        now: float | None = None,
+    ) -> Decision:
+        """`decide` with the time left given directly (None: no deadline), as the runtime knows it."""
+        now = self.clock() if now is None else now
         cfg = self.config
         with self._lock:
             local_ms = self.predict_local_ms(ahead, now)
             cloud_ms = self.cloud.predict(payload_bytes)
             budget = None
-            if request.deadline_ms is not None:
-                budget = request.deadline_ms - (now - arrived) * 1000.0 - cfg.deadline_margin_ms
+            if deadline_left_ms is not None:
+                budget = deadline_left_ms - cfg.deadline_margin_ms
 
             def result(action: Action, reason: str, code: ErrorCode | None = None) -> Decision:
                 key = {"local": "local", "offload": "offloaded", "reject": "rejected"}[action.value]
@@ -678,3 +699,202 @@ class PlacementPolicy(Generic[T]):
                 "cloud_ms_p90": self.cloud.predict(0) if self.cloud.samples else None,
                 **self.counters,
             }
+
+
+# ------------------------------------------------------------------------- the runtime's seam adapter
+
+
+@dataclass
+class _Pending:
+    reply: Callable[[Result], None]
+    local: Callable[[], None] | None
+
+
+class HybridPlacement:
+    """Fills the runtime's placement seam (`edgeinfer.runtime.placement`) with `PlacementPolicy`.
+
+    It is both the seam's `PlacementPolicy` (`decide`) and its `Offloader` (`offload`): wire it with
+    `server.set_placement(hybrid, hybrid)` after `hybrid.start()`. Offloads go out on
+    `edgeinfer/{thing}/offload` (QoS 1, to IoT Core through `bus` with `target`); answers come back on
+    `edgeinfer/{thing}/offload/result`. A timer thread serves the offloads whose answer is late: locally
+    through `ctx.local` (the server's edge pipeline), or with an error when the server gave no way to.
+    The engine hooks `on_batch_start` / `on_batch_end` feed the service-time model.
+    """
+
+    def __init__(
+        self,
+        bus: Any,
+        thing: str,
+        policy: PlacementPolicy[_Pending] | None = None,
+        *,
+        target: str = "iot",
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.bus = bus
+        self.thing = thing
+        self.policy: PlacementPolicy[_Pending] = policy or PlacementPolicy(clock=clock)
+        self.target = target
+        self.clock = clock
+        self.wall = wall
+        self._sub: Any = None
+        self._wake = threading.Condition()
+        self._stopping = threading.Event()
+        self._timer: threading.Thread | None = None
+
+    @classmethod
+    def from_config(
+        cls,
+        bus: Any,
+        thing: str,
+        placement: Mapping[str, Any] | None,
+        *,
+        max_batch_size: int,
+        local_models: Iterable[str],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> tuple[HybridPlacement, list[str]]:
+        """From the runtime recipe's `placement` object (see `OffloadConfig`). Returns the problems too."""
+        cfg, problems = OffloadConfig.from_recipe(placement)
+        policy: PlacementPolicy[_Pending] = PlacementPolicy(
+            cfg, max_batch_size=max_batch_size, local_models=local_models, clock=clock
+        )
+        return cls(bus, thing, policy, clock=clock), problems
+
+    # ----------------------------------------------------------------------------------- lifecycle
+
+    def start(self) -> HybridPlacement:
+        from edgeinfer.messages import offload_result_topic
+
+        self._sub = self.bus.subscribe(
+            offload_result_topic(self.thing), self._on_result, target=self.target, qos=1
+        )
+        self._timer = threading.Thread(target=self._timer_loop, name="edgeinfer-offload-timer", daemon=True)
+        self._timer.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop listening; every offload still open is served locally (or answered) now."""
+        if self._sub is not None:
+            try:
+                self._sub.close()
+            except Exception:
+                log.debug("closing the offload subscription failed", exc_info=True)
+            self._sub = None
+        with self._wake:
+            self._stopping.set()
+            self._wake.notify_all()
+        if self._timer is not None:
+            self._timer.join(5)
+        for ticket in self.policy.drain():
+            self._fallback(ticket, "the runtime is stopping")
+
+    # ------------------------------------------------------------------------------- seam: decide
+
+    def decide(self, request: Request, ctx: Any) -> Any:
+        from edgeinfer.runtime.placement import EDGE
+        from edgeinfer.runtime.placement import Decision as SeamDecision
+
+        if request.image is None:  # image_path requests name a local file: never offloaded
+            if request.model is not None and request.model not in self.policy.local_models:
+                return SeamDecision("reject", ErrorCode.BAD_REQUEST, "image_path requests are not offloaded")
+            return EDGE
+        decision = self.policy.decide_left(
+            request,
+            ahead=int(ctx.outstanding),
+            payload_bytes=len(request.image),
+            deadline_left_ms=ctx.deadline_left_ms,
+        )
+        if decision.action is Action.LOCAL:
+            return EDGE
+        if decision.action is Action.OFFLOAD:
+            return SeamDecision("cloud", None, decision.reason)
+        return SeamDecision("reject", decision.code, decision.reason)
+
+    # ------------------------------------------------------------------------------ seam: offload
+
+    def offload(self, request: Request, ctx: Any, reply: Callable[[Result], None]) -> None:
+        from edgeinfer.messages import OffloadOrigin, OffloadRequest, iso_utc, offload_topic
+        from edgeinfer.transport import TransportError
+
+        now = self.clock()
+        left = ctx.deadline_left_ms
+        arrived = now
+        shadow = request
+        if left is not None:  # the policy counts the deadline from arrival: rebuild it from what is left
+            shadow = dataclasses.replace(request, deadline_ms=left)
+        pending = _Pending(reply, getattr(ctx, "local", None))
+        ticket = self.policy.begin_offload(
+            shadow, pending, payload_bytes=len(request.image or b""), arrived=arrived, now=now
+        )
+        wire = dataclasses.replace(request, id=ticket.wire_id, reply_to=None)
+        payload = OffloadRequest(wire, OffloadOrigin(self.thing, left, iso_utc(self.wall()))).to_json()
+        try:
+            self.bus.publish(offload_topic(self.thing), payload, target=self.target, qos=1)
+        except TransportError as exc:
+            if self.policy.on_publish_failed(ticket):
+                self._fallback(ticket, f"offload publish failed: {exc}")
+            return
+        with self._wake:
+            self._wake.notify_all()
+
+    # ------------------------------------------------------------------------------ engine hooks
+
+    def on_batch_start(self, batch_size: int) -> None:
+        self.policy.batch_started(batch_size)
+
+    def on_batch_end(self, batch_size: int, compute_ms: float) -> None:
+        self.policy.batch_finished(batch_size, compute_ms)
+
+    # ---------------------------------------------------------------------------------- internals
+
+    def _on_result(self, message: Any) -> None:
+        try:
+            result = Result.parse(message.payload)
+        except Exception:
+            log.warning("ignoring an unreadable offload result on %s", message.topic)
+            return
+        outcome = self.policy.on_cloud_result(result)
+        if outcome is None:
+            return
+        if outcome.serve_locally or outcome.result is None:
+            self._fallback(outcome.ticket, "the cloud could not serve it")
+        else:
+            outcome.ticket.item.reply(outcome.result)
+
+    def _fallback(self, ticket: Ticket[_Pending], reason: str) -> None:
+        pending = ticket.item
+        if ticket.held is not None:
+            pending.reply(ticket.held)
+            return
+        if pending.local is not None:
+            log.debug("serving %s locally: %s", ticket.request_id, reason)
+            pending.local()
+            return
+        from edgeinfer.messages import error_result, iso_utc
+
+        pending.reply(
+            error_result(
+                ticket.request_id,
+                ErrorCode.DEADLINE_EXCEEDED,
+                f"no cloud answer in time ({reason})",
+                timestamp=iso_utc(self.wall()),
+                placement="cloud",
+            )
+        )
+
+    def _timer_loop(self) -> None:
+        while True:
+            with self._wake:
+                if self._stopping.is_set():
+                    return
+                due_at = self.policy.next_due()
+                wait = 0.5 if due_at is None else max(0.0, due_at - self.clock())
+                if wait > 0:
+                    self._wake.wait(min(wait, 0.5))
+            if self._stopping.is_set():
+                return
+            for fallback in self.policy.due():
+                try:
+                    self._fallback(fallback.ticket, fallback.reason)
+                except Exception:
+                    log.exception("falling back on %s failed", fallback.ticket.request_id)

@@ -11,6 +11,9 @@ work is spent on it, and acts on the `Decision`:
   records the timing; a second call is ignored. Without an offloader, `cloud` runs on the edge;
 - `reject`: answered at once with `decision.code` (e.g. OVERLOADED) and `decision.reason`.
 
+A policy may also define `on_batch_start(batch_size)` and `on_batch_end(batch_size, compute_ms)`:
+the engine thread calls them around every batch (they must be quick and must not raise).
+
 `decide` runs on the transport thread: it must be quick and must not raise (an exception counts as
 `edge`). The hybrid router fills this seam from `edgeinfer.runtime.offload`; the component wires it
 with `InferenceServer(..., placement=..., offloader=...)` or `server.set_placement(policy, offloader)`.
@@ -56,6 +59,9 @@ class PlacementContext:
     mean_batch_size: float  # of recent batches
     deadline_left_ms: float | None  # None: the request has no deadline
     provider: str
+    # Given to `Offloader.offload` only: serve the request on the edge after all (a late or failed
+    # offload); its result then goes out through the normal edge path, still exactly once.
+    local: Callable[[], None] | None = None
 
 
 class PlacementPolicy(Protocol):

@@ -14,6 +14,7 @@ nucleus refuses at publish time, gets a BAD_REQUEST result on the default topic 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import os
 import queue
@@ -243,7 +244,11 @@ class InferenceServer:
             )
             return
         engine = self.engine
-        if req.model is not None and req.model not in (engine.manifest.name, engine.model_ref.variant):
+        if (
+            req.model is not None
+            and self.offloader is None  # with an offloader, the placement policy sends it to the cloud
+            and req.model not in (engine.manifest.name, engine.model_ref.variant)
+        ):
             self._publish_error(
                 req.id,
                 ErrorCode.BAD_REQUEST,
@@ -278,16 +283,24 @@ class InferenceServer:
         if decision.where == "cloud" and self.offloader is not None:
             with self._stats_lock:
                 self.stats.offloaded += 1
+            ctx = dataclasses.replace(self._context(job), local=lambda: self._serve_local(job, fallback=True))
             try:
-                self.offloader.offload(
-                    req, self._context(job), lambda result: self._reply_offloaded(job, result)
-                )
+                self.offloader.offload(req, ctx, lambda result: self._reply_offloaded(job, result))
             except Exception as exc:
                 log.warning("offload of %s failed, answering with an error: %s", req.id, exc)
                 self._fail(job, ErrorCode.INTERNAL, f"offload failed: {exc}")
             return
+        self._serve_local(job)
+
+    def _serve_local(self, job: Job, *, fallback: bool = False) -> None:
+        """Admit and decode on the edge. `fallback`: an offload came back late or failed — serve it
+        here even past its deadline (an answer, late, rather than none)."""
+        if job.answered:
+            return
+        if fallback:
+            job.deadline = None
         if not self.batcher.admit():
-            self._fail(job, ErrorCode.OVERLOADED, f"the queue is full ({cfg.max_queue_size} requests)")
+            self._fail(job, ErrorCode.OVERLOADED, f"the queue is full ({self.cfg.max_queue_size} requests)")
             return
         try:
             self._decode_pool.submit(self._decode, job)
@@ -371,6 +384,7 @@ class InferenceServer:
         jobs = [q.item for q in batch]
         with self._engine_lock:
             engine = self.engine
+        self._placement_hook("on_batch_start", len(jobs))
         start = self.clock()
         try:
             images = np.stack([j.image for j in jobs if j.image is not None])
@@ -388,6 +402,7 @@ class InferenceServer:
         n = len(jobs)
         self.timings.execution(n)
         ms = (end - start) * 1000
+        self._placement_hook("on_batch_end", n, ms)
         with self._stats_lock:
             self.stats.batches.append(n)
             del self.stats.batches[:-1000]
@@ -529,6 +544,14 @@ class InferenceServer:
         self._send(job, result)
 
     # ------------------------------------------------------------------------------------- helpers
+
+    def _placement_hook(self, name: str, *args: Any) -> None:
+        hook = getattr(self.placement, name, None)
+        if hook is not None:
+            try:
+                hook(*args)
+            except Exception:
+                log.exception("placement hook %s failed", name)
 
     def _decide(self, job: Job) -> Decision:
         try:

@@ -1,0 +1,164 @@
+"""Runtime + placement policy + cloud router together, over a real mosquitto with the awsiotsdk client.
+
+The router is stopped mid-run: the breaker opens and requests are served locally, none lost; the
+router comes back: offloading resumes. Every request gets exactly one answer throughout.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edgeinfer.cloud.router.backends import OnnxBackend
+from edgeinfer.cloud.router.router import Router, RouterConfig
+from edgeinfer.messages import Result, infer_topic, result_topic
+from edgeinfer.runtime.config import RuntimeConfig
+from edgeinfer.runtime.engine import Engine
+from edgeinfer.runtime.offload import BreakerState, HybridPlacement, OffloadConfig, PlacementPolicy
+from edgeinfer.runtime.server import InferenceServer
+from edgeinfer.sim.broker import MosquittoBroker
+from edgeinfer.transport import MemoryBus, Message, MessageHandler, Subscription, Target
+from edgeinfer.transport.mqtt import MqttPubSub
+
+from .conftest import solid_jpeg
+
+THING = "edge-1"
+
+
+class SplitBus(MemoryBus):
+    """Local pub/sub in memory; `iot` goes to the real broker (what the nucleus's IoT Core bridge does)."""
+
+    def __init__(self, iot: MqttPubSub) -> None:
+        super().__init__()
+        self.iot = iot
+
+    def publish(self, topic: str, payload: bytes, *, target: Target = "local", qos: int = 0) -> None:
+        if target == "iot":
+            self.iot.publish(topic, payload, qos=qos)
+        else:
+            super().publish(topic, payload, target=target, qos=qos)
+
+    def subscribe(
+        self, topic: str, handler: MessageHandler, *, target: Target = "local", qos: int = 0
+    ) -> Subscription:
+        if target == "iot":
+            return self.iot.subscribe(topic, handler, qos=qos)
+        return super().subscribe(topic, handler, target=target, qos=qos)
+
+
+def wait_for(pred: Callable[[], bool], timeout: float = 30.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return pred()
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[MosquittoBroker]:
+    b = MosquittoBroker(work_dir=tmp_path / "mqtt").start()
+    yield b
+    b.stop()
+
+
+class CloudRouter:
+    def __init__(self, broker: MosquittoBroker, store: Path) -> None:
+        self.client = MqttPubSub.connect_tcp(broker.host, broker.port)
+        self.router = Router(self.client, OnnxBackend.load(store, max_batch_size=4), RouterConfig()).start()
+
+    def stop(self) -> None:
+        self.router.stop()
+        self.client.close()
+
+
+def test_router_down_breaker_opens_served_locally_router_back_offloading_resumes(
+    broker: MosquittoBroker, make_engine: Callable[..., Engine], tiny_store: Path
+) -> None:
+    cfg = RuntimeConfig(max_batch_size=4, subscribe_iot=False)
+    edge_iot = MqttPubSub.connect_tcp(broker.host, broker.port, client_id="edge-1")
+    bus = SplitBus(edge_iot)
+    engine = make_engine(cfg)
+    server = InferenceServer(bus, engine, cfg, THING)
+    policy: PlacementPolicy[Any] = PlacementPolicy(
+        OffloadConfig(
+            cloud_timeout_ms=400, breaker_failures=2, breaker_cooldown_s=0.5, breaker_max_cooldown_s=1
+        ),
+        max_batch_size=4,
+        local_models=[engine.manifest.name],
+    )
+    hybrid = HybridPlacement(bus, THING, policy).start()
+    server.set_placement(hybrid, hybrid)
+    server.start()
+    answers: dict[str, list[Result]] = {}
+    lock = threading.Lock()
+
+    def on_result(message: Message) -> None:
+        result = Result.parse(message.payload)
+        with lock:
+            answers.setdefault(result.id or "", []).append(result)
+
+    bus.subscribe(result_topic(THING), on_result)
+    image = base64.b64encode(solid_jpeg((10, 250, 10))).decode()
+
+    def send(rid: str) -> None:
+        doc = {"id": rid, "image": image, "offload": "always", "top_k": 1}
+        bus.publish(infer_topic(THING), json.dumps(doc).encode())
+
+    def placement(rid: str) -> str | None:
+        with lock:
+            got = answers.get(rid)
+        return got[0].placement if got else None
+
+    cloud = CloudRouter(broker, tiny_store)
+    try:
+        # 1. the router is up: offloaded requests are answered by the cloud
+        for i in range(4):
+            send(f"up{i}")
+        assert wait_for(lambda: all(placement(f"up{i}") for i in range(4)))
+        assert [placement(f"up{i}") for i in range(4)] == ["cloud"] * 4
+        assert policy.breaker.state is BreakerState.CLOSED
+
+        # 2. the router stops mid-run: late offloads are served locally, the breaker opens
+        cloud.stop()
+        for i in range(8):
+            send(f"down{i}")
+            time.sleep(0.05)
+        assert wait_for(lambda: all(placement(f"down{i}") for i in range(8)))
+        assert {placement(f"down{i}") for i in range(8)} == {"edge"}
+        assert policy.breaker.opened_count >= 1
+        assert all(answers[f"down{i}"][0].status == "ok" for i in range(8))
+
+        # 3. the router is back: after the cooldown a probe succeeds and offloading resumes
+        cloud = CloudRouter(broker, tiny_store)
+        n = 0
+        while placement(f"back{n - 1}") != "cloud" and n < 200:
+            send(f"back{n}")
+            assert wait_for(lambda n=n: placement(f"back{n}") is not None)  # type: ignore[misc]
+            n += 1
+            time.sleep(0.05)
+        assert placement(f"back{n - 1}") == "cloud"
+        assert policy.breaker.state is BreakerState.CLOSED
+        for i in range(4):
+            send(f"again{i}")
+        assert wait_for(lambda: all(placement(f"again{i}") for i in range(4)))
+        assert [placement(f"again{i}") for i in range(4)] == ["cloud"] * 4
+
+        # exactly one answer per request, even with late cloud answers around
+        time.sleep(0.6)
+        sent = 4 + 8 + n + 4
+        with lock:
+            assert len(answers) == sent
+            assert all(len(v) == 1 for v in answers.values()), {k: len(v) for k, v in answers.items()}
+    finally:
+        cloud.stop()
+        server.stop()
+        hybrid.stop()
+        edge_iot.close()
