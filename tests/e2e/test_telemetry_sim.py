@@ -1,0 +1,161 @@
+"""The telemetry component on the simulated core: real IPC, real recipe, real mosquitto as IoT Core.
+
+The runtime's timings are published on local pub/sub from the test (as the runtime does); the windows
+are read from the broker as a cloud application would. A stand-in installer recipe links this
+project's venv where the real installer puts it, so the component runs exactly as its recipe says.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from edgeinfer.messages import TIMINGS_TOPIC, Latency, TelemetryWindow, TimingBatch, TimingRecord
+from edgeinfer.telemetry.histogram import RELATIVE_PRECISION
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPONENT = "com.edgeinfer.Telemetry"
+THING = "tele-e2e"
+
+
+def device(tmp_path: Path) -> Path:
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    shutil.copy(ROOT / "recipes" / f"{COMPONENT}.yaml", recipes)
+    installer = {
+        "RecipeFormatVersion": "2020-01-25",
+        "ComponentName": "com.edgeinfer.RuntimeInstaller",
+        "ComponentVersion": "0.1.0",
+        "Manifests": [
+            {
+                "Platform": {"os": "linux"},
+                "Lifecycle": {"Install": f"ln -sfn {sys.prefix} {{work:path}}/venv"},
+            }
+        ],
+    }
+    (recipes / "com.edgeinfer.RuntimeInstaller.yaml").write_text(yaml.safe_dump(installer))
+    return recipes
+
+
+def records(rng: random.Random, n: int) -> list[TimingRecord]:
+    out = []
+    for i in range(n):
+        queue, inference = rng.expovariate(1 / 4.0), rng.lognormvariate(1.2, 0.5)
+        out.append(
+            TimingRecord(
+                id=str(i),
+                status="ok",
+                latency_ms=Latency(queue=queue, decode=1.0, inference=inference, total=queue + inference + 1),
+                batch_size=4,
+                provider="CPUExecutionProvider",
+                queue_depth=rng.randint(0, 9),
+            )
+        )
+    return out
+
+
+def windows_of(inbox: Any) -> list[TelemetryWindow]:
+    return [TelemetryWindow.from_dict(json.loads(m.payload)) for m in inbox.messages]
+
+
+def wait_until(predicate: Any, timeout: float, what: str, sim: Any = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            tail = "\n".join(sim.logs(COMPONENT).splitlines()[-30:]) if sim is not None else ""
+            raise AssertionError(f"timed out waiting for {what}; component log tail:\n{tail}")
+        time.sleep(0.1)
+
+
+def test_windows_reach_iot_core_and_match_the_raw_timings(simulator: Any, tmp_path: Path) -> None:
+    sim = simulator(device(tmp_path), thing=THING, config_merge={COMPONENT: {"windowSeconds": 1}})
+    sim.wait_for_state(COMPONENT, "RUNNING", timeout=60)
+    inbox = sim.cloud_client().subscribe(f"edgeinfer/{THING}/telemetry")
+    # a first (empty) window proves the component is subscribed and publishing
+    wait_until(lambda: len(inbox.messages) > 0, 30, "a first window", sim)
+    raw = TimingBatch.parse(TimingBatch(THING, records(random.Random(5), 600), [4] * 150).to_json()).records
+    sim.local_client().publish(TIMINGS_TOPIC, TimingBatch(THING, raw, [4] * 150).to_json())
+    wait_until(lambda: sum(w.count for w in windows_of(inbox)) >= 600, 30, "600 requests in windows", sim)
+    (window,) = [w for w in windows_of(inbox) if w.count]
+    assert window.count == 600
+    assert window.thing == THING
+    assert window.batch["mean_size"] == 4
+    assert window.provider == "CPUExecutionProvider"
+    assert "cpu_percent" in window.system
+    assert window.system["rss_mb"] > 0
+    for stage in ("queue", "inference", "total"):
+        values = sorted(getattr(r.latency_ms, stage) for r in raw)
+        for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99)):
+            want = values[math.ceil(q * len(values)) - 1]
+            got = getattr(window.latency_ms[stage], name)
+            assert abs(got - want) <= RELATIVE_PRECISION * want + 0.001, (stage, name, got, want)
+        assert window.latency_ms[stage].max == values[-1]
+    seqs = [w.seq for w in windows_of(inbox)]
+    assert seqs == sorted(seqs)
+    assert sim.state(COMPONENT) == "RUNNING"
+
+
+def test_a_ten_second_broker_outage_loses_no_window(simulator: Any, tmp_path: Path) -> None:
+    """IoT Core (the broker) stops for 10 s and comes back on the same port: every window arrives."""
+    from edgeinfer.sim import MosquittoBroker
+    from edgeinfer.transport.mqtt import MqttPubSub
+
+    broker = MosquittoBroker(work_dir=tmp_path / "broker").start()
+    try:
+        sim = simulator(
+            device(tmp_path),
+            thing=THING,
+            broker=broker.address,
+            config_merge={COMPONENT: {"windowSeconds": 1}},
+        )
+        received: dict[int, TelemetryWindow] = {}
+        duplicates = 0
+
+        def on_window(message: Any) -> None:
+            nonlocal duplicates
+            window = TelemetryWindow.from_dict(json.loads(message.payload))
+            duplicates += window.seq in received
+            received[window.seq] = window
+
+        cloud = MqttPubSub.connect_tcp(*broker.address)
+        try:
+            cloud.subscribe(f"edgeinfer/{THING}/telemetry", on_window, qos=1)
+            wait_until(lambda: len(received) >= 3, 30, "windows before the outage", sim)
+            local = sim.local_client()
+            rng = random.Random(2)
+            local.publish(TIMINGS_TOPIC, TimingBatch(THING, records(rng, 50)).to_json())
+            broker.stop()
+            outage_start = max(received)
+            for _ in range(10):  # timings keep flowing on the device during the outage
+                time.sleep(1)
+                local.publish(TIMINGS_TOPIC, TimingBatch(THING, records(rng, 50)).to_json())
+            broker.start()  # same port: the bridge and this client reconnect by themselves
+            wait_until(
+                lambda: len(received) > outage_start + 14 and set(received) >= set(range(max(received) + 1)),
+                90,
+                "every window up to the newest after the outage",
+                sim,
+            )
+        finally:
+            cloud.close()
+        seqs = sorted(received)
+        assert seqs == list(range(seqs[-1] + 1))  # continuous: no window lost
+        assert sum(w.count for w in received.values()) >= 550  # the timings of the outage are in them
+        spooled = max(w.system["spool"]["pending"] for w in received.values())
+        assert spooled >= 1, "the outage should have spooled windows"
+        assert all(w.system["spool"]["dropped"] == 0 for w in received.values())
+        assert sim.state(COMPONENT) == "RUNNING"
+        print(f"windows {len(seqs)}, spooled at most {spooled}, duplicates {duplicates}")
+    finally:
+        broker.stop()
