@@ -1,0 +1,257 @@
+"""The com.edgeinfer.InferenceRuntime component process (`python -m edgeinfer.runtime`).
+
+Connect to the nucleus, read the configuration, create the engine on the best provider that really
+loads, warm up every batch size, start serving, then UpdateState RUNNING. Configuration changes are
+validated (SubscribeToValidateConfigurationUpdates: a refused change comes back with the reasons)
+and applied live (SubscribeToConfigurationUpdate): batching, limits, topics and timings at once; a
+change of provider, model or engine options builds and warms a new engine off the hot path and swaps
+it in; a source change restarts the source. SIGTERM stops cleanly, answering what was accepted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+_T0 = time.monotonic()
+
+log = logging.getLogger("edgeinfer.runtime")
+
+
+def process_age_ms() -> float:
+    """Milliseconds since this process was started (from /proc; since import elsewhere)."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as fh:
+            start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime", encoding="ascii") as fh:
+            uptime = float(fh.read().split()[0])
+        return max(0.0, (uptime - start_ticks / os.sysconf("SC_CLK_TCK")) * 1000)
+    except (OSError, ValueError, IndexError):
+        return (time.monotonic() - _T0) * 1000
+
+
+def _thing() -> str:
+    return os.environ.get("AWS_IOT_THING_NAME", "") or "edgeinfer-local"
+
+
+class Component:
+    def __init__(self, bus: Any, args: argparse.Namespace) -> None:
+        from edgeinfer.runtime.config import RuntimeConfig
+
+        self.bus = bus
+        self.args = args
+        self.thing = args.thing or _thing()
+        self.work_dir = args.work_dir or os.getcwd()
+        self.cfg = RuntimeConfig()
+        self.server: Any = None
+        self.source: Any = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+
+    # ------------------------------------------------------------------------------------------ start
+
+    def read_config(self) -> tuple[Any, list[str]]:
+        from edgeinfer.runtime.config import RuntimeConfig
+
+        doc = self.bus.get_configuration()
+        return RuntimeConfig.from_recipe(doc)
+
+    def model_dir(self, cfg: Any) -> str:
+        return str(cfg.model_dir or self.args.model_dir or "")
+
+    def build_engine(self, cfg: Any) -> Any:
+        from edgeinfer.model.manifest import Manifest
+        from edgeinfer.runtime.engine import Engine
+
+        manifest = Manifest.load(self.model_dir(cfg))
+        engine = Engine.create(manifest, cfg, self.work_dir)
+        warm = engine.warm_up()
+        log.info(
+            "warmed up batch sizes 1-%d on %s (%s ms)",
+            engine.max_batch_size,
+            engine.provider,
+            ", ".join(f"b{n}: {ms:.1f}" for n, ms in warm.items()),
+        )
+        return engine
+
+    def start(self) -> None:
+        import cv2
+
+        from edgeinfer.runtime.server import InferenceServer
+
+        cfg, problems = self.read_config()
+        if problems:
+            raise SystemExit("invalid configuration: " + "; ".join(problems))
+        cv2.setNumThreads(cfg.cpu.opencv_threads)
+        self.cfg = cfg
+        engine = self.build_engine(cfg)
+        self.server = InferenceServer(self.bus, engine, cfg, self.thing)
+        self._wire_placement()
+        self.server.start()
+        self._start_source(cfg)
+        self.bus.on_validate_configuration(self.validate)
+        self.bus.on_configuration_update(self.on_update)
+        self.bus.update_state("RUNNING")
+        log.info(
+            "RUNNING %.0f ms after process start: %s %s on %s (variant %s)",
+            process_age_ms(),
+            engine.manifest.name,
+            engine.manifest.version,
+            engine.provider,
+            engine.model_ref.variant,
+        )
+
+    def _wire_placement(self) -> None:
+        """The hybrid router's hook: `edgeinfer.runtime.offload.create_placement(bus, cfg, thing)`
+        returning `(policy, offloader)`, when that module provides it."""
+        try:
+            from edgeinfer.runtime import offload
+        except ImportError:
+            return
+        create = getattr(offload, "create_placement", None)
+        if create is None:
+            return
+        policy, offloader = create(self.bus, self.cfg, self.thing)
+        self.server.set_placement(policy, offloader)
+
+    def _start_source(self, cfg: Any) -> None:
+        from edgeinfer.runtime.sources import SourceRunner
+
+        if cfg.source.kind == "none":
+            return
+        runner = SourceRunner(
+            cfg.source,
+            self.server,
+            self.thing,
+            self.server.engine.input_size,
+            record_drop=self.server.timings.record,
+        )
+        try:
+            runner.start()
+        except OSError as exc:
+            log.error("source not started: %s", exc)
+            return
+        self.source = runner
+
+    # ------------------------------------------------------------------------------ live configuration
+
+    def validate(self, proposed: dict[str, Any]) -> str | None:
+        from edgeinfer.runtime.config import RuntimeConfig
+
+        _, problems = RuntimeConfig.from_recipe(proposed)
+        if problems:
+            return "; ".join(problems)
+        model_dir = self.model_dir(RuntimeConfig.from_recipe(proposed)[0])
+        if model_dir and not os.path.isfile(os.path.join(model_dir, "manifest.json")):
+            return f"modelDir {model_dir!r} holds no manifest.json"
+        return None
+
+    def on_update(self, key_path: list[str]) -> None:
+        # The event names the changed key, not its value: read the whole configuration again.
+        threading.Thread(target=self._apply_update, name="edgeinfer-config", daemon=True).start()
+
+    def _apply_update(self) -> None:
+        from edgeinfer.runtime.config import ENGINE_KEYS, diff_keys
+
+        with self._lock:
+            try:
+                cfg, problems = self.read_config()
+            except Exception as exc:
+                log.warning("configuration not re-read: %s", exc)
+                return
+            if problems:
+                log.warning("configuration update ignored: %s", "; ".join(problems))
+                return
+            changed = diff_keys(self.cfg, cfg)
+            if not changed:
+                return
+            log.info("configuration changed: %s", ", ".join(sorted(changed)))
+            if changed & ENGINE_KEYS:
+                try:
+                    engine = self.build_engine(cfg)
+                except Exception as exc:
+                    log.error("new engine not built, keeping the running one: %s", exc)
+                else:
+                    self.server.swap_engine(engine)
+            self.server.apply_config(cfg)
+            if "cpu" in changed:
+                import cv2
+
+                cv2.setNumThreads(cfg.cpu.opencv_threads)
+            if "source" in changed:
+                if self.source is not None:
+                    self.source.stop()
+                    self.source = None
+                self.cfg = cfg
+                self._start_source(cfg)
+            self.cfg = cfg
+
+    # ------------------------------------------------------------------------------------------- stop
+
+    def wait(self) -> None:
+        self._stop.wait()
+
+    def stop(self) -> None:
+        if self.source is not None:
+            self.source.stop()
+        if self.server is not None:
+            self.server.stop()
+        self._stop.set()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m edgeinfer.runtime", description=__doc__)
+    parser.add_argument("--model-dir", default="", help="the ModelStore artifacts folder (manifest.json)")
+    parser.add_argument("--work-dir", default="", help="the component's work folder (TensorRT caches)")
+    parser.add_argument("--thing", default="", help="thing name (default: $AWS_IOT_THING_NAME)")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stdout,
+    )
+    from edgeinfer.transport.ipc import GreengrassIpcBus
+
+    bus = GreengrassIpcBus.connect()
+    component = Component(bus, args)
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("signal %d: stopping", signum)
+        component._stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        component.start()
+    except SystemExit as exc:
+        log.error("%s", exc)
+        _errored(bus)
+        return 1
+    except Exception as exc:
+        log.exception("the runtime could not start: %s", exc)
+        _errored(bus)
+        return 1
+    component.wait()
+    component.stop()
+    bus.close()
+    return 0
+
+
+def _errored(bus: Any) -> None:
+    try:
+        bus.update_state("ERRORED")
+    except Exception:
+        log.debug("UpdateState ERRORED failed", exc_info=True)
+    bus.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

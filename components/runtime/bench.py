@@ -1,0 +1,493 @@
+"""`edgeinfer bench runtime`: the inference runtime on the simulated core against the raw pipeline.
+
+In one run, on the same 640×480 JPEGs and the same model variant:
+
+- **raw**: decode + run in this process, one image at a time (the p50 to beat) and a plain batched
+  loop (decode a batch serially, run it; the throughput to beat);
+- **runtime**: the real component on the simulated core; a load generator sends requests over local
+  pub/sub (through the real Greengrass IPC, as another component) and over IoT Core (mosquitto):
+  closed-loop latency, saturated throughput, p99 at 70 % of that, start → RUNNING, first request.
+
+Every figure is a ratio measured side by side (see DESIGN.md, "Performance").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgeinfer.errors import EdgeinferError
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "com.edgeinfer.InferenceRuntime"
+STORE = "com.edgeinfer.ModelStore"
+INSTALLER = "com.edgeinfer.RuntimeInstaller"
+CLIENT = "com.edgeinfer.BenchClient"
+THING = "bench-thing"
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+
+TARGETS = {
+    "p50_ratio": 1.3,
+    "throughput_ratio": 0.85,
+    "p99_over_p50_at_70pct": 2.0,
+    "start_to_running_s": 2.0,
+    "first_over_warm_p50": 1.5,
+}
+
+
+# ------------------------------------------------------------------------------------ device layout
+
+
+def prepare_device(root: Path, store_dir: Path, recipes_src: Path = RECIPES) -> tuple[Path, Path]:
+    """A recipes/ + artifacts/ pair for the simulated core: the runtime's real recipe, a ModelStore
+    recipe listing the built store's files, an installer stand-in that links this Python environment
+    where the real installer puts its venv, and a client component the load generator connects as."""
+    import yaml
+
+    recipes = root / "recipes"
+    artifacts = root / "artifacts"
+    recipes.mkdir(parents=True, exist_ok=True)
+    shutil.copy(recipes_src / f"{COMPONENT}.yaml", recipes)
+    version = "0.1.0"
+    files = sorted(p.name for p in Path(store_dir).iterdir() if p.is_file())
+    store = {
+        "RecipeFormatVersion": "2020-01-25",
+        "ComponentName": STORE,
+        "ComponentVersion": version,
+        "Manifests": [
+            {
+                "Platform": {"os": "linux"},
+                "Lifecycle": {},
+                "Artifacts": [{"URI": f"s3://bucket/{STORE}/{version}/{f}"} for f in files],
+            }
+        ],
+    }
+    installer = {
+        "RecipeFormatVersion": "2020-01-25",
+        "ComponentName": INSTALLER,
+        "ComponentVersion": version,
+        "Manifests": [
+            {
+                "Platform": {"os": "linux"},
+                "Lifecycle": {
+                    "Install": f"mkdir -p {{work:path}} && ln -sfn {sys.prefix} {{work:path}}/venv"
+                },
+            }
+        ],
+    }
+    client = {
+        "RecipeFormatVersion": "2020-01-25",
+        "ComponentName": CLIENT,
+        "ComponentVersion": version,
+        "ComponentConfiguration": {
+            "DefaultConfiguration": {
+                "accessControl": {
+                    "aws.greengrass.ipc.pubsub": {
+                        f"{CLIENT}:pubsub:1": {
+                            "operations": [
+                                "aws.greengrass#PublishToTopic",
+                                "aws.greengrass#SubscribeToTopic",
+                            ],
+                            "resources": ["edgeinfer/{iot:thingName}/#"],
+                        }
+                    }
+                }
+            }
+        },
+        "Manifests": [{"Platform": {"os": "linux"}, "Lifecycle": {}}],
+    }
+    for doc in (store, installer, client):
+        (recipes / f"{doc['ComponentName']}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    dest = artifacts / STORE / version
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.is_symlink() or dest.exists():
+        dest.unlink() if dest.is_symlink() else shutil.rmtree(dest)
+    dest.symlink_to(Path(store_dir).resolve(), target_is_directory=True)
+    return recipes, artifacts
+
+
+def wait_ready(sim: Any, timeout: float = 120.0) -> None:
+    """Until the runtime reported RUNNING itself (UpdateState after warm-up). The nucleus calls a Run
+    component RUNNING as soon as its process starts, as Greengrass does, so its state says too little."""
+    sim.wait_for_state(COMPONENT, "RUNNING", timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while f"{COMPONENT}: UpdateState RUNNING" not in sim.logs(COMPONENT):
+        if time.monotonic() > deadline or sim.state(COMPONENT) in ("BROKEN", "ERRORED"):
+            tail = "\n".join(sim.logs(COMPONENT).splitlines()[-20:])
+            raise EdgeinferError(f"{COMPONENT} did not report RUNNING; log tail:\n{tail}")
+        time.sleep(0.01)
+
+
+def running_ms_from_log(text: str) -> float | None:
+    """The runtime's own figure: 'RUNNING N ms after process start'."""
+    found = re.findall(r"RUNNING (\d+) ms after process start", text)
+    return float(found[-1]) if found else None
+
+
+# -------------------------------------------------------------------------------------------- images
+
+
+def bench_images(n: int = 8) -> list[bytes]:
+    """640×480 JPEGs (quality 90) made from the bundled sample photos."""
+    import cv2
+
+    from edgeinfer.model.samples import sample_images
+
+    out: list[bytes] = []
+    paths = sample_images()
+    if not paths:
+        raise EdgeinferError("no sample photos found in edgeinfer.model.samples")
+    for i in range(n):
+        img = cv2.imread(str(paths[i % len(paths)]), cv2.IMREAD_COLOR)
+        if img is None:
+            raise EdgeinferError(f"cannot read {paths[i % len(paths)]}")
+        img = cv2.resize(img, (640, 480), interpolation=cv2.INTER_AREA)
+        if i >= len(paths):
+            img = cv2.flip(img, 1)
+        ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 90])
+        if not ok:
+            raise EdgeinferError("JPEG encoding failed")
+        out.append(bytes(buf))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ raw side
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def raw_pipeline(
+    store_dir: Path, images: list[bytes], cfg: Any, *, runs: int, batch_rounds: int
+) -> dict[str, Any]:
+    """decode + run in-process, b1 per image (latency) and a plain batched loop (throughput)."""
+    import numpy as np
+
+    from edgeinfer.model.manifest import Manifest
+    from edgeinfer.runtime.decode import decode_image
+    from edgeinfer.runtime.engine import Engine
+
+    engine = Engine.create(Manifest.load(store_dir), cfg, tempfile.mkdtemp(prefix="edgeinfer-raw-"))
+    engine.warm_up()
+    size = engine.input_size
+    lat: list[float] = []
+    for i in range(runs):
+        data = images[i % len(images)]
+        t = time.perf_counter()
+        probs = engine.run(decode_image(data, size)[None])
+        engine.top_k(probs[0], 5)
+        lat.append((time.perf_counter() - t) * 1000)
+    b = cfg.max_batch_size
+    t = time.perf_counter()
+    done = 0
+    for r in range(batch_rounds):
+        batch = [decode_image(images[(r * b + j) % len(images)], size) for j in range(b)]
+        probs = engine.run(np.stack(batch))
+        for row in probs:
+            engine.top_k(row, 5)
+        done += b
+    rps = done / (time.perf_counter() - t)
+    return {
+        "provider": engine.provider,
+        "variant": engine.model_ref.variant,
+        "p50_ms": statistics.median(lat),
+        "p99_ms": pct(lat, 99),
+        "batched_loop_rps": rps,
+        "samples": len(lat),
+    }
+
+
+# --------------------------------------------------------------------------------------- load driver
+
+
+@dataclass
+class Driver:
+    """Sends requests on one bus and matches results by id (client-side clock)."""
+
+    bus: Any
+    target: str
+    thing: str
+    payloads: list[bytes]
+    sent: dict[str, float] = field(default_factory=dict)
+    done: dict[str, float] = field(default_factory=dict)
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.cond = threading.Condition()
+        self.seq = 0
+        self.prefix = f"{self.target}-{os.getpid()}-"
+        self.sub = self.bus.subscribe(f"edgeinfer/{self.thing}/result", self._on, target=self.target)
+
+    def _on(self, msg: Any) -> None:
+        now = time.perf_counter()
+        try:
+            doc = json.loads(msg.payload)
+        except ValueError:
+            return
+        rid = doc.get("id")
+        if not isinstance(rid, str) or not rid.startswith(self.prefix):
+            return
+        with self.cond:
+            self.done.setdefault(rid, now)
+            self.results[rid] = doc
+            self.cond.notify_all()
+
+    def send(self) -> str:
+        self.seq += 1
+        rid = f"{self.prefix}{self.seq}"
+        body = self.payloads[self.seq % len(self.payloads)].replace(b"__ID__", rid.encode(), 1)
+        self.sent[rid] = time.perf_counter()
+        self.bus.publish(
+            f"edgeinfer/{self.thing}/infer", body, target=self.target, qos=1 if self.target == "iot" else 0
+        )
+        return rid
+
+    def wait(self, rid: str, timeout: float = 30.0) -> float:
+        with self.cond:
+            if not self.cond.wait_for(lambda: rid in self.done, timeout):
+                raise EdgeinferError(f"no result for {rid} within {timeout}s")
+            return (self.done[rid] - self.sent[rid]) * 1000
+
+    def closed_loop(self, n: int) -> list[float]:
+        return [self.wait(self.send()) for _ in range(n)]
+
+    def saturate(self, n: int, window: int) -> tuple[float, list[int]]:
+        """Keep `window` requests in flight until `n` are answered; ok results per second."""
+        ids: list[str] = []
+        t0 = time.perf_counter()
+        for _ in range(n):
+            while True:
+                with self.cond:
+                    inflight = sum(1 for i in ids[-window * 2 :] if i not in self.done)
+                    if inflight < window:
+                        break
+                    self.cond.wait(0.05)
+            ids.append(self.send())
+        for rid in ids:
+            self.wait(rid)
+        elapsed = time.perf_counter() - t0
+        ok = [i for i in ids if self.results[i].get("status") == "ok"]
+        sizes = [int(self.results[i].get("batch_size", 0)) for i in ok]
+        return len(ok) / elapsed, sizes
+
+    def open_loop(self, rate: float, duration: float, seed: int = 7) -> tuple[list[float], int]:
+        """Poisson arrivals at `rate` per second; latencies of ok results and the error count."""
+        rng = random.Random(seed)
+        ids: list[str] = []
+        t_next = time.perf_counter()
+        end = t_next + duration
+        while t_next < end:
+            delay = t_next - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            ids.append(self.send())
+            t_next += rng.expovariate(rate)
+        lat, errors = [], 0
+        for rid in ids:
+            ms = self.wait(rid)
+            if self.results[rid].get("status") == "ok":
+                lat.append(ms)
+            else:
+                errors += 1
+        return lat, errors
+
+    def close(self) -> None:
+        self.sub.close()
+
+
+def request_payloads(images: list[bytes]) -> list[bytes]:
+    import base64
+
+    return [
+        json.dumps({"id": "__ID__", "image": base64.b64encode(img).decode(), "top_k": 5}).encode()
+        for img in images
+    ]
+
+
+# --------------------------------------------------------------------------------------------- bench
+
+
+def run_bench(args: argparse.Namespace) -> dict[str, Any]:
+    from edgeinfer.model.manifest import Manifest, ManifestError, default_store_dir
+    from edgeinfer.runtime.config import RuntimeConfig
+    from edgeinfer.sim import Simulator
+    from edgeinfer.transport.ipc import GreengrassIpcBus
+    from edgeinfer.transport.mqtt import MqttPubSub
+
+    store_dir = Path(args.model_dir) if args.model_dir else default_store_dir()
+    try:
+        manifest = Manifest.load(store_dir)
+    except ManifestError as exc:
+        raise EdgeinferError(str(exc)) from None
+    images = bench_images()
+    payloads = request_payloads(images)
+    cfg = RuntimeConfig(execution_providers=["CPUExecutionProvider"])
+    cfg.max_batch_size = args.max_batch_size
+
+    print(f"raw pipeline: {manifest.name} {manifest.version}, {len(images)} images 640×480", file=sys.stderr)
+    raw = raw_pipeline(store_dir, images, cfg, runs=args.requests, batch_rounds=max(10, args.requests // 8))
+
+    root = Path(tempfile.mkdtemp(prefix="edgeinfer-bench-"))
+    recipes, artifacts = prepare_device(root / "device", store_dir)
+    runtime_cfg = {"maxBatchSize": args.max_batch_size, "executionProviders": ["CPUExecutionProvider"]}
+    out: dict[str, Any] = {"raw": raw, "model": {"name": manifest.name, "version": manifest.version}}
+    print("simulated core: starting the runtime", file=sys.stderr)
+    sim = Simulator(
+        recipes, artifacts, thing=THING, work_dir=root / "core", config_merge={COMPONENT: runtime_cfg}
+    )
+    try:
+        t0 = time.perf_counter()
+        sim.start()
+        wait_ready(sim)
+        deploy_to_running = time.perf_counter() - t0
+        env = sim.ipc_env(CLIENT)
+        local_bus = GreengrassIpcBus.connect(
+            env["AWS_GG_NUCLEUS_DOMAIN_SOCKET_FILEPATH_FOR_COMPONENT"], env["SVCUID"]
+        )
+        iot_bus = MqttPubSub.connect_tcp(*sim.broker)
+        local = Driver(local_bus, "local", THING, payloads)
+        iot = Driver(iot_bus, "iot", THING, payloads)
+        time.sleep(0.3)  # subscriptions settle
+        first = local.wait(local.send())
+        print("closed loop: local pub/sub, IoT Core", file=sys.stderr)
+        local_lat = local.closed_loop(args.requests)
+        iot_lat = iot.closed_loop(max(50, args.requests // 2))
+        print("saturation", file=sys.stderr)
+        sat_rps, sizes = local.saturate(args.requests * 2, window=3 * args.max_batch_size)
+        print("70 % load", file=sys.stderr)
+        rate = 0.7 * sat_rps
+        at70, errors70 = local.open_loop(rate, args.duration)
+        local.close()
+        iot.close()
+        local_bus.close()
+        iot_bus.close()
+        log_text = sim.logs(COMPONENT)
+    finally:
+        sim.stop()
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    provider = re.findall(r"inference runs on (\S+) with model \S+ \S+ variant (\S+)", log_text)
+    start_ms = running_ms_from_log(log_text)
+    warm_p50 = statistics.median(local_lat)
+    out["runtime"] = {
+        "provider": provider[-1][0] if provider else None,
+        "variant": provider[-1][1] if provider else None,
+        "start_to_running_ms": start_ms,
+        "deploy_to_running_s": deploy_to_running,
+        "first_request_ms": first,
+        "local_p50_ms": warm_p50,
+        "local_p99_ms": pct(local_lat, 99),
+        "iot_p50_ms": statistics.median(iot_lat),
+        "iot_p99_ms": pct(iot_lat, 99),
+        "saturated_rps": sat_rps,
+        "saturated_mean_batch": statistics.fmean(sizes) if sizes else 0.0,
+        "load70_rps": rate,
+        "load70_p50_ms": statistics.median(at70) if at70 else float("nan"),
+        "load70_p99_ms": pct(at70, 99),
+        "load70_errors": errors70,
+    }
+    rt = out["runtime"]
+    out["ratios"] = {
+        "p50_ratio": warm_p50 / raw["p50_ms"],
+        "iot_p50_ratio": rt["iot_p50_ms"] / raw["p50_ms"],
+        "throughput_ratio": sat_rps / raw["batched_loop_rps"],
+        "p99_over_p50_at_70pct": rt["load70_p99_ms"] / rt["load70_p50_ms"],
+        "start_to_running_s": (start_ms or float("nan")) / 1000,
+        "first_over_warm_p50": first / warm_p50,
+    }
+    out["targets"] = TARGETS
+    out["pass"] = {
+        k: (v <= TARGETS[k] if k != "throughput_ratio" else v >= TARGETS[k])
+        for k, v in out["ratios"].items()
+        if k in TARGETS
+    }
+    out["machine"] = {"cpus": os.cpu_count(), "requests": args.requests, "duration_s": args.duration}
+    return out
+
+
+def print_table(out: dict[str, Any]) -> None:
+    raw, rt, ratios = out["raw"], out["runtime"], out["ratios"]
+    rows = [
+        ("raw decode+run p50 (b1)", f"{raw['p50_ms']:.2f} ms", ""),
+        ("raw batched loop", f"{raw['batched_loop_rps']:.0f} img/s", ""),
+        (
+            "runtime local p50 / p99",
+            f"{rt['local_p50_ms']:.2f} / {rt['local_p99_ms']:.2f} ms",
+            f"p50 {ratios['p50_ratio']:.2f}× raw (≤ 1.3)",
+        ),
+        (
+            "runtime IoT Core p50 / p99",
+            f"{rt['iot_p50_ms']:.2f} / {rt['iot_p99_ms']:.2f} ms",
+            f"p50 {ratios['iot_p50_ratio']:.2f}× raw",
+        ),
+        (
+            "saturated throughput",
+            f"{rt['saturated_rps']:.0f} img/s (mean batch {rt['saturated_mean_batch']:.1f})",
+            f"{ratios['throughput_ratio']:.2f}× batched loop (≥ 0.85)",
+        ),
+        (
+            "at 70 % load p50 / p99",
+            f"{rt['load70_p50_ms']:.2f} / {rt['load70_p99_ms']:.2f} ms",
+            f"p99 {ratios['p99_over_p50_at_70pct']:.2f}× p50 (≤ 2)",
+        ),
+        ("process start → RUNNING", f"{(rt['start_to_running_ms'] or float('nan')):.0f} ms", "(≤ 2 s)"),
+        (
+            "first request after RUNNING",
+            f"{rt['first_request_ms']:.2f} ms",
+            f"{ratios['first_over_warm_p50']:.2f}× warm p50 (≤ 1.5)",
+        ),
+    ]
+    print(f"bench runtime — {rt['provider']} / {rt['variant']} (raw: {raw['provider']} / {raw['variant']})")
+    width = max(len(r[0]) for r in rows)
+    for name, value, note in rows:
+        print(f"  {name:<{width}}  {value:<40} {note}")
+    failed = [k for k, ok in out["pass"].items() if not ok]
+    print("  targets: " + ("all met" if not failed else "missed: " + ", ".join(failed)))
+
+
+def _run(args: argparse.Namespace) -> int:
+    out = run_bench(args)
+    print_table(out)
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(out, indent=2) + "\n")
+        os.replace(tmp, path)
+    return 0
+
+
+def register_bench(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "runtime",
+        help="the runtime on the simulated core vs the raw in-process pipeline",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--json", metavar="FILE", help="write the figures as JSON")
+    p.add_argument("--model-dir", default="", help="model store folder (default: the built one)")
+    p.add_argument("--requests", type=int, default=300, help="closed-loop requests (default 300)")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds at 70 %% load (default 10)")
+    p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--keep", action="store_true", help="keep the simulated core's folder")
+    p.set_defaults(func=_run)
