@@ -1,0 +1,195 @@
+"""The inference runtime on the simulated core with the real model: real recipe, real IPC, mosquitto
+as IoT Core. One simulated device per module (starting one costs seconds); the tests that change its
+configuration run last."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+
+from edgeinfer.messages import ErrorCode, Result
+from edgeinfer.model.manifest import Manifest
+from edgeinfer.model.samples import cat_image
+from edgeinfer.runtime.bench import COMPONENT, prepare_device, wait_ready
+from edgeinfer.sim import MosquittoBroker, SimError, Simulator
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+THING = "rt-e2e"
+INFER = f"edgeinfer/{THING}/infer"
+RESULT = f"edgeinfer/{THING}/result"
+CAT_CLASSES = range(281, 286)
+
+
+@pytest.fixture(scope="module")
+def store(request: pytest.FixtureRequest) -> Path:
+    try:
+        return Path(request.getfixturevalue("model_store"))
+    except pytest.FixtureLookupError:
+        pytest.skip("the model store fixture (model_store) is not available")
+
+
+@pytest.fixture(scope="module")
+def device(
+    store: Path, sim_broker: MosquittoBroker, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Simulator]:
+    root = tmp_path_factory.mktemp("rt-device")
+    recipes, artifacts = prepare_device(root / "device", store)
+    config = {"maxBatchSize": 8, "maxQueueDelayUs": 5000, "imageFolders": [str(root)]}
+    sim = Simulator(
+        recipes,
+        artifacts,
+        thing=THING,
+        work_dir=root / "core",
+        broker=sim_broker.address,
+        restart_delay=0.1,
+        config_merge={COMPONENT: config},
+    )
+    sim.start()
+    try:
+        wait_ready(sim, timeout=180)
+        yield sim
+    finally:
+        sim.stop()
+
+
+def is_real(store: Path) -> bool:
+    return len(Manifest.load(store).labels()) == 1000
+
+
+def request(rid: str, image: bytes, **kw: Any) -> dict[str, Any]:
+    return {"id": rid, "image": base64.b64encode(image).decode(), **kw}
+
+
+def results(messages: list[Any]) -> list[Result]:
+    return [Result.parse(m.payload) for m in messages]
+
+
+def test_local_and_iot_requests_answered(device: Simulator, store: Path) -> None:
+    cat = cat_image().read_bytes()
+    local = device.local_client()
+    local_inbox = local.subscribe(RESULT)
+    cloud = device.cloud_client()
+    iot_inbox = cloud.subscribe(RESULT)
+    time.sleep(0.3)
+    local.publish(INFER, request("local-cat", cat, top_k=3))
+    cloud.publish(INFER, json.dumps(request("iot-cat", cat)).encode(), qos=1)
+    (got_local,) = results(local_inbox.wait_for(1, timeout=30))
+    (got_iot,) = results(iot_inbox.wait_for(1, timeout=30))
+    assert got_local.id == "local-cat"
+    assert got_iot.id == "iot-cat"
+    for res in (got_local, got_iot):
+        assert res.status == "ok", res.error
+        assert res.provider == "CPUExecutionProvider"
+        assert res.model is not None
+        assert res.model.variant == Manifest.load(store).variant_for("CPUExecutionProvider").name
+        if is_real(store):
+            assert res.predictions[0].index in CAT_CLASSES, res.predictions
+    assert len(got_local.predictions) == 3
+    assert len(got_iot.predictions) == 5
+
+
+def test_bad_requests_answered_with_codes_over_both_buses(device: Simulator) -> None:
+    local = device.local_client()
+    inbox = local.subscribe(RESULT)
+    cloud = device.cloud_client()
+    iot_inbox = cloud.subscribe(RESULT)
+    time.sleep(0.3)
+    local.publish(INFER, b"{oops")
+    local.publish(INFER, request("trunc", cat_image().read_bytes()[:5000]))
+    local.publish(INFER, request("where", cat_image().read_bytes(), reply_to="not/ours"))
+    cloud.publish(INFER, json.dumps({"id": "p", "image_path": "/etc/passwd"}).encode(), qos=1)
+    got = {r.id: r for r in results(inbox.wait_for(3, timeout=30))}
+    assert got[None].error is not None
+    assert got[None].error.code == ErrorCode.BAD_REQUEST
+    assert got["trunc"].error is not None
+    assert got["trunc"].error.code == ErrorCode.BAD_IMAGE
+    assert got["where"].error is not None
+    assert got["where"].error.code == ErrorCode.BAD_REQUEST
+    (iot,) = results(iot_inbox.wait_for(1, timeout=30))
+    assert iot.id == "p"
+    assert iot.error is not None
+    assert iot.error.code == ErrorCode.BAD_REQUEST
+
+
+def burst(device: Simulator, n: int, prefix: str) -> list[Result]:
+    cat = cat_image().read_bytes()
+    local = device.local_client()
+    inbox = local.subscribe(RESULT)
+    time.sleep(0.3)
+    for i in range(n):
+        local.publish(INFER, request(f"{prefix}{i}", cat))
+    got = [r for r in results(inbox.wait_for(n, timeout=60)) if (r.id or "").startswith(prefix)]
+    inbox.close()
+    assert sorted(r.id or "" for r in got) == sorted(f"{prefix}{i}" for i in range(n))
+    return got
+
+
+def test_batching_under_concurrent_load(device: Simulator, store: Path) -> None:
+    got = burst(device, 24, "load-")
+    assert all(r.status == "ok" for r in got)
+    assert max(r.batch_size for r in got) > 1
+    if is_real(store):
+        assert all(r.predictions[0].index in CAT_CLASSES for r in got)
+
+
+def test_live_configuration_change_takes_effect(device: Simulator) -> None:
+    with pytest.raises(SimError, match="maxBatchSize must be from 1 to 256"):
+        device.update_configuration(COMPONENT, merge={"maxBatchSize": 0})
+    device.update_configuration(COMPONENT, merge={"maxBatchSize": 2, "topK": 3})
+    deadline = time.monotonic() + 30
+    while "configuration changed" not in device.logs(COMPONENT):
+        assert time.monotonic() < deadline, device.logs(COMPONENT)[-2000:]
+        time.sleep(0.05)
+    while "warmed up batch sizes 1-2" not in device.logs(COMPONENT):  # the new engine is in place
+        assert time.monotonic() < deadline, device.logs(COMPONENT)[-2000:]
+        time.sleep(0.05)
+    got = burst(device, 16, "small-")
+    assert all(r.status == "ok" for r in got)
+    assert max(r.batch_size for r in got) <= 2
+
+
+def write_video(path: Path, frames: int = 30, fps: float = 15.0) -> None:
+    img = cv2.imread(str(cat_image()))
+    assert img is not None
+    img = cv2.resize(img, (320, 240))
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), fps, (320, 240))
+    assert writer.isOpened()
+    for i in range(frames):
+        writer.write(np.roll(img, i, axis=1))
+    writer.release()
+    assert path.stat().st_size > 0
+
+
+def test_video_file_source_produces_results(device: Simulator, store: Path, tmp_path: Path) -> None:
+    video = tmp_path / "cat.avi"
+    write_video(video)
+    local = device.local_client()
+    inbox = local.subscribe(f"{RESULT}/video")
+    time.sleep(0.3)
+    device.update_configuration(
+        COMPONENT,
+        merge={
+            "source": {
+                "kind": "video",
+                "uri": str(video),
+                "rateHz": 5.0,
+                "loop": True,
+                "resultTopic": f"{RESULT}/video",
+            }
+        },
+    )
+    got = results(inbox.wait_for(3, timeout=60))
+    assert all((r.id or "").startswith("video-") for r in got)
+    assert all(r.status == "ok" for r in got)
+    if is_real(store):
+        assert got[0].predictions[0].index in CAT_CLASSES
+    device.update_configuration(COMPONENT, merge={"source": {"kind": "none"}})

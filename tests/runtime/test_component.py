@@ -1,0 +1,102 @@
+"""The component process logic on a MemoryBus: start, validation with reasons, live updates."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from edgeinfer.messages import Result
+from edgeinfer.runtime.__main__ import Component, process_age_ms
+from edgeinfer.runtime.config import default_recipe_configuration
+from edgeinfer.transport import MemoryBus
+
+from .conftest import solid_jpeg
+
+THING = "c1"
+
+
+def wait_for(pred: Callable[[], bool], timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < end, "condition not met in time"
+        time.sleep(0.01)
+
+
+def make(tiny_store: Path, tmp_path: Path, **overrides: object) -> tuple[Component, MemoryBus]:
+    config = default_recipe_configuration()
+    config.update({"maxBatchSize": 4, "executionProviders": ["cpu"], **overrides})
+    bus = MemoryBus(config=config)
+    args = argparse.Namespace(model_dir=str(tiny_store), work_dir=str(tmp_path), thing=THING)
+    return Component(bus, args), bus
+
+
+def ask(bus: MemoryBus, rid: str) -> Result:
+    bus.publish(
+        f"edgeinfer/{THING}/infer",
+        json.dumps({"id": rid, "image": base64.b64encode(solid_jpeg((3, 3, 240))).decode()}).encode(),
+    )
+    topic = f"edgeinfer/{THING}/result"
+    wait_for(lambda: any(Result.parse(m.payload).id == rid for m in bus.messages_on(topic)))
+    return next(r for r in (Result.parse(m.payload) for m in bus.messages_on(topic)) if r.id == rid)
+
+
+def test_start_reports_running_after_warm_up(tiny_store: Path, tmp_path: Path) -> None:
+    comp, bus = make(tiny_store, tmp_path)
+    comp.start()
+    try:
+        assert bus.states == ["RUNNING"]
+        assert comp.server.engine.warmup_ms  # warmed before RUNNING
+        assert ask(bus, "a").predictions[0].label == "blue"
+    finally:
+        comp.stop()
+    assert process_age_ms() > 0
+
+
+def test_invalid_updates_are_refused_with_reasons(tiny_store: Path, tmp_path: Path) -> None:
+    comp, bus = make(tiny_store, tmp_path)
+    comp.start()
+    try:
+        bad = dict(bus.config, maxBatchSize=0, source={"kind": "webcam"})
+        reason = bus.propose_configuration(bad)
+        assert reason is not None
+        assert "maxBatchSize" in reason
+        assert "source.kind" in reason
+        reason = bus.propose_configuration(dict(bus.config, modelDir=str(tmp_path / "nothing")))
+        assert reason is not None
+        assert "manifest.json" in reason
+        assert bus.config["maxBatchSize"] == 4  # nothing applied
+    finally:
+        comp.stop()
+
+
+def test_live_updates_apply_without_restart(tiny_store: Path, tmp_path: Path) -> None:
+    comp, bus = make(tiny_store, tmp_path)
+    comp.start()
+    try:
+        server, engine = comp.server, comp.server.engine
+        assert bus.propose_configuration(dict(bus.config, maxQueueDelayUs=0, maxQueueSize=10)) is None
+        wait_for(lambda: server.batcher.max_queue_size == 10)
+        assert server.engine is engine  # batching keys: no new engine
+        assert bus.propose_configuration(dict(bus.config, maxBatchSize=2)) is None
+        wait_for(lambda: server.engine is not engine)
+        assert server.engine.max_batch_size == 2
+        assert sorted(server.engine.warmup_ms) == [1, 2]
+        assert comp.server is server  # same server, same subscriptions
+        assert ask(bus, "after").status == "ok"
+        assert bus.states == ["RUNNING"]
+    finally:
+        comp.stop()
+
+
+def test_bad_configuration_at_start_is_refused(tiny_store: Path, tmp_path: Path) -> None:
+    comp, _ = make(tiny_store, tmp_path, maxBatchSize="many")
+    try:
+        comp.start()
+    except SystemExit as exc:
+        assert "maxBatchSize must be an integer" in str(exc)
+    else:
+        raise AssertionError("started with an invalid configuration")
