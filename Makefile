@@ -57,6 +57,7 @@ demo: setup model
 
 bench: setup model
 	$(BIN)/edgeinfer bench model --json bench/results/model.json
+	$(BIN)/edgeinfer bench runtime --json bench/results/runtime.json
 
 clean:
 	rm -rf build artifacts greengrass-build .pytest_cache .mypy_cache .ruff_cache
