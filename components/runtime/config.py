@@ -247,6 +247,7 @@ def default_recipe_configuration() -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------ helpers
 
+
 def _from_dict(cls: type[Any], doc: dict[str, Any], prefix: str, problems: list[str]) -> Any:
     kwargs: dict[str, Any] = {}
     defaults = cls()
