@@ -6,6 +6,7 @@ CRC32 of the 8-byte prelude and of everything before the final CRC.
 
 from __future__ import annotations
 
+import functools
 import struct
 import uuid
 import zlib
@@ -54,6 +55,11 @@ class Frame:
 
 
 def _encode_header(name: str, value: Any) -> bytes:
+    return _encode_typed(name, type(value).__name__, value)
+
+
+@functools.lru_cache(maxsize=8192)
+def _encode_typed(name: str, _kind: str, value: Any) -> bytes:
     raw_name = name.encode()
     out = bytes([len(raw_name)]) + raw_name
     if name in (":message-type", ":message-flags", ":stream-id") or (
@@ -77,19 +83,6 @@ def encode(headers: dict[str, Any], payload: bytes = b"") -> bytes:
     prelude += struct.pack(">I", zlib.crc32(prelude))
     body = prelude + raw_headers + payload
     return body + struct.pack(">I", zlib.crc32(body))
-
-
-def message(
-    message_type: int, stream_id: int = 0, flags: int = 0, payload: bytes = b"", **extra: Any
-) -> bytes:
-    headers: dict[str, Any] = {
-        ":message-type": message_type,
-        ":message-flags": flags,
-        ":stream-id": stream_id,
-    }
-    for key, value in extra.items():
-        headers[key.replace("_", "-") if not key.startswith(":") else key] = value
-    return encode(headers, payload)
 
 
 def _decode_headers(raw: bytes) -> dict[str, Any]:
