@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-__all__ = ["DecodeError", "ImageHeader", "decode_image", "read_header"]
+__all__ = ["DecodeError", "ImageHeader", "decode_image", "read_header", "warm_up_decoder"]
 
 
 class DecodeError(Exception):
@@ -151,3 +151,15 @@ def to_model_input(img: np.ndarray, size: int, *, bgr: bool = True) -> np.ndarra
     if bgr:
         img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
     return np.ascontiguousarray(img)
+
+
+def warm_up_decoder(size: int) -> None:
+    """Decode a 640×480 JPEG (reduced and full) and a PNG once, so the first request does not pay for
+    the codecs' lazy initialisation."""
+    img = np.zeros((480, 640, 3), dtype=np.uint8)
+    img[:, :, 1] = np.arange(640, dtype=np.uint16)[None, :] * 255 // 640
+    for ext in (".jpg", ".png"):
+        ok, buf = cv2.imencode(ext, img)
+        if ok:
+            decode_image(bytes(buf), size)
+            decode_image(bytes(buf), max(8, 480 // 2))

@@ -41,7 +41,7 @@ from edgeinfer.messages import (
 )
 from edgeinfer.runtime.batcher import DynamicBatcher, Queued
 from edgeinfer.runtime.config import RuntimeConfig
-from edgeinfer.runtime.decode import DecodeError, decode_image
+from edgeinfer.runtime.decode import DecodeError, decode_image, warm_up_decoder
 from edgeinfer.runtime.engine import Engine
 from edgeinfer.runtime.placement import (
     Decision,
@@ -145,6 +145,9 @@ class InferenceServer:
     # --------------------------------------------------------------------------------------- control
 
     def start(self) -> None:
+        warm_up_decoder(self.engine.input_size)
+        for _ in range(self.cfg.decode_threads):  # start the pool's threads now, not on the first request
+            self._decode_pool.submit(warm_up_decoder, self.engine.input_size)
         self._running = True
         for name, fn in (("edgeinfer-engine", self._engine_loop), ("edgeinfer-reply", self._reply_loop)):
             t = threading.Thread(target=fn, name=name, daemon=True)
@@ -484,6 +487,7 @@ class InferenceServer:
                     self._publish_failed(job, exc2)
         except TransportError as exc:
             self._publish_failed(job, exc)
+        self._placement_hook("on_result", job.request.id, result)
         with self._stats_lock:
             if result.status == "ok":
                 self.stats.ok += 1
