@@ -1,0 +1,447 @@
+"""Build the bundle: artifacts/<Component>/<Version>/, recipes with digests, greengrass-build/.
+
+Sources: `recipes/*.yaml` (one per component, written by each component's owner) and what the
+recipes' artifact URIs name:
+
+- `edgeinfer-<version>-py3-none-any.whl`: the project wheel (built here, deterministic);
+- the model store's files: written by `edgeinfer model build` into
+  `artifacts/com.edgeinfer.ModelStore/<version>/` and checked against its `manifest.json`;
+- `wheelhouse.zip` (optional, `--wheelhouse DIR`): an offline wheelhouse for the installer;
+- anything else must already be in `artifacts/<Component>/<Version>/`.
+
+Outputs:
+
+- `artifacts/<Component>/<Version>/<file>`: the greengrass-cli layout, so that
+  `greengrass-cli deployment create --recipeDir recipes --artifactDir artifacts` works as-is (the
+  simulated core loads exactly this);
+- `greengrass-build/recipes/<Component>-<Version>.yaml`: each recipe with `Digest`/`Algorithm` on
+  every artifact (URIs keep GDK's `BUCKET_NAME/COMPONENT_NAME/COMPONENT_VERSION` placeholders until
+  `edgeinfer publish` or `gdk component publish` fills them in);
+- `greengrass-build/artifacts/<Component>/<Version>/`: hard links of the artifacts (GDK layout);
+- with `--gdk COMPONENT` (what each folder's gdk-config.json runs): `./greengrass-build/` holds that one
+  component, its recipe named `recipe.yaml`, as `gdk component build` expects of a custom build.
+
+Writes happen only when content changed, so a second build is a quick no-op.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import zipfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from edgeinfer.bundle.wheel import build_wheel
+from edgeinfer.errors import EdgeinferError
+
+__all__ = [
+    "MODEL_STORE",
+    "RUNTIME_INSTALLER",
+    "Artifact",
+    "BuildError",
+    "Bundle",
+    "Component",
+    "build_bundle",
+    "dependency_order",
+    "find_project",
+    "load_recipes",
+    "lower_keys",
+    "schema",
+    "sha256_digest",
+    "validate_recipe",
+]
+
+log = logging.getLogger(__name__)
+
+MODEL_STORE = "com.edgeinfer.ModelStore"
+RUNTIME_INSTALLER = "com.edgeinfer.RuntimeInstaller"
+WHEELHOUSE_ZIP = "wheelhouse.zip"
+PLACEHOLDER_PREFIX = "s3://BUCKET_NAME/COMPONENT_NAME/COMPONENT_VERSION/"
+_SCHEMAS = Path(__file__).parent / "schemas"
+_EPOCH = (1980, 1, 1, 0, 0, 0)
+
+
+class BuildError(EdgeinferError):
+    """The bundle cannot be built: one line naming the recipe, artifact or step."""
+
+
+@dataclass
+class Artifact:
+    filename: str
+    path: Path  # in artifacts/<Component>/<Version>/
+    sha256: str  # hex
+    size: int
+    unarchive: str = "NONE"
+
+    @property
+    def digest(self) -> str:
+        """Greengrass's form: base64 of the SHA-256."""
+        return base64.b64encode(bytes.fromhex(self.sha256)).decode()
+
+
+@dataclass
+class Component:
+    name: str
+    version: str
+    recipe_file: Path
+    recipe: dict[str, Any]  # the source recipe as written
+    artifacts: list[Artifact] = field(default_factory=list)
+    dependencies: list[str] = field(default_factory=list)
+
+    def built_recipe(self) -> dict[str, Any]:
+        """The recipe with Digest and Algorithm on every artifact (and any artifact build added)."""
+        recipe = copy.deepcopy(self.recipe)
+        by_name = {a.filename: a for a in self.artifacts}
+        for manifest in _cget(recipe, "Manifests") or []:
+            listed = _artifact_list(manifest)
+            seen = set()
+            for art in listed:
+                name = _filename(str(_cget(art, "URI")))
+                seen.add(name)
+                if name in by_name:
+                    _cset(art, "Digest", by_name[name].digest)
+                    _cset(art, "Algorithm", "SHA-256")
+            for extra in self.artifacts:
+                if extra.filename not in seen:
+                    listed.append(
+                        {
+                            "URI": PLACEHOLDER_PREFIX + extra.filename,
+                            "Unarchive": extra.unarchive,
+                            "Digest": extra.digest,
+                            "Algorithm": "SHA-256",
+                            "Permission": {"Read": "OWNER"},
+                        }
+                    )
+        return recipe
+
+
+@dataclass
+class Bundle:
+    root: Path
+    artifacts_dir: Path
+    out_dir: Path | None
+    components: list[Component]  # in dependency order (dependencies first)
+
+    def component(self, name: str) -> Component:
+        for comp in self.components:
+            if comp.name == name:
+                return comp
+        raise KeyError(name)
+
+
+# ------------------------------------------------------------------------------------ recipe helpers
+
+
+def _cget(mapping: Any, key: str) -> Any:
+    if not isinstance(mapping, Mapping):
+        return None
+    for k, v in mapping.items():
+        if isinstance(k, str) and k.lower() == key.lower():
+            return v
+    return None
+
+
+def _cset(mapping: dict[str, Any], key: str, value: Any) -> None:
+    for k in list(mapping):
+        if isinstance(k, str) and k.lower() == key.lower():
+            mapping[k] = value
+            return
+    mapping[key] = value
+
+
+def _artifact_list(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    arts = _cget(manifest, "Artifacts")
+    if arts is None:
+        arts = []
+        manifest["Artifacts"] = arts
+    return arts  # type: ignore[no-any-return]
+
+
+def _filename(uri: str) -> str:
+    return uri.rstrip("/").rsplit("/", 1)[-1]
+
+
+def lower_keys(value: Any) -> Any:
+    """Lower-case every mapping key, recursively, as the GDK does before validating a recipe."""
+    if isinstance(value, Mapping):
+        return {str(k).lower(): lower_keys(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [lower_keys(v) for v in value]
+    return value
+
+
+def schema(name: str) -> dict[str, Any]:
+    """A bundled JSON schema: "greengrass-recipe" or "gdk-config"."""
+    data: dict[str, Any] = json.loads((_SCHEMAS / f"{name}.schema.json").read_text(encoding="utf-8"))
+    return data
+
+
+def validate_recipe(recipe: Mapping[str, Any]) -> list[str]:
+    """Schema errors (GDK's recipe schema, keys lower-cased); empty when valid or jsonschema absent."""
+    try:
+        import jsonschema  # type: ignore[import-untyped]
+    except ImportError:  # a device or a minimal install: the cloud validates again on publish
+        return []
+    validator = jsonschema.Draft7Validator(schema("greengrass-recipe"))
+    return [
+        f"{'/'.join(str(p) for p in err.absolute_path) or '<root>'}: {err.message}"
+        for err in sorted(validator.iter_errors(lower_keys(recipe)), key=lambda e: list(e.absolute_path))
+    ]
+
+
+def find_project(start: Path | None = None) -> Path:
+    """The project root: the nearest folder (from `start`, upwards) with pyproject.toml and recipes/."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "pyproject.toml").is_file() and (folder / "recipes").is_dir():
+            return folder
+    raise BuildError(f"no edgeinfer project (pyproject.toml + recipes/) at or above {here}")
+
+
+def load_recipes(root: Path) -> dict[str, Component]:
+    folder = root / "recipes"
+    files = sorted(p for p in folder.glob("*") if p.suffix.lower() in (".yaml", ".yml", ".json"))
+    if not files:
+        raise BuildError(f"no recipes in {folder}")
+    components: dict[str, Component] = {}
+    for path in files:
+        try:
+            text = path.read_text(encoding="utf-8")
+            raw = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+        except (OSError, ValueError, yaml.YAMLError) as exc:
+            raise BuildError(f"{path}: cannot read recipe: {exc}") from None
+        if not isinstance(raw, dict):
+            raise BuildError(f"{path}: a recipe must be a mapping")
+        name, version = _cget(raw, "ComponentName"), _cget(raw, "ComponentVersion")
+        if not name or not version:
+            raise BuildError(f"{path}: ComponentName and ComponentVersion are required")
+        if name in components:
+            raise BuildError(f"{path}: {name} is also defined in {components[name].recipe_file}")
+        deps = list((_cget(raw, "ComponentDependencies") or {}).keys())
+        components[str(name)] = Component(str(name), str(version), path, raw, dependencies=deps)
+    return components
+
+
+def dependency_order(components: Mapping[str, Component]) -> list[str]:
+    """Names with every bundle dependency before its dependants (stable: alphabetical otherwise)."""
+    order: list[str] = []
+    state: dict[str, int] = {}
+
+    def visit(name: str, chain: tuple[str, ...]) -> None:
+        if state.get(name) == 2:
+            return
+        if state.get(name) == 1:
+            raise BuildError(f"dependency cycle: {' -> '.join((*chain, name))}")
+        state[name] = 1
+        for dep in sorted(components[name].dependencies):
+            if dep in components:
+                visit(dep, (*chain, name))
+        state[name] = 2
+        order.append(name)
+
+    for name in sorted(components):
+        visit(name, ())
+    return order
+
+
+# --------------------------------------------------------------------------------------------- files
+
+
+def sha256_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_if_changed(path: Path, data: bytes) -> bool:
+    if path.is_file() and path.stat().st_size == len(data) and path.read_bytes() == data:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return True
+
+
+def _zip_wheelhouse(folder: Path) -> bytes:
+    wheels = sorted(folder.glob("*.whl"))
+    if not wheels:
+        raise BuildError(f"wheelhouse {folder} holds no wheels")
+    for wheel in wheels:
+        if not zipfile.is_zipfile(wheel):
+            raise BuildError(f"wheelhouse {folder}: {wheel.name} is not a valid wheel")
+    with tempfile.SpooledTemporaryFile(max_size=1 << 26) as out:
+        with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as zf:
+            for wheel in wheels:
+                info = zipfile.ZipInfo(wheel.name, date_time=_EPOCH)
+                info.external_attr = 0o644 << 16
+                with wheel.open("rb") as src, zf.open(info, "w") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+        out.seek(0)
+        return out.read()
+
+
+def _check_model_store(folder: Path, listed: Iterable[str]) -> None:
+    from edgeinfer.model.manifest import Manifest, ManifestError
+
+    try:
+        manifest = Manifest.load(folder)
+        manifest.verify()
+    except ManifestError as exc:
+        raise BuildError(f"{MODEL_STORE}: {exc}") from None
+    shipped = set(listed)
+    needed = {"manifest.json", manifest.labels_file, *(v.file for v in manifest.variants)}
+    missing = sorted(needed - shipped)
+    if missing:
+        raise BuildError(
+            f"recipes/{MODEL_STORE}.yaml does not list {', '.join(missing)} "
+            "(the model store's manifest.json needs them on the device)"
+        )
+
+
+# --------------------------------------------------------------------------------------------- build
+
+
+def _artifacts_for(
+    comp: Component, artifacts_dir: Path, wheel: tuple[str, bytes] | None, wheelhouse: Path | None
+) -> list[Artifact]:
+    folder = artifacts_dir / comp.name / comp.version
+    listed: list[tuple[str, str]] = []
+    for manifest in _cget(comp.recipe, "Manifests") or []:
+        for art in _cget(manifest, "Artifacts") or []:
+            uri = _cget(art, "URI")
+            if not uri:
+                raise BuildError(f"{comp.recipe_file}: an artifact has no URI")
+            unarchive = str(_cget(art, "Unarchive") or "NONE").upper()
+            name = _filename(str(uri))
+            if name not in {n for n, _ in listed}:
+                listed.append((name, unarchive))
+    if comp.name == MODEL_STORE and listed:
+        _check_model_store(folder, [n for n, _ in listed])
+    out: list[Artifact] = []
+    for name, unarchive in listed:
+        path = folder / name
+        if name.startswith("edgeinfer-") and name.endswith(".whl"):
+            assert wheel is not None
+            if name != wheel[0]:
+                raise BuildError(
+                    f"{comp.recipe_file}: lists {name} but the project builds {wheel[0]} "
+                    "(update the recipe's artifact URI and Install script)"
+                )
+            if _write_if_changed(path, wheel[1]):
+                log.info("wrote %s", path)
+        elif not path.is_file():
+            hint = " (run 'edgeinfer model build')" if comp.name == MODEL_STORE else ""
+            raise BuildError(f"{comp.recipe_file}: artifact {name} not found at {path}{hint}")
+        out.append(Artifact(name, path, sha256_digest(path), path.stat().st_size, unarchive))
+    if wheelhouse is not None and comp.name == RUNTIME_INSTALLER:
+        path = folder / WHEELHOUSE_ZIP
+        if _write_if_changed(path, _zip_wheelhouse(wheelhouse)):
+            log.info("wrote %s", path)
+        if WHEELHOUSE_ZIP not in {a.filename for a in out}:
+            out.append(Artifact(WHEELHOUSE_ZIP, path, sha256_digest(path), path.stat().st_size, "ZIP"))
+    return out
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _dump_recipe(recipe: dict[str, Any]) -> bytes:
+    text = yaml.safe_dump(recipe, sort_keys=False, allow_unicode=True, width=100)
+    return ("---\n" + text).encode()
+
+
+def _write_layout(out_dir: Path, components: list[Component], recipe_names: Mapping[str, str]) -> None:
+    """Write greengrass-build/ beside itself, then swap it in (never a half-written layout)."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        for comp in components:
+            (staging / "recipes").mkdir(parents=True, exist_ok=True)
+            (staging / "recipes" / recipe_names[comp.name]).write_bytes(_dump_recipe(comp.built_recipe()))
+            for art in comp.artifacts:
+                _link_or_copy(art.path, staging / "artifacts" / comp.name / comp.version / art.filename)
+        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+        if out_dir.exists():
+            os.replace(out_dir, old)
+        os.replace(staging, out_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def build_bundle(
+    root: Path | None = None,
+    *,
+    artifacts_dir: Path | None = None,
+    out_dir: Path | None = None,
+    only: Iterable[str] | None = None,
+    gdk: str | None = None,
+    wheelhouse: Path | None = None,
+    check_schema: bool = True,
+) -> Bundle:
+    """Build every component (or `only` those / the `gdk` one) and return what was built."""
+    project = find_project(root) if root is None or not (root / "recipes").is_dir() else root.resolve()
+    artifacts = (artifacts_dir or project / "artifacts").resolve()
+    recipes = load_recipes(project)
+    wanted = set(only or ()) | ({gdk} if gdk else set())
+    unknown = sorted(wanted - set(recipes))
+    if unknown:
+        raise BuildError(f"unknown component {', '.join(unknown)} (recipes: {', '.join(sorted(recipes))})")
+    for comp in recipes.values():
+        if comp.recipe_file.stem != comp.name:
+            raise BuildError(f"{comp.recipe_file}: file name must be {comp.name}{comp.recipe_file.suffix}")
+        if check_schema:
+            errors = validate_recipe(comp.recipe)
+            if errors:
+                raise BuildError(f"{comp.recipe_file}: not a valid Greengrass recipe: {errors[0]}")
+        for dep in comp.dependencies:
+            if dep.startswith("com.edgeinfer.") and dep not in recipes:
+                raise BuildError(f"{comp.recipe_file}: depends on {dep}, which has no recipe in recipes/")
+    order = [n for n in dependency_order(recipes) if not wanted or n in wanted]
+    needs_wheel = any(
+        _filename(str(_cget(a, "URI") or "")).startswith("edgeinfer-")
+        for n in order
+        for m in (_cget(recipes[n].recipe, "Manifests") or [])
+        for a in (_cget(m, "Artifacts") or [])
+    )
+    wheel = build_wheel(project) if needs_wheel else None
+    if wheelhouse is not None and not wheelhouse.is_dir():
+        raise BuildError(f"wheelhouse {wheelhouse} is not a folder")
+    components = []
+    for name in order:
+        comp = recipes[name]
+        comp.artifacts = _artifacts_for(comp, artifacts, wheel, wheelhouse)
+        components.append(comp)
+    if gdk:
+        target = (out_dir or Path.cwd() / "greengrass-build").resolve()
+        _write_layout(target, components, {gdk: "recipe.yaml"})
+    else:
+        target = (out_dir or project / "greengrass-build").resolve()
+        _write_layout(target, components, {c.name: f"{c.name}-{c.version}.yaml" for c in components})
+    return Bundle(root=project, artifacts_dir=artifacts, out_dir=target, components=components)

@@ -1,0 +1,65 @@
+"""`edgeinfer build`: artifacts/, recipes with digests and greengrass-build/ (see `build`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "build",
+        help="build the Greengrass bundle: artifacts/, recipes with digests, greengrass-build/",
+        description=(
+            "Build every component's artifacts into artifacts/<Component>/<Version>/ (a wheel of the "
+            "project for the code components, the model files written by 'edgeinfer model build' for "
+            "the model store), the recipes with artifact digests and the GDK layout greengrass-build/. "
+            "Then 'greengrass-cli deployment create --recipeDir recipes --artifactDir artifacts' works "
+            "as-is. Quick and idempotent."
+        ),
+    )
+    parser.add_argument("--project", type=Path, help="project root (default: found from the current folder)")
+    parser.add_argument("--artifacts", type=Path, help="artifact folder (default: <project>/artifacts)")
+    parser.add_argument("--out", type=Path, help="GDK layout folder (default: <project>/greengrass-build)")
+    parser.add_argument(
+        "--component", action="append", default=[], metavar="NAME", help="build only this component (repeat)"
+    )
+    parser.add_argument(
+        "--gdk",
+        metavar="NAME",
+        help="GDK custom build of one component: ./greengrass-build/ with recipes/recipe.yaml",
+    )
+    parser.add_argument(
+        "--wheelhouse",
+        type=Path,
+        metavar="DIR",
+        help="ship these wheels as the installer's offline wheelhouse (wheelhouse.zip)",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from edgeinfer.bundle.build import build_bundle
+
+    start = time.perf_counter()
+    bundle = build_bundle(
+        args.project,
+        artifacts_dir=args.artifacts,
+        out_dir=args.out,
+        only=args.component,
+        gdk=args.gdk,
+        wheelhouse=args.wheelhouse,
+    )
+    for comp in bundle.components:
+        size = sum(a.size for a in comp.artifacts)
+        files = ", ".join(a.filename for a in comp.artifacts) or "no artifacts"
+        print(f"{comp.name} {comp.version}: {files} ({size / 1e6:.1f} MB)")
+    print(
+        f"built {len(bundle.components)} component(s) in {time.perf_counter() - start:.2f} s: "
+        f"{bundle.artifacts_dir}, {bundle.out_dir}",
+        file=sys.stderr,
+    )
+    return 0

@@ -1,0 +1,15 @@
+"""Fixtures of the bundle tests (helpers in bundle_fixtures.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from bundle_fixtures import write_model_store
+
+
+@pytest.fixture
+def artifacts(tmp_path: Path) -> Path:
+    folder = tmp_path / "artifacts"
+    write_model_store(folder / "com.edgeinfer.ModelStore" / "0.1.0")
+    return folder
