@@ -1,0 +1,126 @@
+"""The runtime and the telemetry component together on the simulated core (tiny model, real IPC).
+
+Results come from the runtime; windows from the telemetry component, through IoT Core (mosquitto).
+The telemetry window's percentiles must match the latencies the results reported, within the
+histogram's precision — the same run, seen from both ends.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import json
+import math
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edgeinfer.messages import ErrorCode, Result, TelemetryWindow
+from edgeinfer.model.samples import cat_image
+from edgeinfer.runtime.bench import COMPONENT as RUNTIME
+from edgeinfer.runtime.bench import RECIPES, prepare_device, wait_ready
+from edgeinfer.sim import MosquittoBroker, Simulator
+from edgeinfer.telemetry.histogram import RELATIVE_PRECISION
+
+pytestmark = pytest.mark.e2e
+
+TELEMETRY = "com.edgeinfer.Telemetry"
+THING = "tele-rt-e2e"
+INFER = f"edgeinfer/{THING}/infer"
+RESULT = f"edgeinfer/{THING}/result"
+WINDOW_S = 4.0
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _tiny_store(folder: Path) -> Path:
+    """The runtime tests' tiny classifier store (needs the `onnx` package of the build extra)."""
+    pytest.importorskip("onnx")
+    spec = importlib.util.spec_from_file_location("_rt_conftest", ROOT / "tests" / "runtime" / "conftest.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return Path(module.write_tiny_store(folder))
+
+
+@pytest.fixture(scope="module")
+def device(sim_broker: MosquittoBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Simulator]:
+    root = tmp_path_factory.mktemp("tele-rt")
+    store = _tiny_store(root / "store")
+    recipes, artifacts = prepare_device(root / "device", store)
+    shutil.copy(RECIPES / f"{TELEMETRY}.yaml", recipes)
+    sim = Simulator(
+        recipes,
+        artifacts,
+        thing=THING,
+        work_dir=root / "core",
+        broker=sim_broker.address,
+        restart_delay=0.1,
+        config_merge={
+            RUNTIME: {"maxBatchSize": 8, "maxQueueDelayUs": 5000},
+            TELEMETRY: {"windowSeconds": WINDOW_S},
+        },
+    )
+    sim.start()
+    try:
+        wait_ready(sim, timeout=180)
+        sim.wait_for_state(TELEMETRY, "RUNNING", timeout=60)
+        yield sim
+    finally:
+        sim.stop()
+
+
+def windows(inbox: Any) -> list[TelemetryWindow]:
+    return [TelemetryWindow.from_dict(json.loads(m.payload)) for m in inbox.messages]
+
+
+def nearest_rank(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(q * len(ordered))) - 1]
+
+
+def test_telemetry_matches_the_results_of_the_same_run(device: Simulator) -> None:
+    cat = base64.b64encode(cat_image().read_bytes()).decode()
+    cloud = device.cloud_client()
+    tele = cloud.subscribe(f"edgeinfer/{THING}/telemetry")
+    local = device.local_client()
+    results_inbox = local.subscribe(RESULT)
+    n = 40
+    for attempt in range(4):
+        # start right after a window boundary, so that the whole burst falls into one window
+        seen = len(tele.messages)
+        tele.wait_for(seen + 1, timeout=3 * WINDOW_S)
+        results_inbox.clear()
+        prefix = f"a{attempt}-"
+        for i in range(n):
+            local.publish(INFER, {"id": f"{prefix}{i}", "image": cat})
+        local.publish(INFER, b"{not json")  # one error result, counted by code
+        got = [Result.parse(m.payload) for m in results_inbox.wait_for(n + 1, timeout=60)]
+        tele.wait_for(len(tele.messages) + 2, timeout=3 * WINDOW_S)  # the burst's window has closed
+        busy = [w for w in windows(tele)[seen:] if w.count]
+        if len(busy) == 1:
+            break
+    else:
+        pytest.fail(f"every burst straddled a window boundary: {[w.count for w in busy]}")
+    (window,) = busy
+    ok = [r for r in got if r.status == "ok"]
+    assert len(ok) == n
+    assert window.count == n + 1
+    assert window.errors == {ErrorCode.BAD_REQUEST.value: 1}
+    assert window.provider == ok[0].provider == "CPUExecutionProvider"
+    assert window.batch["inferences"] == n
+    assert 1 <= window.batch["executions"] <= n
+    assert window.batch["mean_size"] == pytest.approx(n / window.batch["executions"], abs=1e-3)
+    for stage in ("queue", "decode", "inference", "postprocess", "total"):
+        values = [getattr(r.latency_ms, stage) for r in ok]
+        for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99)):
+            want = nearest_rank(values, q)
+            got_q = getattr(window.latency_ms[stage], name)
+            assert abs(got_q - want) <= RELATIVE_PRECISION * want + 0.001, (stage, name, got_q, want)
+        assert window.latency_ms[stage].max == pytest.approx(max(values), abs=0.0005)
+    seqs = [w.seq for w in windows(tele)]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+    assert device.state(TELEMETRY) == "RUNNING"
