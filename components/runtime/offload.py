@@ -9,6 +9,9 @@ Predictions
   plus the batches ahead of it, plus its own batch, each from a service-time model `t(n) = a·n + b`
   fitted by least squares to recent batch executions (BentoML's adaptive batching model), plus the
   per-request overhead outside the engine (decode, post-processing; a running mean).
+  Requests served here feed back (requests ahead at arrival → latency they really had) into a second
+  fit; the prediction is the larger of the two (plus the feedback fit's 90th-percentile residual), so
+  work the engine model cannot see — decode and replies sharing the engine's cores — is counted too.
 * **Cloud** latency = network (a fit of `upload + RTT` against payload size over recent offloads, plus
   the 90th percentile of its residuals) + the cloud's own service time (90th percentile of the
   `latency_ms.total` the router reports). Before any offload has come back, `prior_cloud_ms` stands in.
@@ -400,6 +403,9 @@ class PlacementPolicy(Generic[T]):
             clock=clock,
         )
         self._overhead: deque[float] = deque(maxlen=self.config.window)
+        # Feedback: (requests ahead at arrival, latency it really had) of requests served here. It
+        # catches what the engine model cannot see: decode and reply work sharing the engine's cores.
+        self.local_fit = LinearFit(max(self.config.window, 256))
         self._lock = threading.RLock()
         self._tickets: dict[str, Ticket[T]] = {}
         self._busy_until: float | None = None  # predicted end of the batch now running
@@ -427,6 +433,12 @@ class PlacementPolicy(Generic[T]):
             self.service.observe(batch_size, compute_ms)
             self._busy_until = None
 
+    def observe_local(self, ahead: int, latency_ms: float) -> None:
+        """A request served here had `ahead` requests in front of it and took `latency_ms` in all."""
+        if ahead >= 0 and math.isfinite(latency_ms) and latency_ms >= 0:
+            with self._lock:
+                self.local_fit.add(ahead, latency_ms)
+
     def observe_overhead(self, ms: float) -> None:
         """Per-request time outside the engine (decode + post-process) of a request served here."""
         if math.isfinite(ms) and ms >= 0:
@@ -444,7 +456,12 @@ class PlacementPolicy(Generic[T]):
             full, rest = divmod(max(0, ahead), size)
             compute = full * self.service.predict(size) + self.service.predict(rest + 1)
             overhead = _quantile(sorted(self._overhead), 0.9) if self._overhead else 0.0
-            return busy + compute + overhead
+            model = busy + compute + overhead
+            if len(self.local_fit) >= 16:
+                seen = self.local_fit.predict(max(0, ahead))
+                if seen is not None:
+                    return max(model, seen + self.local_fit.residual_quantile(0.9))
+            return model
 
     def predict_cloud_ms(self, payload_bytes: int) -> float:
         with self._lock:
@@ -741,6 +758,8 @@ class HybridPlacement:
         self._wake = threading.Condition()
         self._stopping = threading.Event()
         self._timer: threading.Thread | None = None
+        self._ahead: dict[str, int] = {}  # request id -> requests ahead when it was kept here
+        self._ahead_lock = threading.Lock()
 
     @classmethod
     def from_config(
@@ -805,6 +824,9 @@ class HybridPlacement:
             deadline_left_ms=ctx.deadline_left_ms,
         )
         if decision.action is Action.LOCAL:
+            with self._ahead_lock:
+                if len(self._ahead) < 10_000:
+                    self._ahead[request.id] = int(ctx.outstanding)
             return EDGE
         if decision.action is Action.OFFLOAD:
             return SeamDecision("cloud", None, decision.reason)
@@ -844,6 +866,13 @@ class HybridPlacement:
 
     def on_batch_end(self, batch_size: int, compute_ms: float) -> None:
         self.policy.batch_finished(batch_size, compute_ms)
+
+    def on_result(self, request_id: str | None, result: Result) -> None:
+        """Every result the server publishes: edge answers feed the local latency feedback."""
+        with self._ahead_lock:
+            ahead = self._ahead.pop(request_id or "", None)
+        if ahead is not None and result.status == "ok" and result.placement == "edge":
+            self.policy.observe_local(ahead, result.latency_ms.total)
 
     # ---------------------------------------------------------------------------------- internals
 

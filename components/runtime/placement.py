@@ -11,8 +11,9 @@ work is spent on it, and acts on the `Decision`:
   records the timing; a second call is ignored. Without an offloader, `cloud` runs on the edge;
 - `reject`: answered at once with `decision.code` (e.g. OVERLOADED) and `decision.reason`.
 
-A policy may also define `on_batch_start(batch_size)` and `on_batch_end(batch_size, compute_ms)`:
-the engine thread calls them around every batch (they must be quick and must not raise).
+A policy may also define `on_batch_start(batch_size)` and `on_batch_end(batch_size, compute_ms)`,
+which the engine thread calls around every batch, and `on_result(request_id, result)`, called with
+every result the server publishes (they must be quick and must not raise).
 
 `decide` runs on the transport thread: it must be quick and must not raise (an exception counts as
 `edge`). The hybrid router fills this seam from `edgeinfer.runtime.offload`; the component wires it

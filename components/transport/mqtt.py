@@ -286,8 +286,13 @@ class MqttPubSub:
 
     # --------------------------------------------------------------------------------- PubSub API
 
-    def publish(self, topic: str, payload: bytes, *, target: Target = "iot", qos: int = 0) -> None:
-        """Publish and wait for completion (QoS 0: written; QoS 1: PUBACK). TransportError otherwise."""
+    def publish(
+        self, topic: str, payload: bytes, *, target: Target = "iot", qos: int = 0, wait: bool = True
+    ) -> None:
+        """Publish and wait for completion (QoS 0: written; QoS 1: PUBACK). TransportError otherwise.
+
+        `wait=False` hands the message to the client and returns at once (still TransportError when
+        offline); a later failure is only logged. For senders that must not spend a round trip."""
         from awscrt import mqtt5
 
         if self._closed:
@@ -299,6 +304,9 @@ class MqttPubSub:
             future = self._client.publish(packet)
         except Exception as exc:
             raise TransportError(f"publish to {topic} failed: {exc}") from exc
+        if not wait:
+            future.add_done_callback(lambda f: self._log_failure(f"publish to {topic}", f))
+            return
         done = self._wait(future, f"publish to {topic}")
         puback = getattr(done, "puback", None)
         code = getattr(puback, "reason_code", None)
@@ -387,6 +395,12 @@ class MqttPubSub:
         exc = future.exception()
         if exc is not None:
             log.warning("re-subscribe to %s failed: %s", topic_filter, exc)
+
+    @staticmethod
+    def _log_failure(what: str, future: Future[Any]) -> None:
+        exc = future.exception()
+        if exc is not None:
+            log.warning("%s failed: %s", what, exc)
 
     def _unsubscribe(self, entry: _Entry) -> None:
         from awscrt import mqtt5
