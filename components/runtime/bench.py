@@ -315,6 +315,24 @@ class Driver:
         self.sub.close()
 
 
+def ipc_hop_ms(bus: Any, thing: str, payload: bytes, n: int) -> list[float]:
+    """One local pub/sub hop through the nucleus (publish → the same client's subscription) with a
+    request-sized payload: the transport's share of the end-to-end figure, which a request pays twice."""
+    topic = f"edgeinfer/{thing}/result/bench-echo"
+    got = threading.Event()
+    sub = bus.subscribe(topic, lambda _msg: got.set(), target="local")
+    time.sleep(0.2)
+    out = []
+    for _ in range(n):
+        got.clear()
+        t = time.perf_counter()
+        bus.publish(topic, payload, target="local")
+        if got.wait(10):
+            out.append((time.perf_counter() - t) * 1000)
+    sub.close()
+    return out
+
+
 def request_payloads(images: list[bytes]) -> list[bytes]:
     import base64
 
@@ -369,6 +387,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         iot = Driver(iot_bus, "iot", THING, payloads)
         time.sleep(0.3)  # subscriptions settle
         first = local.wait(local.send())
+        hop = ipc_hop_ms(local_bus, THING, payloads[0], 50)
         print("closed loop: local pub/sub, IoT Core", file=sys.stderr)
         local_lat = local.closed_loop(args.requests)
         iot_lat = iot.closed_loop(max(50, args.requests // 2))
@@ -396,6 +415,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         "deploy_to_running_s": deploy_to_running,
         "first_request_ms": first,
         "local_p50_ms": warm_p50,
+        "ipc_hop_p50_ms": statistics.median(hop) if hop else float("nan"),
         "local_p99_ms": pct(local_lat, 99),
         "iot_p50_ms": statistics.median(iot_lat),
         "iot_p99_ms": pct(iot_lat, 99),
