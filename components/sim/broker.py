@@ -194,12 +194,18 @@ class MqttClient:
             keep_alive_secs=60,
             reconnect_min_timeout_secs=1,
             reconnect_max_timeout_secs=5,
+            on_connection_resumed=self._on_resumed,
         )
         self._conn.on_message(self._on_message)
         try:
             self._conn.connect().result(timeout)
         except Exception as exc:
             raise BrokerError(f"cannot connect to the broker at {host}:{port}: {exc}") from exc
+
+    def _on_resumed(self, return_code: Any, session_present: bool, **_: Any) -> None:
+        if not session_present:
+            log.info("reconnected to the broker: subscribing again")
+            self._conn.resubscribe_existing_topics()
 
     def _on_message(self, topic: str, payload: bytes, **_: Any) -> None:
         message = Message(topic, bytes(payload), "iot")

@@ -314,7 +314,7 @@ class Nucleus:
         if self.server is not None:
             await self.server.stop()
 
-    async def _stop_component(self, comp: Component) -> None:
+    async def _stop_component(self, comp: Component, final: str = FINISHED) -> None:
         comp.stopping = True
         running = comp.state in (RUNNING, STARTING) and bool(comp.procs)
         if comp.task is not None and not comp.task.done():
@@ -328,7 +328,32 @@ class Nucleus:
                 await self._run_step(comp, "shutdown", wait=True)
         await self._kill_all(comp)
         if comp.state in (RUNNING, STOPPING, STARTING):
-            self.set_state(comp, FINISHED, "stopped")
+            self.set_state(comp, final, "stopped")
+
+    def shutting_down(self) -> bool:
+        return self._stopping
+
+    async def restart_component(self, comp: Component, why: str) -> None:
+        """Stop the component (Shutdown, then its processes) and run its lifecycle again from Install."""
+        if self._stopping:
+            return
+        comp.log(f"restarting: {why}")
+        await self._stop_component(comp, final=INSTALLED)
+        if self.shutting_down():
+            return
+        comp.stopping = False
+        comp.errors = 0
+        self.set_state(comp, INSTALLED, why)
+        comp.task = asyncio.create_task(self._lifecycle(comp), name=f"lifecycle:{comp.name}")
+
+    def _restart_hard_dependants(self, comp: Component) -> None:
+        """A HARD dependant restarts when its dependency errs, and waits for it to run again."""
+        for other in self.components.values():
+            dep = other.recipe.dependencies.get(comp.name)
+            if dep is not None and dep.hard and other.state not in (NEW, BROKEN) and not other.stopping:
+                asyncio.get_running_loop().create_task(
+                    self.restart_component(other, f"HARD dependency {comp.name} errored")
+                )
 
     async def _kill_all(self, comp: Component) -> None:
         procs = list(comp.procs)
@@ -367,6 +392,7 @@ class Nucleus:
                     return
                 comp.errors += 1
                 self.set_state(comp, ERRORED, error)
+                self._restart_hard_dependants(comp)
                 await self._kill_all(comp)
                 if "recover" in comp.recipe.lifecycle:
                     await self._run_step(comp, "recover", wait=True)
@@ -793,9 +819,22 @@ class Nucleus:
                     return message or "rejected by the component"
         finally:
             self._pending_validations.pop(f"{name}/{deployment_id}", None)
+        before = self._lifecycle_fingerprint(comp)
         self.apply_config(comp, new)
         comp.log("configuration updated by deployment")
+        if self._lifecycle_fingerprint(comp) != before:
+            await self.restart_component(comp, "its lifecycle changed with the new configuration")
         return None
+
+    def _lifecycle_fingerprint(self, comp: Component) -> list[Any]:
+        out: list[Any] = []
+        for step in comp.recipe.lifecycle:
+            if step != "setenv":
+                try:
+                    out.append(self._step_spec(comp, step))
+                except RecipeError as exc:
+                    out.append(str(exc))
+        return out
 
     # ------------------------------------------------------------ state
 

@@ -367,6 +367,16 @@ class Simulator:
             "AWS_GG_NUCLEUS_DOMAIN_SOCKET_FILEPATH_FOR_COMPONENT": self.socket_path,
         }
 
+    def restart(self, component: str, timeout: float = 60.0) -> None:
+        """Restart a component as `greengrass-cli component restart` does (Shutdown, Install, Run)."""
+        nucleus = self._need()
+        if component not in nucleus.components:
+            raise SimError(f"component {component} is not deployed")
+        assert self._loop is not None
+        asyncio.run_coroutine_threadsafe(
+            nucleus.restart_component(nucleus.components[component], "restart requested"), self._loop
+        ).result(timeout)
+
     # ------------------------------------------------------------ configuration
 
     def configuration(self, component: str) -> dict[str, Any]:

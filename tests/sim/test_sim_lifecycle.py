@@ -214,3 +214,41 @@ def test_update_state_errored_restarts_the_component(
     assert history.count("ERRORED") == 1
     assert history[history.index("ERRORED") :] == ["ERRORED", "INSTALLED", "STARTING", "RUNNING"]
     assert _eventually(lambda: sim.logs("com.example.Reporter").splitlines().count("run") == 2)
+
+
+def test_restarts_on_request_on_a_lifecycle_changing_deployment_and_with_a_hard_dependency(
+    simulator: Callable[..., Simulator], device: Device, tmp_path: Path
+) -> None:
+    flag = tmp_path / "fail-once"
+    device.add(
+        "com.example.Dep",
+        lifecycle={
+            "Run": f"if [ -e {flag} ]; then rm {flag}; echo failing; exit 1; fi; echo dep up; sleep 60"
+        },
+    )
+    device.add(
+        "com.example.User",
+        config={"mode": "a"},
+        deps={"com.example.Dep": {"DependencyType": "HARD"}},
+        lifecycle={"Run": "echo mode={configuration:/mode}; sleep 60", "Shutdown": "echo shutdown"},
+    )
+    sim = simulator(device.recipes, device.artifacts, restart_delay=0.05)
+    sim.wait_for_state("com.example.User", "RUNNING", timeout=30)
+
+    sim.restart("com.example.User")
+    sim.wait_for_state("com.example.User", "RUNNING", timeout=30)
+    assert _eventually(lambda: sim.logs("com.example.User").splitlines().count("mode=a") == 2)
+    assert sim.logs("com.example.User").splitlines().count("shutdown") == 1
+
+    sim.update_configuration("com.example.User", merge={"mode": "b"})  # changes the Run script: restart
+    assert _eventually(lambda: "mode=b" in sim.logs("com.example.User").splitlines())
+    sim.update_configuration("com.example.User", merge={"unused": 1})  # same lifecycle: no restart
+    assert sim.logs("com.example.User").splitlines().count("shutdown") == 2
+
+    flag.touch()
+    sim.restart("com.example.Dep")  # Dep errs once on the way up: its HARD dependant restarts too
+    assert _eventually(lambda: sim.logs("com.example.Dep").splitlines().count("dep up") == 2)
+    sim.wait_for_state("com.example.User", "RUNNING", timeout=30)
+    assert _eventually(lambda: sim.logs("com.example.User").splitlines().count("mode=b") == 2)
+    history = sim.history("com.example.User")
+    assert history[-4:] == ["STOPPING", "INSTALLED", "STARTING", "RUNNING"]
