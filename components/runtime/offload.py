@@ -859,6 +859,40 @@ class HybridPlacement:
         with self._wake:
             self._wake.notify_all()
 
+    # ------------------------------------------------------------------------------ seam: cascade
+
+    def cascade(self, request: Request, result: Result, reply: Callable[[Result], None]) -> bool:
+        """After an edge answer: when its top-1 probability is under `cascadeThreshold`, hold it and ask
+        the cloud's (heavier) model. True: taken over — `reply` gets exactly one of the two answers."""
+        if request.image is None or result.status != "ok" or not result.predictions:
+            return False
+        top1 = max(p.score for p in result.predictions)
+        if not self.policy.wants_cascade(request, top1, payload_bytes=len(request.image)):
+            return False
+        from edgeinfer.messages import OffloadOrigin, OffloadRequest, iso_utc, offload_topic
+        from edgeinfer.transport import TransportError
+
+        now = self.clock()
+        spent_ms = result.latency_ms.queue + result.latency_ms.decode + result.latency_ms.inference
+        left = None if request.deadline_ms is None else request.deadline_ms - spent_ms
+        shadow = request if left is None else dataclasses.replace(request, deadline_ms=max(0.0, left))
+        ticket = self.policy.begin_offload(
+            shadow, _Pending(reply, None), payload_bytes=len(request.image), now=now, held=result
+        )
+        wire = dataclasses.replace(
+            request, id=ticket.wire_id, reply_to=None, model=self.policy.config.cloud_model or None
+        )
+        payload = OffloadRequest(wire, OffloadOrigin(self.thing, left, iso_utc(self.wall()))).to_json()
+        try:
+            self.bus.publish(offload_topic(self.thing), payload, target=self.target, qos=1)
+        except TransportError as exc:
+            if self.policy.on_publish_failed(ticket):
+                self._fallback(ticket, f"cascade publish failed: {exc}")
+            return True
+        with self._wake:
+            self._wake.notify_all()
+        return True
+
     # ------------------------------------------------------------------------------ engine hooks
 
     def on_batch_start(self, batch_size: int) -> None:

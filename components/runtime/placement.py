@@ -13,7 +13,9 @@ work is spent on it, and acts on the `Decision`:
 
 A policy may also define `on_batch_start(batch_size)` and `on_batch_end(batch_size, compute_ms)`,
 which the engine thread calls around every batch, and `on_result(request_id, result)`, called with
-every result the server publishes (they must be quick and must not raise).
+every result the server publishes (they must be quick and must not raise). With an offloader set,
+`cascade(request, edge_result, reply) -> bool` is asked about every edge answer: True means the policy
+holds that answer, asks the cloud, and calls `reply` exactly once (with the cloud's or the held one).
 
 `decide` runs on the transport thread: it must be quick and must not raise (an exception counts as
 `edge`). The hybrid router fills this seam from `edgeinfer.runtime.offload`; the component wires it

@@ -429,6 +429,8 @@ class InferenceServer:
                 batch_size=n,
                 latency_ms=lat,
             )
+            if j.source is None and self._cascade(j, result):
+                continue  # the placement policy asks the cloud's heavier model; it answers later
             self._replies.put((j, result))
 
     def _reply_loop(self) -> None:
@@ -548,6 +550,18 @@ class InferenceServer:
         self._send(job, result)
 
     # ------------------------------------------------------------------------------------- helpers
+
+    def _cascade(self, job: Job, result: Result) -> bool:
+        """Low-confidence cascade: a policy's `cascade(request, local_result, reply)` may hold the
+        edge answer and ask the cloud; True means it took over and will call `reply` exactly once."""
+        hook = getattr(self.placement, "cascade", None)
+        if hook is None or self.offloader is None:
+            return False
+        try:
+            return bool(hook(job.request, result, lambda r: self._replies.put((job, r))))
+        except Exception:
+            log.exception("placement cascade failed; answering %s from the edge", job.request.id)
+            return False
 
     def _placement_hook(self, name: str, *args: Any) -> None:
         hook = getattr(self.placement, name, None)

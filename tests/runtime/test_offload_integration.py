@@ -162,3 +162,53 @@ def test_router_down_breaker_opens_served_locally_router_back_offloading_resumes
         server.stop()
         hybrid.stop()
         edge_iot.close()
+
+
+def test_low_confidence_cascade_asks_the_cloud_and_falls_back_to_the_held_answer(
+    make_engine: Callable[..., Engine],
+) -> None:
+    from edgeinfer.messages import OffloadRequest, Prediction, offload_result_topic
+
+    cfg = RuntimeConfig(max_batch_size=2)
+    bus = MemoryBus()
+    engine = make_engine(cfg)
+    server = InferenceServer(bus, engine, cfg, THING)
+    config = OffloadConfig(cascade_threshold=0.5, cloud_timeout_ms=200, cloud_model="lite2")
+    hybrid = HybridPlacement(bus, THING, PlacementPolicy(config, local_models=["tiny"])).start()
+    server.set_placement(hybrid, hybrid)
+    cloud_on = True
+    asked: list[OffloadRequest] = []
+
+    def cloud(message: Message) -> None:
+        req = OffloadRequest.parse(message.payload)
+        asked.append(req)
+        if cloud_on:
+            answer = Result(req.request.id, "ok", "", [Prediction(5, "heavy", 0.9)], placement="cloud")
+            bus.publish(offload_result_topic(THING), answer.to_json(), target="iot")
+
+    bus.subscribe(f"edgeinfer/{THING}/offload", cloud, target="iot")
+    server.start()
+    try:
+        grey = base64.b64encode(solid_jpeg((128, 128, 128))).decode()
+        red = base64.b64encode(solid_jpeg((250, 1, 1))).decode()
+        for rid, img in (("unsure", grey), ("sure", red)):
+            bus.publish(infer_topic(THING), json.dumps({"id": rid, "image": img}).encode())
+        assert wait_for(lambda: len(bus.messages_on(result_topic(THING))) == 2)
+        res = {r.id: r for r in (Result.parse(m.payload) for m in bus.messages_on(result_topic(THING)))}
+        assert res["unsure"].placement == "cloud"
+        assert res["unsure"].predictions[0].label == "heavy"
+        assert res["sure"].placement == "edge"
+        assert [a.request.model for a in asked] == ["lite2"]  # only the unsure one went, to the heavy model
+        # the cloud stays silent: the held edge answer goes out after the wait, exactly once
+        cloud_on = False
+        bus.publish(infer_topic(THING), json.dumps({"id": "unsure2", "image": grey}).encode())
+        assert wait_for(lambda: len(bus.messages_on(result_topic(THING))) == 3)
+        time.sleep(0.3)
+        last = [Result.parse(m.payload) for m in bus.messages_on(result_topic(THING))]
+        assert len(last) == 3
+        assert last[-1].id == "unsure2"
+        assert last[-1].placement == "edge"
+        assert last[-1].predictions[0].score < 0.5
+    finally:
+        server.stop()
+        hybrid.stop()
