@@ -39,8 +39,31 @@ The pytest plugin (`edgeinfer.sim.pytest_plugin`, auto-loaded) gives the fixture
 stopped at teardown).
 """
 
-from edgeinfer.sim.broker import Inbox, MosquittoBroker, MqttClient
-from edgeinfer.sim.recipe import RecipeError
-from edgeinfer.sim.simulator import LocalClient, SimError, Simulator
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from edgeinfer.sim.broker import Inbox, MosquittoBroker, MqttClient
+    from edgeinfer.sim.recipe import RecipeError
+    from edgeinfer.sim.simulator import LocalClient, SimError, Simulator
 
 __all__ = ["Inbox", "LocalClient", "MosquittoBroker", "MqttClient", "RecipeError", "SimError", "Simulator"]
+
+_WHERE = {
+    "Inbox": "broker",
+    "MosquittoBroker": "broker",
+    "MqttClient": "broker",
+    "RecipeError": "recipe",
+    "LocalClient": "simulator",
+    "SimError": "simulator",
+    "Simulator": "simulator",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so that the pytest plugin (loaded in every session) and `edgeinfer --help` stay light.
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"edgeinfer.sim.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'edgeinfer.sim' has no attribute {name!r}")

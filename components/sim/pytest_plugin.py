@@ -15,14 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from edgeinfer.sim.broker import MosquittoBroker
-from edgeinfer.sim.simulator import Simulator
 
-SimulatorFactory = Callable[..., Simulator]
+if TYPE_CHECKING:
+    from edgeinfer.sim.simulator import Simulator
+
+SimulatorFactory = Callable[..., "Simulator"]
 
 
 @pytest.fixture(scope="session")
@@ -41,6 +43,8 @@ def simulator(sim_broker: MosquittoBroker, tmp_path: Path) -> Iterator[Simulator
     started: list[Simulator] = []
 
     def make(recipes_dir: str | Path, artifacts_dir: str | Path | None = None, **kwargs: Any) -> Simulator:
+        from edgeinfer.sim.simulator import Simulator
+
         kwargs.setdefault("broker", sim_broker.address)
         kwargs.setdefault("work_dir", tmp_path / f"sim{len(started)}")
         kwargs.setdefault("restart_delay", 0.1)

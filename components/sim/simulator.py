@@ -63,7 +63,7 @@ class Simulator:
         *,
         thing: str = "edgeinfer-sim",
         components: Sequence[str] | None = None,
-        config_merge: Mapping[str, Mapping[str, Any]] | None = None,
+        config_merge: Mapping[str, Any] | None = None,
         config_reset: Mapping[str, Sequence[str]] | None = None,
         work_dir: str | Path | None = None,
         broker: tuple[str, int] | str | None = None,
@@ -78,7 +78,11 @@ class Simulator:
         self.artifacts_dir = Path(artifacts_dir) if artifacts_dir is not None else None
         self.thing = thing
         self.components = list(components) if components is not None else None
-        self.config_merge = {k: dict(v) for k, v in (config_merge or {}).items()}
+        self.config_merge: dict[str, dict[str, Any]] = {}
+        for name, merge in (config_merge or {}).items():
+            if not isinstance(merge, Mapping):
+                raise SimError(f"config_merge[{name!r}] must be a mapping, not {type(merge).__name__}")
+            self.config_merge[name] = dict(merge)
         self.config_reset = {k: list(v) for k, v in (config_reset or {}).items()}
         self._work_dir_arg = Path(work_dir) if work_dir is not None else None
         self._broker_arg = parse_hostport(broker) if isinstance(broker, str) else broker
