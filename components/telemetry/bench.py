@@ -134,6 +134,25 @@ def per_record(n_records: int, repeats: int, window_s: float) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------ saturated
 
 
+def _process_cpu_s(module: str, proc: Path = Path("/proc")) -> float:
+    """CPU seconds (user + system) so far of the processes running `python -m <module>`."""
+    from edgeinfer.telemetry.system import parse_stat_cpu
+
+    tck = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().split(b"\0")
+            if module.encode() not in cmd or b"-m" not in cmd:
+                continue
+            total += parse_stat_cpu((entry / "stat").read_text()) or 0
+        except OSError:
+            continue
+    return total / tck
+
+
 def saturated(args: argparse.Namespace, store_dir: Path) -> dict[str, Any]:
     from edgeinfer.runtime import bench as rb
     from edgeinfer.sim import Simulator
@@ -146,7 +165,11 @@ def saturated(args: argparse.Namespace, store_dir: Path) -> dict[str, Any]:
     runtime_cfg = {
         "maxBatchSize": args.max_batch_size,
         "executionProviders": ["CPUExecutionProvider"],
-        "timings": {"enabled": True},
+        "timings": {
+            "enabled": True,
+            "maxRecords": args.timings_max_records,
+            "flushIntervalMs": args.timings_flush_ms,
+        },
     }
     sim = Simulator(
         recipes,
@@ -157,6 +180,13 @@ def saturated(args: argparse.Namespace, store_dir: Path) -> dict[str, Any]:
     )
     on: list[float] = []
     off: list[float] = []
+    # CPU seconds per request of each process, per side: immune to other tenants' load
+    cpu: dict[str, list[float]] = {
+        "runtime_on": [],
+        "runtime_off": [],
+        "telemetry_on": [],
+        "telemetry_off": [],
+    }
     windows: list[dict[str, Any]] = []
     try:
         print("simulated core: runtime + telemetry", file=sys.stderr)
@@ -171,14 +201,21 @@ def saturated(args: argparse.Namespace, store_dir: Path) -> dict[str, Any]:
         )
         driver = rb.Driver(bus, "local", THING, payloads)
         time.sleep(0.3)
-        driver.saturate(args.requests // 2, window=3 * args.max_batch_size)  # warm-up
+        for enabled in (False, True):  # warm-up, both ways
+            sim.update_configuration(rb.COMPONENT, merge={"timings": {"enabled": enabled}})
+            driver.saturate(args.requests, window=3 * args.max_batch_size)
         for round_no in range(args.rounds):
             # alternate which side goes first, so drift within a pair cancels out over the rounds
             order = (True, False) if round_no % 2 == 0 else (False, True)
             for enabled in order:
                 sim.update_configuration(rb.COMPONENT, merge={"timings": {"enabled": enabled}})
                 time.sleep(0.3)
+                side = "on" if enabled else "off"
+                rt0, te0 = _process_cpu_s("edgeinfer.runtime"), _process_cpu_s("edgeinfer.telemetry")
                 rps, _ = driver.saturate(args.requests, window=3 * args.max_batch_size)
+                rt1, te1 = _process_cpu_s("edgeinfer.runtime"), _process_cpu_s("edgeinfer.telemetry")
+                cpu[f"runtime_{side}"].append((rt1 - rt0) / args.requests)
+                cpu[f"telemetry_{side}"].append((te1 - te0) / args.requests)
                 (on if enabled else off).append(rps)
                 print(
                     f"  round {round_no + 1}: timings {'on ' if enabled else 'off'} {rps:.1f} img/s",
@@ -193,7 +230,18 @@ def saturated(args: argparse.Namespace, store_dir: Path) -> dict[str, Any]:
         shutil.rmtree(root, ignore_errors=True)
     pairs = [a / b for a, b in zip(on, off, strict=True)]
     counted = sum(int(w.get("count", 0)) for w in windows)
+    # totals over the rounds, not medians per round: /proc counts in clock ticks (10 ms), too coarse
+    # for one round's share of a light process
+    med = {k: statistics.fmean(v) * 1e6 for k, v in cpu.items()}  # µs per request
+    extra = med["runtime_on"] - med["runtime_off"] + med["telemetry_on"]
+    if args.record_windows:
+        path = Path(args.record_windows)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(w, separators=(",", ":")) + "\n" for w in windows), "utf-8")
     return {
+        "timings_config": runtime_cfg["timings"],
+        "cpu_us_per_request": med,
+        "cpu_cost": extra / med["runtime_off"] if med["runtime_off"] > 0 else None,
         "rounds": args.rounds,
         "requests_per_round": args.requests,
         "on_rps": on,
@@ -246,9 +294,14 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         "cost_share": estimate,
         "note": "CPU per request of both sides over the per-request service time (upper bound on 1 core)",
     }
-    measured = sat["cost"] if sat is not None else None
     out["target_cost"] = TARGET_COST
-    out["pass"] = (measured if measured is not None else estimate) <= TARGET_COST
+    if sat is not None:
+        # the issue's figure: saturated throughput on vs off; and the CPU-time figure beside it, which
+        # other tenants of a shared machine cannot disturb
+        out["pass"] = sat["cost"] <= TARGET_COST
+        out["pass_cpu"] = sat["cpu_cost"] is not None and sat["cpu_cost"] <= TARGET_COST
+    else:
+        out["pass"] = estimate <= TARGET_COST
     out["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
     return out
 
@@ -282,13 +335,26 @@ def print_table(out: dict[str, Any]) -> None:
                 f"cost {100 * sat['cost']:.2f} % (paired, {sat['rounds']} rounds; target ≤ 3 %)",
             )
         )
+        c = sat["cpu_us_per_request"]
+        rows.append(
+            (
+                "CPU per request on / off",
+                f"{c['runtime_on'] + c['telemetry_on']:.0f} / {c['runtime_off'] + c['telemetry_off']:.0f} µs",
+                f"runtime {c['runtime_on']:.0f}/{c['runtime_off']:.0f} + telemetry "
+                f"{c['telemetry_on']:.0f}/{c['telemetry_off']:.0f}: "
+                f"cost {100 * (sat['cpu_cost'] or 0):.2f} %",
+            )
+        )
     else:
         rows.append(("saturated on / off", "skipped", out.get("saturated_skipped", "--no-runtime")))
     print("bench telemetry")
     width = max(len(r[0]) for r in rows)
     for name, value, note in rows:
         print(f"  {name:<{width}}  {value:<28} {note}")
-    print("  target ≤ 3 %: " + ("met" if out["pass"] else "MISSED"))
+    verdict = "met" if out["pass"] else "MISSED"
+    if "pass_cpu" in out:
+        verdict += f" (throughput); {'met' if out['pass_cpu'] else 'MISSED'} (CPU time)"
+    print("  target ≤ 3 %: " + verdict)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -318,9 +384,20 @@ def register_bench(subparsers: Any) -> None:
     p.add_argument("--window-s", type=float, default=10.0, help="telemetry window (default 10 s)")
     p.add_argument("--no-runtime", action="store_true", help="skip the saturated on/off part")
     p.add_argument("--model-dir", default="", help="model store folder (default: the built one)")
-    p.add_argument("--rounds", type=int, default=5, help="on/off pairs at saturation (default 5)")
-    p.add_argument("--requests", type=int, default=400, help="requests per saturated round")
+    p.add_argument("--rounds", type=int, default=8, help="on/off pairs at saturation (default 8)")
+    p.add_argument(
+        "--record-windows",
+        metavar="FILE",
+        help="also write the telemetry windows of the saturated run (JSON Lines)",
+    )
+    p.add_argument("--requests", type=int, default=500, help="requests per saturated round")
     p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument(
+        "--timings-max-records", type=int, default=32, help="the runtime's timings.maxRecords (default 32)"
+    )
+    p.add_argument(
+        "--timings-flush-ms", type=float, default=250.0, help="the runtime's timings.flushIntervalMs"
+    )
     p.add_argument(
         "--service-ms",
         type=float,
