@@ -1,0 +1,144 @@
+"""Shared pieces of the publish/deploy tests: a built bundle (fake model store), moto, Stubber helpers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+from moto import mock_aws
+
+from edgeinfer.bundle.build import Bundle, build_bundle
+from edgeinfer.cloud.publish import Clients, component_arn
+from edgeinfer.model import build as model_build
+from edgeinfer.model.manifest import CPU, TENSORRT, Manifest, Preprocessing, TensorSpec, Variant, sha256_file
+
+ROOT = Path(__file__).resolve().parents[2]
+
+REGION = "eu-central-1"
+BUCKET = "my-edge-artifacts"  # exactly what a user would type
+NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def write_model_store(folder: Path) -> None:
+    """A model store with tiny stand-in files and a real manifest (the bundle checks it)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / model_build.LABELS_FILE).write_text(json.dumps(["cat", "dog"]))
+    variants = []
+    for file, providers in (
+        (model_build.FP32_FILE, [CPU]),
+        (model_build.INT8_CPU_FILE, [CPU]),
+        (model_build.INT8_TRT_FILE, [TENSORRT]),
+    ):
+        path = folder / file
+        path.write_bytes(f"stand-in for {file}".encode())
+        variants.append(Variant(file, "int8", providers, sha256_file(path), path.stat().st_size, file))
+    Manifest(
+        name="test-model",
+        version="0.1.0",
+        inputs=[TensorSpec("image", "uint8", ["N", "H", "W", 3])],
+        outputs=[TensorSpec("logits", "float32", ["N", 2])],
+        preprocessing=Preprocessing(),
+        labels_file=model_build.LABELS_FILE,
+        variants=variants,
+    ).save(folder)
+
+
+class Capture:
+    """An expected parameter that matches anything and remembers what it saw."""
+
+    def __init__(self) -> None:
+        self.values: list[Any] = []
+
+    def __eq__(self, other: object) -> bool:
+        self.values.append(other)
+        return True
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for key in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    with mock_aws():
+        yield
+
+
+@pytest.fixture
+def bundle(tmp_path: Path) -> Bundle:
+    artifacts = tmp_path / "artifacts"
+    write_model_store(artifacts / "com.edgeinfer.ModelStore" / "0.1.0")
+    return build_bundle(ROOT, artifacts_dir=artifacts, out_dir=tmp_path / "greengrass-build")
+
+
+@pytest.fixture
+def clients(aws_env: None) -> Iterator[tuple[Clients, Stubber]]:
+    s3 = boto3.client("s3", region_name=REGION)
+    s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+    gg = boto3.client("greengrassv2", region_name=REGION)
+    with Stubber(gg) as stub:
+        yield Clients(sts=boto3.client("sts", region_name=REGION), s3=s3, greengrassv2=gg), stub
+        stub.assert_no_pending_responses()
+
+
+def account(c: Clients) -> str:
+    return str(c.sts.get_caller_identity()["Account"])
+
+
+def expect_missing(stub: Stubber, arn: str) -> None:
+    stub.add_client_error(
+        "get_component",
+        service_error_code="ResourceNotFoundException",
+        service_message="not found",
+        http_status_code=404,
+        expected_params={"arn": arn, "recipeOutputFormat": "JSON"},
+    )
+
+
+def expect_existing(stub: Stubber, arn: str, recipe: dict[str, Any]) -> None:
+    stub.add_response(
+        "get_component",
+        {"recipeOutputFormat": "JSON", "recipe": json.dumps(recipe).encode()},
+        expected_params={"arn": arn, "recipeOutputFormat": "JSON"},
+    )
+
+
+def expect_create(stub: Stubber, arn: str, name: str, version: str, recipe: Capture) -> None:
+    stub.add_response(
+        "create_component_version",
+        {
+            "arn": arn,
+            "componentName": name,
+            "componentVersion": version,
+            "creationTimestamp": NOW,
+            "status": {"componentState": "REQUESTED", "message": "requested"},
+        },
+        expected_params={"inlineRecipe": recipe, "clientToken": Capture()},
+    )
+    stub.add_response(
+        "describe_component",
+        {
+            "arn": arn,
+            "componentName": name,
+            "componentVersion": version,
+            "status": {"componentState": "DEPLOYABLE"},
+        },
+        expected_params={"arn": arn},
+    )
+
+
+def arns(c: Clients, bundle: Bundle) -> list[str]:
+    acct = account(c)
+    return [component_arn(REGION, acct, comp.name, comp.version) for comp in bundle.components]

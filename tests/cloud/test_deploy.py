@@ -1,0 +1,202 @@
+"""`edgeinfer deploy`: every greengrassv2 call through botocore's Stubber (parameters validated)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from aws_fixtures import NOW, ROOT, Capture
+from botocore.stub import Stubber
+
+from edgeinfer import cli
+from edgeinfer.bundle.build import dependency_order, load_recipes
+from edgeinfer.cloud import aws_cli
+from edgeinfer.cloud.deploy import DeployError, deploy, parse_config_merge, parse_target
+
+THING_ARN = "arn:aws:iot:eu-central-1:111122223333:thing/line-7-camera"
+GROUP_ARN = "arn:aws:iot:eu-central-1:111122223333:thinggroup/factory-a"
+DEPLOYMENT = "a1b2c3d4-5678-90ab-cdef-EXAMPLE11111"
+COMPONENTS = {
+    "com.edgeinfer.ModelStore": "0.1.0",
+    "com.edgeinfer.RuntimeInstaller": "0.1.0",
+    "com.edgeinfer.InferenceRuntime": "0.1.0",
+    "com.edgeinfer.Telemetry": "0.1.0",
+}
+
+
+@pytest.fixture
+def gg(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, Stubber]]:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    client = boto3.client("greengrassv2", region_name="eu-central-1")
+    with Stubber(client) as stub:
+        yield client, stub
+        stub.assert_no_pending_responses()
+
+
+def expect_create(stub: Stubber, target: str, components: Capture | dict[str, Any]) -> None:
+    stub.add_response(
+        "create_deployment",
+        {
+            "deploymentId": DEPLOYMENT,
+            "iotJobId": "job-1",
+            "iotJobArn": "arn:aws:iot:eu-central-1:111122223333:job/job-1",
+        },
+        expected_params={
+            "targetArn": target,
+            "deploymentName": Capture(),
+            "components": components,
+            "deploymentPolicies": Capture(),
+            "clientToken": Capture(),
+        },
+    )
+
+
+def effective(stub: Stubber, device: str, status: str, reason: str = "") -> None:
+    entry = {
+        "deploymentId": DEPLOYMENT,
+        "deploymentName": "edgeinfer",
+        "targetArn": THING_ARN,
+        "coreDeviceExecutionStatus": status,
+        "creationTimestamp": NOW,
+        "modifiedTimestamp": NOW,
+    }
+    if reason:
+        entry["reason"] = reason
+    stub.add_response(
+        "list_effective_deployments",
+        {"effectiveDeployments": [entry]},
+        expected_params={"coreDeviceThingName": device},
+    )
+
+
+def test_deploy_sends_versions_and_config_merges(gg: tuple[Any, Stubber]) -> None:
+    client, stub = gg
+    merges = parse_config_merge(['com.edgeinfer.InferenceRuntime={"maxBatchSize": 4}'], list(COMPONENTS))
+    expected = {name: {"componentVersion": version} for name, version in COMPONENTS.items()}
+    expected["com.edgeinfer.InferenceRuntime"]["configurationUpdate"] = {"merge": '{"maxBatchSize":4}'}
+    expect_create(stub, THING_ARN, expected)
+    report = deploy(client, parse_target(THING_ARN), COMPONENTS, merges=merges)
+    assert report.deployment_id == DEPLOYMENT
+    assert report.statuses == {}
+
+
+def test_wait_follows_a_thing_until_it_succeeds(gg: tuple[Any, Stubber]) -> None:
+    client, stub = gg
+    expect_create(stub, THING_ARN, Capture())
+    effective(stub, "line-7-camera", "QUEUED")
+    effective(stub, "line-7-camera", "IN_PROGRESS")
+    effective(stub, "line-7-camera", "SUCCEEDED")
+    lines: list[str] = []
+    report = deploy(
+        client, parse_target(THING_ARN), COMPONENTS, wait=True, sleep=lambda s: None, say=lines.append
+    )
+    assert report.statuses == {"line-7-camera": "SUCCEEDED"}
+    assert [line.strip() for line in lines[1:]] == [
+        "line-7-camera: QUEUED",
+        "line-7-camera: IN_PROGRESS",
+        "line-7-camera: SUCCEEDED",
+    ]
+
+
+def test_wait_on_a_group_reports_the_failed_device(gg: tuple[Any, Stubber]) -> None:
+    client, stub = gg
+    expect_create(stub, GROUP_ARN, Capture())
+    stub.add_response(
+        "list_core_devices",
+        {
+            "coreDevices": [
+                {"coreDeviceThingName": "cam-1", "status": "HEALTHY", "lastStatusUpdateTimestamp": NOW},
+                {"coreDeviceThingName": "cam-2", "status": "HEALTHY", "lastStatusUpdateTimestamp": NOW},
+            ]
+        },
+        expected_params={"thingGroupArn": GROUP_ARN},
+    )
+    effective(stub, "cam-1", "SUCCEEDED")
+    effective(stub, "cam-2", "FAILED", "com.edgeinfer.RuntimeInstaller errored during install")
+    with pytest.raises(DeployError, match=r"cam-2: FAILED \(com\.edgeinfer\.RuntimeInstaller errored") as err:
+        deploy(client, parse_target(GROUP_ARN), COMPONENTS, wait=True, sleep=lambda s: None)
+    assert "cam-1" not in str(err.value)
+
+
+def test_wait_times_out_with_the_last_state(gg: tuple[Any, Stubber]) -> None:
+    client, stub = gg
+    expect_create(stub, THING_ARN, Capture())
+    effective(stub, "line-7-camera", "IN_PROGRESS")
+    ticks = iter([0.0, 10.0])
+    with pytest.raises(DeployError, match=r"not finished after 5 s \(line-7-camera: IN_PROGRESS\)"):
+        deploy(
+            client,
+            parse_target(THING_ARN),
+            COMPONENTS,
+            wait=True,
+            timeout_s=5,
+            clock=lambda: next(ticks),
+            sleep=lambda s: None,
+        )
+
+
+@pytest.mark.parametrize(
+    ("item", "match"),
+    [
+        ("com.edgeinfer.Nope={}", "not in the bundle"),
+        ("com.edgeinfer.Telemetry={not json", "not valid JSON"),
+        ("com.edgeinfer.Telemetry=[1]", "must be an object"),
+        ("just-text", "COMPONENT=JSON"),
+    ],
+)
+def test_bad_config_merge_is_one_line(item: str, match: str) -> None:
+    with pytest.raises(DeployError, match=match):
+        parse_config_merge([item], list(COMPONENTS))
+
+
+@pytest.mark.parametrize("arn", ["line-7-camera", "arn:aws:iot:eu-central-1:111122223333:policy/x", ""])
+def test_bad_target_is_refused(arn: str) -> None:
+    with pytest.raises(DeployError, match="thing or thing group ARN"):
+        parse_target(arn)
+
+
+def test_cli_deploys_the_bundle_versions(
+    gg: tuple[Any, Stubber], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    client, stub = gg
+    recipes = load_recipes(ROOT)
+    versions = {name: recipes[name].version for name in dependency_order(recipes)}
+    captured = Capture()
+    expect_create(stub, THING_ARN, captured)
+
+    class Session:
+        def client(self, name: str) -> Any:
+            assert name == "greengrassv2"
+            return client
+
+    monkeypatch.setattr(aws_cli, "_session", lambda profile, region: Session())
+    code = cli.main(
+        [
+            "deploy",
+            "--target",
+            THING_ARN,
+            "--project",
+            str(ROOT),
+            "--config-merge",
+            'com.edgeinfer.RuntimeInstaller={"enableTensorRT": true}',
+        ]
+    )
+    assert code == 0
+    sent = captured.values[0]
+    assert {name: spec["componentVersion"] for name, spec in sent.items()} == versions
+    assert json.loads(sent["com.edgeinfer.RuntimeInstaller"]["configurationUpdate"]["merge"]) == {
+        "enableTensorRT": True
+    }
+    assert DEPLOYMENT in capsys.readouterr().out
+
+
+def test_cli_bad_target_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert cli.main(["deploy", "--target", "not-an-arn", "--project", str(ROOT)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("edgeinfer: error: --target must be")
+    assert err.count("\n") == 1

@@ -1,0 +1,178 @@
+"""`edgeinfer publish`: S3 against moto, every greengrassv2 call through botocore's Stubber."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from aws_fixtures import (
+    BUCKET,
+    NOW,
+    REGION,
+    ROOT,
+    Capture,
+    arns,
+    aws_env,
+    bundle,
+    clients,
+    expect_create,
+    expect_existing,
+    expect_missing,
+)
+from botocore.stub import Stubber
+
+from edgeinfer import cli
+from edgeinfer.bundle.build import Bundle
+from edgeinfer.cloud.publish import Clients, PublishError, publish
+
+__all__ = ["aws_env", "bundle", "clients"]  # fixtures
+
+
+def run_first_publish(c: Clients, stub: Stubber, bundle: Bundle) -> list[dict[str, Any]]:
+    """Queue the calls of a publish into an empty account; returns the recipes it created."""
+    captures = []
+    for arn in arns(c, bundle):
+        expect_missing(stub, arn)
+    for arn, comp in zip(arns(c, bundle), bundle.components, strict=True):
+        capture = Capture()
+        expect_create(stub, arn, comp.name, comp.version, capture)
+        captures.append(capture)
+    report = publish(bundle, BUCKET, REGION, c, sleep=lambda s: None)
+    assert report.created == [f"{comp.name} {comp.version}" for comp in bundle.components]
+    return [json.loads(cap.values[0]) for cap in captures]
+
+
+def test_publish_uploads_and_creates_in_dependency_order(
+    clients: tuple[Clients, Stubber], bundle: Bundle
+) -> None:
+    c, stub = clients
+    recipes = run_first_publish(c, stub, bundle)
+    names = [r["ComponentName"] for r in recipes]
+    assert names.index("com.edgeinfer.ModelStore") < names.index("com.edgeinfer.InferenceRuntime")
+    assert names.index("com.edgeinfer.RuntimeInstaller") < names.index("com.edgeinfer.InferenceRuntime")
+    keys = {o["Key"] for o in c.s3.list_objects_v2(Bucket=BUCKET)["Contents"]}
+    for recipe, comp in zip(recipes, bundle.components, strict=True):
+        for manifest in recipe["Manifests"]:
+            for art in manifest.get("Artifacts", []):
+                filename = art["URI"].rsplit("/", 1)[-1]
+                # the exact bucket, under <component>/<version>/
+                assert art["URI"] == f"s3://{BUCKET}/{comp.name}/{comp.version}/{filename}"
+                assert f"{comp.name}/{comp.version}/{filename}" in keys
+                assert art["Algorithm"] == "SHA-256"
+                body = c.s3.get_object(Bucket=BUCKET, Key=f"{comp.name}/{comp.version}/{filename}")["Body"]
+                local = next(a for a in comp.artifacts if a.filename == filename)
+                assert body.read() == local.path.read_bytes()
+                assert art["Digest"] == local.digest
+
+
+def test_publish_twice_is_idempotent(clients: tuple[Clients, Stubber], bundle: Bundle) -> None:
+    c, stub = clients
+    recipes = run_first_publish(c, stub, bundle)
+    before = {o["Key"]: o["LastModified"] for o in c.s3.list_objects_v2(Bucket=BUCKET)["Contents"]}
+    for arn, recipe in zip(arns(c, bundle), recipes, strict=True):
+        expect_existing(stub, arn, recipe)
+    report = publish(bundle, BUCKET, REGION, c)
+    assert report.created == []
+    assert report.uploaded == []
+    assert len(report.skipped) == len(bundle.components)
+    after = {o["Key"]: o["LastModified"] for o in c.s3.list_objects_v2(Bucket=BUCKET)["Contents"]}
+    assert after == before
+
+
+def test_digest_conflict_is_refused_before_anything_changes(
+    clients: tuple[Clients, Stubber], bundle: Bundle
+) -> None:
+    c, stub = clients
+    for arn, comp in zip(arns(c, bundle), bundle.components, strict=True):
+        if comp.name == "com.edgeinfer.ModelStore":
+            recipe = comp.built_recipe()
+            recipe["Manifests"][0]["Artifacts"][2]["Digest"] = "c29tZXRoaW5nIGVsc2U="
+            expect_existing(stub, arn, recipe)
+        else:
+            expect_missing(stub, arn)
+    with pytest.raises(PublishError, match=r"com\.edgeinfer\.ModelStore 0\.1\.0 \(model_fp32\.onnx\)") as err:
+        publish(bundle, BUCKET, REGION, c)
+    assert "bump ComponentVersion" in str(err.value)
+    assert "\n" not in str(err.value)
+    assert c.s3.list_objects_v2(Bucket=BUCKET).get("KeyCount") == 0  # nothing uploaded
+
+
+def test_dry_run_changes_nothing(clients: tuple[Clients, Stubber], bundle: Bundle) -> None:
+    c, stub = clients
+    for arn in arns(c, bundle):
+        expect_missing(stub, arn)
+    lines: list[str] = []
+    report = publish(bundle, BUCKET, REGION, c, dry_run=True, say=lines.append)
+    assert len(report.created) == len(bundle.components)
+    assert c.s3.list_objects_v2(Bucket=BUCKET).get("KeyCount") == 0
+    assert all("would upload" in line for line in lines)
+
+
+def test_bucket_in_another_region_is_refused(clients: tuple[Clients, Stubber], bundle: Bundle) -> None:
+    c, _stub = clients
+    boto3.client("s3", region_name="us-west-2").create_bucket(
+        Bucket="elsewhere", CreateBucketConfiguration={"LocationConstraint": "us-west-2"}
+    )
+    with pytest.raises(PublishError, match="bucket elsewhere is in us-west-2, not eu-central-1"):
+        publish(bundle, "elsewhere", REGION, c)
+
+
+def test_missing_bucket_is_refused(clients: tuple[Clients, Stubber], bundle: Bundle) -> None:
+    c, _stub = clients
+    with pytest.raises(PublishError, match="bucket no-such-bucket-here does not exist"):
+        publish(bundle, "no-such-bucket-here", REGION, c)
+
+
+def test_failed_component_is_one_line(clients: tuple[Clients, Stubber], bundle: Bundle) -> None:
+    c, stub = clients
+    first, *rest = arns(c, bundle)
+    for arn in (first, *rest):
+        expect_missing(stub, arn)
+    comp = bundle.components[0]
+    stub.add_response(
+        "create_component_version",
+        {
+            "arn": first,
+            "componentName": comp.name,
+            "componentVersion": comp.version,
+            "creationTimestamp": NOW,
+            "status": {"componentState": "REQUESTED"},
+        },
+        expected_params={"inlineRecipe": Capture(), "clientToken": Capture()},
+    )
+    stub.add_response(
+        "describe_component",
+        {"arn": first, "status": {"componentState": "FAILED", "message": "artifact not accessible"}},
+        expected_params={"arn": first},
+    )
+    with pytest.raises(PublishError, match="Greengrass refused the component: artifact not accessible"):
+        publish(bundle, BUCKET, REGION, c)
+
+
+def test_cli_without_credentials_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, bundle: Bundle, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for key in list(__import__("os").environ):
+        if key.startswith("AWS_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    argv = ["publish", "--bucket", BUCKET, "--region", REGION, "--project", str(ROOT)]
+    argv += ["--artifacts", str(bundle.artifacts_dir), "--out", str(tmp_path / "gb")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("edgeinfer: error: no AWS credentials found")
+    assert err.count("\n") == 1
+
+
+def test_cli_missing_artifact_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["publish", "--bucket", BUCKET, "--region", REGION, "--project", str(ROOT)]
+    argv += ["--artifacts", str(tmp_path / "empty"), "--out", str(tmp_path / "gb")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "edgeinfer model build" in err
+    assert err.count("\n") == 1
