@@ -156,13 +156,20 @@ def _watch(args: argparse.Namespace) -> int:
             client.subscribe(result_topic(args.thing), watcher.on_result, target="iot")
         deadline = None if args.duration is None else time.monotonic() + args.duration
         console = Console(stderr=False)
-        if args.once or not console.is_terminal:
-            # no live screen: wait, then print one frame (scripts, CI, pipes)
+        if args.once:
+            assert deadline is not None  # --once sets a duration
+            while time.monotonic() < deadline:
+                time.sleep(0.1)
+            console.print(dashboard.render())
+            return 0
+        if not console.is_terminal:
+            # no live screen (a pipe, a log file): print a frame whenever a new window arrived
+            printed = 0
             while deadline is None or time.monotonic() < deadline:
                 time.sleep(0.2)
-                if deadline is None and dashboard.things:
-                    break
-            console.print(dashboard.render())
+                if dashboard.windows_received != printed:
+                    printed = dashboard.windows_received
+                    console.print(dashboard.render())
             return 0
         with Live(dashboard.render(), console=console, refresh_per_second=4, screen=False) as live:
             while deadline is None or time.monotonic() < deadline:

@@ -71,6 +71,7 @@ class Dashboard:
         self._devices: dict[str, _Device] = {}
         self._lock = threading.Lock()
         self.bad_messages = 0
+        self.windows_received = 0
 
     def _device(self, thing: str) -> _Device:
         dev = self._devices.get(thing)
@@ -108,6 +109,7 @@ class Dashboard:
             dev.window = window
             dev.history.append(window)
             dev.window_at = self._clock()
+            self.windows_received += 1
 
     def add_result(self, thing: str, result: Result) -> None:
         with self._lock:
