@@ -200,7 +200,12 @@ class SpoolingPublisher:
         # Older windows go first; only when none is left waiting may this one skip the spool.
         if self.pump() and self._clock() >= self._next_try and self._send(payload, window.seq):
             return True
-        self.spool.put(window.seq, payload)
+        try:
+            self.spool.put(window.seq, payload)
+        except OSError as exc:  # a full or read-only disk: the window is lost, and counted
+            self.spool.dropped += 1
+            log.error("cannot spool telemetry window %d: %s", window.seq, exc)
+            return False
         log.debug("spooled telemetry window %d (%d waiting)", window.seq, len(self.spool))
         return False
 

@@ -145,3 +145,29 @@ def test_atomic_write_leaves_no_partial_file(tmp_path: Path) -> None:
     atomic_write(target, b"two")
     assert target.read_bytes() == b"two"
     assert [p.name for p in tmp_path.iterdir()] == ["w.json"]
+
+
+def test_a_window_that_cannot_be_spooled_is_counted(
+    tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = MemoryBus(fail_publish=True)
+    spool = Spool(tmp_path / "spool")
+    pub = SpoolingPublisher(bus, TOPIC, spool, clock=clock)
+    agg = WindowAggregator("dev", window_s=1, clock=clock)
+    clock.advance(1)
+    pub.submit(agg.poll()[0])
+    with monkeypatch.context() as patch:
+
+        def disk_full(seq: int, payload: bytes) -> None:
+            raise OSError(28, "No space left on device")
+
+        patch.setattr(spool, "put", disk_full)
+        clock.advance(1)
+        assert not pub.submit(agg.poll()[0])
+    assert spool.dropped == 1
+    bus.fail_publish = False
+    clock.advance(30)
+    pub.submit(agg.poll()[0])
+    windows = sent(bus)
+    assert [w.seq for w in windows] == [0, 2]
+    assert windows[-1].system["spool"]["dropped"] == 1
