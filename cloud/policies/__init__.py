@@ -1,0 +1,74 @@
+"""Least-privilege AWS IoT policy templates for the core device and the cloud router.
+
+`core-device.json`: what a Greengrass core running the edgeinfer bundle needs, and nothing more: the
+nucleus's own topics (jobs, shadow, health), the Greengrass data plane, its token-exchange role
+alias, and the edgeinfer topics of DESIGN.md, all scoped to its own thing name with the policy
+variable `${iot:Connection.Thing.ThingName}` (one policy serves the whole fleet).
+
+`cloud-router.json`: the router's shared subscription `$share/<group>/edgeinfer/+/offload`, receiving
+offloaded requests from any device and publishing `edgeinfer/+/offload/result`.
+
+Placeholders `<REGION>`, `<ACCOUNT_ID>`, `<TOKEN_EXCHANGE_ROLE_ALIAS>` and `<ROUTER_GROUP>` are filled
+by `render()`; no account id is stored here. Attach with, e.g.
+`aws iot create-policy --policy-name edgeinfer-core --policy-document file://core.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from edgeinfer.errors import EdgeinferError
+
+__all__ = ["TEMPLATES", "PolicyError", "render", "template"]
+
+TEMPLATES = {"core-device": "core-device.json", "cloud-router": "cloud-router.json"}
+_HERE = Path(__file__).parent
+_PLACEHOLDER = re.compile(r"<[A-Z_]+>")
+
+
+class PolicyError(EdgeinferError):
+    """A policy template cannot be rendered with the values given."""
+
+
+def template(name: str) -> dict[str, Any]:
+    if name not in TEMPLATES:
+        raise PolicyError(f"unknown policy template {name!r} (one of {', '.join(TEMPLATES)})")
+    data: dict[str, Any] = json.loads((_HERE / TEMPLATES[name]).read_text(encoding="utf-8"))
+    return data
+
+
+def render(
+    name: str,
+    *,
+    region: str,
+    account: str,
+    role_alias: str = "GreengrassV2TokenExchangeRoleAlias",
+    router_group: str = "edgeinfer-router",
+) -> dict[str, Any]:
+    """The policy document with every placeholder filled (policy variables stay for AWS IoT)."""
+    if not re.fullmatch(r"[a-z]{2}(-gov)?-[a-z]+-\d", region):
+        raise PolicyError(f"not an AWS region: {region!r}")
+    if not re.fullmatch(r"\d{12}", account):
+        raise PolicyError(f"not an AWS account id (12 digits): {account!r}")
+    if not re.fullmatch(r"[\w=,@-]{1,128}", role_alias):
+        raise PolicyError(f"not a role alias name: {role_alias!r}")
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,128}", router_group):
+        raise PolicyError(f"not a shared-subscription group name: {router_group!r}")
+    partition = "aws-cn" if region.startswith("cn-") else "aws-us-gov" if "-gov-" in region else "aws"
+    text = json.dumps(template(name))
+    for key, value in {
+        "<REGION>": region,
+        "<ACCOUNT_ID>": account,
+        "<TOKEN_EXCHANGE_ROLE_ALIAS>": role_alias,
+        "<ROUTER_GROUP>": router_group,
+    }.items():
+        text = text.replace(key, value)
+    text = text.replace("arn:aws:", f"arn:{partition}:")
+    left = _PLACEHOLDER.findall(text)
+    if left:
+        raise PolicyError(f"policy {name} still has placeholders: {', '.join(sorted(set(left)))}")
+    data: dict[str, Any] = json.loads(text)
+    return data
