@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -73,25 +74,30 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+_QKEY = re.compile(r"^(?:(?P<prefix>.+?)_)?(?P<q>p50|p90|p99|max|mean)(?:_ms)?$")
+
+
 def find_quantiles(doc: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, dict[str, float]]]:
-    """Every object with numeric p50 and p99, labelled by its key path (list items by `name`/index)."""
+    """Every group of numeric p50 and p99 figures, labelled by its key path (list items by `name`).
+
+    Both spellings that benchmarks use are found: `{"p50": …, "p99": …}` objects and flat keys
+    that share a prefix, `{"local_p50_ms": …, "local_p99_ms": …}` (milliseconds either way).
+    """
     if isinstance(doc, dict):
-        if _number(doc.get("p50")) and _number(doc.get("p99")):
-            label = "/".join(path) or "latency"
-            yield (
-                label,
-                {
-                    k: float(v)
-                    for k, v in doc.items()
-                    if k in ("p50", "p90", "p99", "max", "mean") and _number(v)
-                },
-            )
-            return
+        groups: dict[str, dict[str, float]] = {}
         for key, value in doc.items():
-            yield from find_quantiles(value, (*path, str(key)))
+            m = _QKEY.match(str(key))
+            if m and _number(value):
+                groups.setdefault(m.group("prefix") or "", {})[m.group("q")] = float(value)
+        for prefix, figures in groups.items():
+            if "p50" in figures and "p99" in figures:
+                yield "/".join((*path, prefix) if prefix else path) or "latency", figures
+        for key, value in doc.items():
+            if isinstance(value, (dict, list)):
+                yield from find_quantiles(value, (*path, str(key)))
     elif isinstance(doc, list):
         for i, value in enumerate(doc):
-            name = value.get("name") or value.get("scenario") if isinstance(value, dict) else None
+            name = (value.get("name") or value.get("scenario")) if isinstance(value, dict) else None
             yield from find_quantiles(value, (*path, str(name) if name else str(i)))
 
 

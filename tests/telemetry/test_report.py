@@ -78,11 +78,25 @@ def test_report_from_benchmark_json(tmp_path: Path) -> None:
         ],
         "telemetry": {"on": {"p50": 3.0, "p99": 5.1}, "off": {"p50": 2.9, "p99": 5.0}},
         "not_latency": {"p50": "fast"},
+        "runtime": {
+            "local_p50_ms": 5.1,
+            "local_p99_ms": 9.2,
+            "iot_p50_ms": 7.0,
+            "iot_p99_ms": 12.0,
+            "rps": 9,
+        },
     }
     src = tmp_path / "model.json"
     src.write_text(json.dumps(bench))
     labels = [label for label, _ in find_quantiles(bench)]
-    assert labels == ["runs/fp32-b1/latency_ms", "runs/int8-b1/latency_ms", "telemetry/on", "telemetry/off"]
+    assert labels == [
+        "runs/fp32-b1/latency_ms",
+        "runs/int8-b1/latency_ms",
+        "telemetry/on",
+        "telemetry/off",
+        "runtime/local",
+        "runtime/iot",
+    ]
     assert main(["report", str(src), "--out", str(tmp_path)]) == 0
     assert_png(tmp_path / "model.png")
 
