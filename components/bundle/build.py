@@ -133,6 +133,12 @@ class Bundle:
     out_dir: Path | None
     components: list[Component]  # in dependency order (dependencies first)
 
+    @property
+    def recipes_dir(self) -> Path:
+        """The built recipes (digests set): with `artifacts_dir`, what `greengrass-cli deployment
+        create --recipeDir --artifactDir` and the simulated core take."""
+        return (self.out_dir if self.out_dir is not None else self.root / "greengrass-build") / "recipes"
+
     def component(self, name: str) -> Component:
         for comp in self.components:
             if comp.name == name:
@@ -383,6 +389,7 @@ def _write_layout(out_dir: Path, components: list[Component], recipe_names: Mapp
         for comp in components:
             (staging / "recipes").mkdir(parents=True, exist_ok=True)
             (staging / "recipes" / recipe_names[comp.name]).write_bytes(_dump_recipe(comp.built_recipe()))
+            (staging / "artifacts" / comp.name / comp.version).mkdir(parents=True, exist_ok=True)
             for art in comp.artifacts:
                 _link_or_copy(art.path, staging / "artifacts" / comp.name / comp.version / art.filename)
         old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")

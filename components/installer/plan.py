@@ -234,6 +234,7 @@ class InstallerConfig:
     pipRetries: int = 2  # noqa: N815
     installTimeoutSeconds: int = 1500  # noqa: N815 (whole pip run; keep under the lifecycle Timeout)
     keepVenvs: int = 2  # noqa: N815 (current + previous, so a running runtime keeps its files)
+    python: str = "python3"  # the interpreter the recipe's Install step runs (and makes the venv from)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> InstallerConfig:

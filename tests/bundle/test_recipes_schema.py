@@ -121,7 +121,8 @@ def test_installer_recipe_passes_every_configuration_key() -> None:
     recipe = recipes()["com.edgeinfer.RuntimeInstaller"]
     defaults = recipe["ComponentConfiguration"]["DefaultConfiguration"]
     script = recipe["Manifests"][0]["Lifecycle"]["Install"]["Script"]
-    InstallerConfig.from_mapping({k: v for k, v in defaults.items() if k != "python"})  # all keys known
+    config = InstallerConfig.from_mapping(defaults)  # every key is known to the installer
+    assert config == InstallerConfig()  # and the recipe's defaults are the installer's own
     for key in defaults:
         if key != "python":
             assert f"-o {key}='{{configuration:/{key}}}'" in script, key

@@ -200,3 +200,41 @@ def test_cli_bad_target_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path
     err = capsys.readouterr().err
     assert err.startswith("edgeinfer: error: --target must be")
     assert err.count("\n") == 1
+
+
+def test_cli_access_denied_is_one_line(
+    gg: tuple[Any, Stubber], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    client, stub = gg
+    stub.add_client_error(
+        "create_deployment",
+        service_error_code="AccessDeniedException",
+        service_message="User is not authorized to perform greengrass:CreateDeployment",
+        http_status_code=403,
+    )
+
+    class Session:
+        def client(self, name: str) -> Any:
+            return client
+
+    monkeypatch.setattr(aws_cli, "_session", lambda profile, region: Session())
+    assert cli.main(["deploy", "--target", THING_ARN, "--project", str(ROOT)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "edgeinfer: error: CreateDeployment failed: AccessDeniedException: "
+        "User is not authorized to perform greengrass:CreateDeployment\n"
+    )
+
+
+def test_cli_deploy_without_credentials_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for key in [k for k in __import__("os").environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    assert cli.main(["deploy", "--target", THING_ARN, "--project", str(ROOT)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("edgeinfer: error: no AWS credentials found")
+    assert err.count("\n") == 1

@@ -89,7 +89,7 @@ def test_bundle_runs_on_the_simulated_core(simulator: SimulatorFactory, tmp_path
     bundle = build_bundle(ROOT, artifacts_dir=artifacts, out_dir=tmp_path / "greengrass-build")
     assert len(bundle.components) == 4
     sim = simulator(
-        ROOT / "recipes",
+        bundle.recipes_dir,  # the recipes as built: digests set, exactly what would ship
         artifacts,
         thing=THING,
         components=["com.edgeinfer.InferenceRuntime", "com.edgeinfer.Telemetry"],
