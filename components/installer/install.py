@@ -15,6 +15,7 @@ re-runs at every start) a no-op when nothing changed. Standard library only.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import json
@@ -24,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -218,6 +220,40 @@ def _run(argv: Sequence[str], timeout_s: float, what: str, env: dict[str, str] |
     return proc.stdout
 
 
+def _stream(argv: Sequence[str], timeout_s: float, what: str, env: dict[str, str]) -> None:
+    """Run a long step (pip) with its output logged line by line as it comes (Greengrass keeps the
+    component's log), and its last lines kept for the one-line error."""
+    log.info("%s ...", what)
+    try:
+        proc = subprocess.Popen(
+            list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1
+        )
+    except OSError as exc:
+        raise InstallError(f"{what} could not start: {exc}") from None
+    fired = threading.Event()
+
+    def kill() -> None:
+        fired.set()
+        proc.kill()
+
+    timer = threading.Timer(timeout_s, kill)
+    timer.start()
+    tail: collections.deque[str] = collections.deque(maxlen=400)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            tail.append(line)
+            if line.strip():
+                log.info("  %s", line.rstrip())
+        code = proc.wait()
+    finally:
+        timer.cancel()
+    if fired.is_set():
+        raise InstallError(f"{what} timed out after {timeout_s:.0f} s")
+    if code != 0:
+        raise InstallError(f"{what} failed: {_last_error(''.join(tail))}")
+
+
 def _pip_env(use_pip_config: bool = False) -> dict[str, str]:
     """pip's environment. Unless `usePipConfig` is set, the machine's pip configuration (files and
     PIP_* variables: extra indexes, find-links, constraints) is ignored, so the venv holds exactly the
@@ -359,9 +395,11 @@ def _build_venv(
     pip += ["--timeout", str(config.pipTimeoutSeconds), "--retries", str(config.pipRetries)]
     pip += _index_args(plan, config, wheelhouse)
     env = _pip_env(config.usePipConfig)
-    _run([*pip, "-c", str(constraints), *plan.requirements], config.installTimeoutSeconds, "pip install", env)
+    _stream(
+        [*pip, "-c", str(constraints), *plan.requirements], config.installTimeoutSeconds, "pip install", env
+    )
     if config.installProject and wheels:
-        _run([*pip, "--no-deps", str(wheels[-1])], 300, "installing the edgeinfer wheel", env)
+        _stream([*pip, "--no-deps", str(wheels[-1])], 300, "installing the edgeinfer wheel", env)
 
 
 def _gc(paths: Paths, current: Path, previous: Path | None, limit: int) -> None:

@@ -233,3 +233,57 @@ def test_the_probe_model_is_the_relu_graph() -> None:
 def test_errors_are_edgeinfer_errors() -> None:
     assert issubclass(InstallError, EdgeinferError)
     assert issubclass(UnsupportedPlatformError, EdgeinferError)
+
+
+def fake_venv(root: Path, report: dict[str, object]) -> Path:
+    """An environment whose `python` answers the verification with a canned report."""
+    (root / "bin").mkdir(parents=True)
+    python = root / "bin" / "python"
+    python.write_text(f"#!/bin/sh\ncat <<'EOF'\n{json.dumps(report)}\nEOF\n")
+    python.chmod(0o755)
+    return root
+
+
+def verification(**extra: object) -> dict[str, object]:
+    report: dict[str, object] = {
+        "python": "3.11.7",
+        "packages": {"onnxruntime-gpu": "1.32.0", "numpy": "2.4.6"},
+        "error": None,
+        "version": "1.32.0",
+        "available": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+        "loaded": ["CPUExecutionProvider"],
+        "failed": {"CUDAExecutionProvider": "did not load (session fell back to ['CPUExecutionProvider'])"},
+    }
+    report.update(extra)
+    return report
+
+
+def test_two_onnxruntime_packages_are_refused(tmp_path: Path) -> None:
+    venv = fake_venv(
+        tmp_path / "env", verification(packages={"onnxruntime": "1.32.0", "onnxruntime-gpu": "1.32.0"})
+    )
+    with pytest.raises(
+        InstallError, match=r"exactly one ONNX Runtime package .* onnxruntime, onnxruntime-gpu"
+    ):
+        run_installer(InstallerConfig(existingVenv=str(venv)), Paths(work=tmp_path / "w"), source=CPU_HOST)
+
+
+def test_gpu_provider_that_does_not_load_is_reported_or_refused(tmp_path: Path) -> None:
+    gpu = RecordedProbe.load(PLATFORMS / "x86_64_cuda.json")
+    venv = fake_venv(tmp_path / "env", verification())
+    paths = Paths(work=tmp_path / "w")
+    with pytest.raises(InstallError, match="expected execution providers do not load: CUDAExecutionProvider"):
+        run_installer(InstallerConfig(existingVenv=str(venv), requireProviders=True), paths, source=gpu)
+    assert not paths.work.joinpath("platform.json").exists()
+    run_installer(InstallerConfig(existingVenv=str(venv)), paths, source=gpu)
+    report = json.loads(paths.work.joinpath("platform.json").read_text())
+    assert report["providers"]["expected"] == ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert report["providers"]["loaded"] == ["CPUExecutionProvider"]
+    assert "CUDAExecutionProvider" in report["providers"]["failed"]
+    assert report["installed"]["onnxruntime"]["package"] == "onnxruntime-gpu"
+
+
+def test_onnxruntime_that_does_not_import_is_refused(tmp_path: Path) -> None:
+    venv = fake_venv(tmp_path / "env", verification(error="import failed: ImportError: numpy ABI mismatch"))
+    with pytest.raises(InstallError, match=r"ONNX Runtime does not import .*numpy ABI mismatch"):
+        run_installer(InstallerConfig(existingVenv=str(venv)), Paths(work=tmp_path / "w"), source=CPU_HOST)
