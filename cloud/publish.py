@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -42,6 +43,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 Say = Callable[[str], None]
+_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
 
 class PublishError(EdgeinferError):
@@ -219,8 +221,11 @@ def publish(
     sleep: Callable[[float], None] = time.sleep,
 ) -> PublishReport:
     """Publish every component of `bundle` (dependencies first). See the module docstring."""
-    if not bucket or bucket != bucket.strip():
-        raise PublishError(f"invalid bucket name {bucket!r}")
+    if not _BUCKET_RE.fullmatch(bucket) or ".." in bucket:
+        raise PublishError(
+            f"invalid S3 bucket name {bucket!r}: 3-63 lower-case letters, digits, dots and hyphens "
+            "(the name is used exactly as given: no region or account is appended)"
+        )
     account = _account(clients)
     _check_bucket(clients, bucket, region)
     report = PublishReport(account=account, bucket=bucket, region=region, dry_run=dry_run)

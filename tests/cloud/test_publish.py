@@ -176,3 +176,9 @@ def test_cli_missing_artifact_is_one_line(tmp_path: Path, capsys: pytest.Capture
     err = capsys.readouterr().err
     assert "edgeinfer model build" in err
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("name", ["My_Bucket", "ab", "bucket-", "a..b", " spaced "])
+def test_invalid_bucket_name_is_refused_before_any_call(name: str, bundle: Bundle) -> None:
+    with pytest.raises(PublishError, match="invalid S3 bucket name"):
+        publish(bundle, name, REGION, Clients(sts=None, s3=None, greengrassv2=None))
