@@ -34,6 +34,7 @@ from edgeinfer.errors import EdgeinferError
 TARGET_COST = 0.03
 THING = "bench-thing"
 TELEMETRY = "com.edgeinfer.Telemetry"
+RT, TE = "edgeinfer.runtime", "edgeinfer.telemetry"
 
 
 def _records(n: int, seed: int = 1) -> list[Any]:
@@ -134,18 +135,20 @@ def per_record(n_records: int, repeats: int, window_s: float) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------ saturated
 
 
-def _process_cpu_s(module: str, proc: Path = Path("/proc")) -> float:
-    """CPU seconds (user + system) so far of the processes running `python -m <module>`."""
+def _process_cpu_s(module: str, root: Path, proc: Path = Path("/proc")) -> float:
+    """CPU seconds (user + system) so far of the processes running `python -m <module>` from under
+    `root` (this run's simulated core: other people's runs on a shared machine do not count)."""
     from edgeinfer.telemetry.system import parse_stat_cpu
 
     tck = os.sysconf("SC_CLK_TCK")
+    prefix = str(root.resolve()).encode()
     total = 0
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
         try:
             cmd = (entry / "cmdline").read_bytes().split(b"\0")
-            if module.encode() not in cmd or b"-m" not in cmd:
+            if module.encode() not in cmd or b"-m" not in cmd or not cmd[0].startswith(prefix):
                 continue
             total += parse_stat_cpu((entry / "stat").read_text()) or 0
         except OSError:
@@ -160,6 +163,7 @@ def saturated(args: argparse.Namespace, store_dir: Path) -> dict[str, Any]:
 
     root = Path(tempfile.mkdtemp(prefix="edgeinfer-bench-telemetry-"))
     recipes, artifacts = rb.prepare_device(root / "device", store_dir)
+    core = root / "core"
     shutil.copy(rb.RECIPES / f"{TELEMETRY}.yaml", recipes)
     payloads = rb.request_payloads(rb.bench_images())
     runtime_cfg = {
@@ -175,7 +179,7 @@ def saturated(args: argparse.Namespace, store_dir: Path) -> dict[str, Any]:
         recipes,
         artifacts,
         thing=THING,
-        work_dir=root / "core",
+        work_dir=core,
         config_merge={rb.COMPONENT: runtime_cfg, TELEMETRY: {"windowSeconds": args.window_s}},
     )
     on: list[float] = []
@@ -211,9 +215,9 @@ def saturated(args: argparse.Namespace, store_dir: Path) -> dict[str, Any]:
                 sim.update_configuration(rb.COMPONENT, merge={"timings": {"enabled": enabled}})
                 time.sleep(0.3)
                 side = "on" if enabled else "off"
-                rt0, te0 = _process_cpu_s("edgeinfer.runtime"), _process_cpu_s("edgeinfer.telemetry")
+                rt0, te0 = _process_cpu_s(RT, core), _process_cpu_s(TE, core)
                 rps, _ = driver.saturate(args.requests, window=3 * args.max_batch_size)
-                rt1, te1 = _process_cpu_s("edgeinfer.runtime"), _process_cpu_s("edgeinfer.telemetry")
+                rt1, te1 = _process_cpu_s(RT, core), _process_cpu_s(TE, core)
                 cpu[f"runtime_{side}"].append((rt1 - rt0) / args.requests)
                 cpu[f"telemetry_{side}"].append((te1 - te0) / args.requests)
                 (on if enabled else off).append(rps)
@@ -241,6 +245,7 @@ def saturated(args: argparse.Namespace, store_dir: Path) -> dict[str, Any]:
     return {
         "timings_config": runtime_cfg["timings"],
         "cpu_us_per_request": med,
+        "cpu_us_per_request_rounds": {k: [round(x * 1e6, 1) for x in v] for k, v in cpu.items()},
         "cpu_cost": extra / med["runtime_off"] if med["runtime_off"] > 0 else None,
         "rounds": args.rounds,
         "requests_per_round": args.requests,
