@@ -287,3 +287,20 @@ def test_onnxruntime_that_does_not_import_is_refused(tmp_path: Path) -> None:
     venv = fake_venv(tmp_path / "env", verification(error="import failed: ImportError: numpy ABI mismatch"))
     with pytest.raises(InstallError, match=r"ONNX Runtime does not import .*numpy ABI mismatch"):
         run_installer(InstallerConfig(existingVenv=str(venv)), Paths(work=tmp_path / "w"), source=CPU_HOST)
+
+
+def test_the_shipped_wheelhouse_is_found_and_offline_needs_one(tmp_path: Path) -> None:
+    from edgeinfer.installer.install import find_wheelhouse
+
+    unpacked = tmp_path / "unpacked"
+    paths = Paths(work=tmp_path / "w", unpacked=unpacked)
+    assert find_wheelhouse(paths, InstallerConfig()) is None
+    (unpacked / "wheelhouse").mkdir(parents=True)
+    assert find_wheelhouse(paths, InstallerConfig()) == unpacked / "wheelhouse"
+    with pytest.raises(InstallError, match=r"wheelhouse .*nope does not exist"):
+        find_wheelhouse(paths, InstallerConfig(wheelhouse=str(tmp_path / "nope")))
+    with pytest.raises(InstallError, match="offline is set but no wheelhouse"):
+        run_installer(
+            InstallerConfig(offline=True, allowRoot=True), Paths(work=tmp_path / "w2"), source=CPU_HOST
+        )
+    assert not (tmp_path / "w2").exists()
