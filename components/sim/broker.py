@@ -185,6 +185,7 @@ class MqttClient:
         self.client_id = client_id or f"sim-cloud-{secrets.token_hex(4)}"
         self._subs: list[tuple[str, Callable[[Message], None]]] = []
         self._lock = threading.Lock()
+        self._offline = False
         self._conn = mqtt.Connection(
             client=mqtt.Client(None, None),
             host_name=host,
@@ -224,7 +225,7 @@ class MqttClient:
         with self._lock:
             self._subs.append(entry)
             first = sum(1 for f, _ in self._subs if f == topic_filter) == 1
-        if first:
+        if first and not self._offline:
             future, _ = self._conn.subscribe(topic_filter, self._mqtt.QoS(min(qos, 1)))
             future.result(self.timeout)
 
@@ -234,7 +235,7 @@ class MqttClient:
                     return
                 self._subs.remove(entry)
                 last = not any(f == topic_filter for f, _ in self._subs)
-            if last:
+            if last and not self._offline:
                 with contextlib.suppress(Exception):
                     self._conn.unsubscribe(topic_filter)[0].result(self.timeout)
 
@@ -250,6 +251,25 @@ class MqttClient:
         future, _ = self._conn.publish(topic, data, self._mqtt.QoS(min(qos, 1)), retain)
         if qos:
             future.result(self.timeout)
+
+    @property
+    def online(self) -> bool:
+        return not self._offline
+
+    def go_offline(self) -> None:
+        """Drop the connection (no automatic reconnect) until `go_online()`."""
+        self._offline = True
+        with contextlib.suppress(Exception):
+            self._conn.disconnect().result(self.timeout)
+
+    def go_online(self) -> None:
+        """Connect again and subscribe again to every filter that has handlers."""
+        self._conn.connect().result(self.timeout)
+        self._offline = False
+        with self._lock:
+            filters = {f for f, _ in self._subs}
+        for topic_filter in filters:
+            self._conn.subscribe(topic_filter, self._mqtt.QoS.AT_LEAST_ONCE)[0].result(self.timeout)
 
     def publish_async(self, topic: str, payload: bytes, qos: int = 0) -> Any:
         return self._conn.publish(topic, bytes(payload), self._mqtt.QoS(min(qos, 1)))[0]

@@ -644,7 +644,7 @@ class Nucleus:
             raise ipc.invalid(f"topicName must be a topic without wildcards, not {topic!r}")
         assert conn.component is not None
         self.authorize(conn.component, MQTTPROXY, "aws.greengrass#PublishToIoTCore", topic)
-        if self.bridge is None:
+        if self.bridge is None or not self.bridge.online:
             raise ipc.service_error("IoT Core is not connected")
         payload = req.payload or b""
         if isinstance(payload, str):

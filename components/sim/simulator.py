@@ -11,7 +11,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -360,6 +360,22 @@ class Simulator:
     def local_client(self) -> LocalClient:
         """Publish/subscribe on local pub/sub from the test, next to the components."""
         return LocalClient(self)
+
+    @contextlib.contextmanager
+    def iot_outage(self) -> Iterator[None]:
+        """The device loses IoT Core (the broker stays up for the cloud side) inside the `with` block.
+
+        PublishToIoTCore fails with ServiceError meanwhile (the nucleus's spooler is not simulated);
+        IoT Core subscriptions are made again on the way back.
+        """
+        if self._bridge is None:
+            raise SimError("the simulated core is not running: call start() first")
+        self._bridge.go_offline()
+        try:
+            yield
+        finally:
+            if self._bridge is not None:
+                self._bridge.go_online()
 
     def ipc_env(self, component: str) -> dict[str, str]:
         """The two variables an IPC client needs to connect as `component` (e.g. from the test process)."""
