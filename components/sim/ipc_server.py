@@ -106,6 +106,7 @@ class Stream:
 
 
 Handler = Callable[["Connection", Any, "Stream"], Awaitable[Any]]
+CONCURRENT_OPERATIONS = frozenset({"aws.greengrass#PublishToIoTCore", "aws.greengrass#SubscribeToIoTCore"})
 
 
 class Connection:
@@ -247,6 +248,18 @@ class Connection:
         stream = Stream(self, sid, operation)
         if streaming:
             self.streams[sid] = stream
+        if operation in CONCURRENT_OPERATIONS:
+            # These wait on the broker: answer them when done, without holding up the next request.
+            task = asyncio.create_task(self._complete(op_type, handler, request, stream, streaming))
+            self.server.tasks.add(task)
+            task.add_done_callback(self.server.tasks.discard)
+        else:
+            await self._complete(op_type, handler, request, stream, streaming)
+
+    async def _complete(
+        self, op_type: Any, handler: Handler, request: Any, stream: Stream, streaming: bool
+    ) -> None:
+        sid, operation = stream.stream_id, stream.operation
         try:
             response = await handler(self, request, stream)
         except ModeledError as exc:
@@ -279,6 +292,7 @@ class IpcServer:
         self.nucleus = nucleus
         self.path = path
         self.connections: set[Connection] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.base_events.Server | None = None
 
     async def start(self) -> None:

@@ -232,3 +232,17 @@ def test_update_state_from_the_component(sim: Simulator, ipc_clients: Any) -> No
     assert sim.wait_for_state(B, "RUNNING", timeout=5) == "RUNNING"
     with pytest.raises(InvalidArgumentsError):
         b.update_state(state="SLEEPING")
+
+
+def test_pipelined_iot_core_publishes_keep_their_order(sim: Simulator, ipc_clients: Any) -> None:
+    a = ipc_clients(sim, A)
+    inbox = sim.cloud_client().subscribe("dev/ipc-t/seq")
+    futures = [
+        a.publish_to_iot_core_async(
+            topic_name="dev/ipc-t/seq", qos=QOS.AT_LEAST_ONCE, payload=str(i).encode()
+        )
+        for i in range(200)
+    ]
+    for future in futures:
+        future.result(10)
+    assert [int(m.payload) for m in inbox.wait_for(200)] == list(range(200))
