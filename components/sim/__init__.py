@@ -31,6 +31,16 @@ Python API::
         sim.update_configuration("Comp", merge={...}, reset=[...])  # validators first; SimError if rejected
         sim.configuration("Comp")        # current configuration
         sim.ipc_env("Comp")              # {"SVCUID", "AWS_GG_NUCLEUS_DOMAIN_SOCKET_FILEPATH_FOR_COMPONENT"}
+        sim.restart("Comp")              # Shutdown, then Install and Run again
+        sim.wait_for_all(("RUNNING", "FINISHED"), timeout=60)
+        with sim.iot_outage(): ...       # the device loses IoT Core; the broker stays up for the cloud
+        sim.root, sim.socket_path        # kernel root (logs/, work/, packages/, status.json), IPC socket
+
+Lifecycle: Setenv, Install (re-run at every start, Timeout default 120 s), Startup or Run, Shutdown,
+Recover; states NEW → INSTALLED → STARTING → RUNNING / FINISHED, ERRORED → restart with back-off →
+BROKEN after `max_errors`; a HARD dependant waits for RUNNING/FINISHED and restarts when its
+dependency errs. `RUNNING` is set when the Run process starts (Startup: when it exits 0), as on a
+real nucleus; `UpdateState` moves it too.
 
 Bad recipes raise `edgeinfer.sim.recipe.RecipeError` from `start()` before anything runs.
 The pytest plugin (`edgeinfer.sim.pytest_plugin`, auto-loaded) gives the fixtures `sim_broker`
