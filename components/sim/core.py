@@ -7,7 +7,6 @@ thread-safe front. The IPC wire is in `ipc_server`, recipes in `recipe`, the bro
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import copy
 import datetime as dt
@@ -577,14 +576,18 @@ class Nucleus:
         matching = [s for s in self.local_subs if topic_matches(s.topic_filter, topic)]
         if not matching:
             return
-        context = {"topic": topic}
+        context = model.MessageContext(topic=topic)
         if kind == "json":
-            event = {"jsonMessage": {"message": value, "context": context}}
-            raw = json.dumps(value).encode()
+            event = model.SubscriptionResponseMessage(
+                json_message=model.JsonMessage(message=value, context=context)
+            )
+            raw = json.dumps(value).encode() if any(s.callback for s in matching) else b""
         else:
-            event = {"binaryMessage": {"message": base64.b64encode(value).decode(), "context": context}}
+            event = model.SubscriptionResponseMessage(
+                binary_message=model.BinaryMessage(message=value, context=context)
+            )
             raw = value
-        payload = json.dumps(event).encode()
+        payload = json.dumps(event._to_payload()).encode()
         message = Message(topic, raw, "local")
         for sub in matching:
             if sub.from_others_only and source is not None and sub.component == source:
