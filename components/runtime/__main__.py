@@ -95,6 +95,8 @@ class Component:
         self.server = InferenceServer(self.bus, engine, cfg, self.thing)
         self._wire_placement()
         self.server.start()
+        if not self.server.self_test():
+            log.warning("the self-test requests did not come back; starting anyway")
         self._start_source(cfg)
         self.bus.on_validate_configuration(self.validate)
         self.bus.on_configuration_update(self.on_update)

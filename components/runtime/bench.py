@@ -181,12 +181,14 @@ def raw_pipeline(
     store_dir: Path, images: list[bytes], cfg: Any, *, runs: int, batch_rounds: int
 ) -> dict[str, Any]:
     """decode + run in-process, b1 per image (latency) and a plain batched loop (throughput)."""
+    import cv2
     import numpy as np
 
     from edgeinfer.model.manifest import Manifest
     from edgeinfer.runtime.decode import decode_image
     from edgeinfer.runtime.engine import Engine
 
+    cv2.setNumThreads(cfg.cpu.opencv_threads)  # as the runtime does
     engine = Engine.create(Manifest.load(store_dir), cfg, tempfile.mkdtemp(prefix="edgeinfer-raw-"))
     engine.warm_up()
     size = engine.input_size

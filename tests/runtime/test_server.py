@@ -426,3 +426,17 @@ def test_large_jpeg_decoded_reduced(harness: Harness) -> None:
     (res,) = harness.wait_results(1)
     assert res.status == "ok"
     assert res.predictions[0].label == "green"
+
+
+def test_self_test_warms_the_path_and_publishes_nothing(make_engine: Callable[..., Engine]) -> None:
+    cfg = RuntimeConfig(max_batch_size=2)
+    bus = MemoryBus()
+    server = InferenceServer(bus, make_engine(cfg), cfg, THING)
+    server.start()
+    try:
+        assert server.self_test(n=3)
+        assert server.batcher.outstanding == 0
+        server.timings.flush()
+        assert bus.published == []
+    finally:
+        server.stop()
