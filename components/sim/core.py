@@ -502,7 +502,10 @@ class Nucleus:
             return None
         env = self.component_env(comp)
         env.update(step_env)
-        comp.log(f"lifecycle.{step.capitalize()}: {script.strip()}")
+        # the recipe's text, not the interpolated script: configuration values may be secrets
+        raw = comp.recipe.lifecycle[step]
+        raw_script = raw if isinstance(raw, str) else str(cget(raw, "Script"))
+        comp.log(f"lifecycle.{step.capitalize()}: {raw_script.strip()}")
         with comp.log_path.open("ab") as out:
             proc = await asyncio.create_subprocess_exec(
                 "sh",

@@ -130,11 +130,16 @@ def test_unarchive_zip(simulator: Callable[..., Simulator], device: Device) -> N
         "com.example.Zip",
         files={"bundle.zip": buf.getvalue()},
         artifacts=[{"URI": "s3://bucket/com.example.Zip/bundle.zip", "Unarchive": "ZIP"}],
-        lifecycle={"Run": "{artifacts:decompressedPath}/bundle/bin/tool.sh"},
+        lifecycle={
+            "Install": {"Script": "echo install-should-be-skipped", "SkipIf": "onpath sh"},
+            "Run": "{artifacts:decompressedPath}/bundle/bin/tool.sh",
+        },
     )
     sim = simulator(device.recipes, device.artifacts)
     assert sim.wait_for_state("com.example.Zip", "FINISHED", timeout=30) == "FINISHED"
     assert "tool says unzipped ok" in sim.logs("com.example.Zip")
+    assert "install-should-be-skipped" not in sim.logs("com.example.Zip").splitlines()
+    assert "lifecycle.Install: skipped (onpath sh)" in sim.logs("com.example.Zip")
 
 
 def test_stop_runs_shutdown_and_kills_the_whole_process_tree(
