@@ -156,10 +156,7 @@ class InferenceServer:
             self._threads.append(t)
         self.timings.start()
         topic = infer_topic(self.thing)
-        if self.cfg.subscribe_local:
-            self._subs.append(self.bus.subscribe(topic, self.handle_message, target="local"))
-        if self.cfg.subscribe_iot:
-            self._subs.append(self.bus.subscribe(topic, self.handle_message, target="iot", qos=1))
+        self._subscribe()
         log.info(
             "serving %s on %s (max batch %d, queue delay %d us, queue %d)",
             topic,
@@ -171,13 +168,23 @@ class InferenceServer:
             self.cfg.max_queue_size,
         )
 
-    def stop(self) -> None:
+    def _subscribe(self) -> None:
+        topic = infer_topic(self.thing)
+        if self.cfg.subscribe_local:
+            self._subs.append(self.bus.subscribe(topic, self.handle_message, target="local"))
+        if self.cfg.subscribe_iot:
+            self._subs.append(self.bus.subscribe(topic, self.handle_message, target="iot", qos=1))
+
+    def _unsubscribe(self) -> None:
         for sub in self._subs:
             try:
                 sub.close()
             except Exception:  # closing is best effort
                 log.debug("closing a subscription failed", exc_info=True)
         self._subs.clear()
+
+    def stop(self) -> None:
+        self._unsubscribe()
         self._decode_pool.shutdown(wait=True)
         self._running = False
         if self._threads:
@@ -197,7 +204,18 @@ class InferenceServer:
     def apply_config(self, cfg: RuntimeConfig) -> None:
         """Apply the keys that are safe live (batching, limits, topics, timings). The engine keys are
         the caller's business (`swap_engine`)."""
-        self.cfg = cfg
+        old, self.cfg = self.cfg, cfg
+        if (old.subscribe_local, old.subscribe_iot) != (cfg.subscribe_local, cfg.subscribe_iot):
+            self._unsubscribe()
+            self._subscribe()
+        if old.decode_threads != cfg.decode_threads:
+            pool, self._decode_pool = (
+                self._decode_pool,
+                concurrent.futures.ThreadPoolExecutor(
+                    cfg.decode_threads, thread_name_prefix="edgeinfer-decode"
+                ),
+            )
+            pool.shutdown(wait=False)  # what it holds still runs and is answered
         self.batcher.configure(
             max_batch_size=min(cfg.max_batch_size, self.engine.max_batch_size),
             max_queue_delay_us=cfg.max_queue_delay_us,

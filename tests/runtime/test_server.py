@@ -440,3 +440,20 @@ def test_self_test_warms_the_path_and_publishes_nothing(make_engine: Callable[..
         assert bus.published == []
     finally:
         server.stop()
+
+
+def test_apply_config_resubscribes_and_resizes_the_decode_pool(make_engine: Callable[..., Engine]) -> None:
+    cfg = RuntimeConfig(max_batch_size=2)
+    h = Harness(make_engine(cfg), cfg)
+    try:
+        new = RuntimeConfig(max_batch_size=2, subscribe_iot=False, decode_threads=1, max_queue_delay_us=0)
+        h.server.apply_config(new)
+        assert h.server.batcher.max_queue_delay_us == 0
+        h.send({"id": "iot", "image": b64(solid_jpeg((250, 1, 1)))}, target="iot")
+        h.send({"id": "local", "image": b64(solid_jpeg((250, 1, 1)))})
+        (res,) = h.wait_results(1)
+        time.sleep(0.1)
+        assert res.id == "local"
+        assert len(h.results()) == 1  # nobody listens on IoT Core any more
+    finally:
+        h.server.stop()
