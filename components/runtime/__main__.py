@@ -97,6 +97,7 @@ class Component:
         self.server.start()
         if not self.server.self_test():
             log.warning("the self-test requests did not come back; starting anyway")
+        self.server.timings.hello()
         self._start_source(cfg)
         self.bus.on_validate_configuration(self.validate)
         self.bus.on_configuration_update(self.on_update)

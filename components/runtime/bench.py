@@ -372,6 +372,33 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     runtime_cfg = {"maxBatchSize": args.max_batch_size, "executionProviders": ["CPUExecutionProvider"]}
     out: dict[str, Any] = {"raw": raw, "model": {"name": manifest.name, "version": manifest.version}}
     print("simulated core: starting the runtime", file=sys.stderr)
+
+    def connect(sim: Any) -> tuple[Any, Any]:
+        env = sim.ipc_env(CLIENT)
+        bus = GreengrassIpcBus.connect(
+            env["AWS_GG_NUCLEUS_DOMAIN_SOCKET_FILEPATH_FOR_COMPONENT"], env["SVCUID"]
+        )
+        driver = Driver(bus, "local", THING, payloads)
+        # Warm the client and the nucleus (not the runtime): one request-sized hop, then the request.
+        hop = ipc_hop_ms(bus, THING, payloads[0], 20)
+        return bus, (driver, hop)
+
+    starts: list[float] = []
+    firsts: list[float] = []
+    for i in range(max(0, args.starts - 1)):  # extra cold starts, for the medians of the start figures
+        sim = Simulator(
+            recipes, artifacts, thing=THING, work_dir=root / f"core{i}", config_merge={COMPONENT: runtime_cfg}
+        )
+        try:
+            sim.start()
+            wait_ready(sim)
+            bus, (driver, _) = connect(sim)
+            firsts.append(driver.wait(driver.send()))
+            driver.close()
+            bus.close()
+            starts.append(running_ms_from_log(sim.logs(COMPONENT)) or float("nan"))
+        finally:
+            sim.stop()
     sim = Simulator(
         recipes, artifacts, thing=THING, work_dir=root / "core", config_merge={COMPONENT: runtime_cfg}
     )
@@ -380,16 +407,11 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         sim.start()
         wait_ready(sim)
         deploy_to_running = time.perf_counter() - t0
-        env = sim.ipc_env(CLIENT)
-        local_bus = GreengrassIpcBus.connect(
-            env["AWS_GG_NUCLEUS_DOMAIN_SOCKET_FILEPATH_FOR_COMPONENT"], env["SVCUID"]
-        )
+        local_bus, (local, hop) = connect(sim)
         iot_bus = MqttPubSub.connect_tcp(*sim.broker)
-        local = Driver(local_bus, "local", THING, payloads)
         iot = Driver(iot_bus, "iot", THING, payloads)
-        time.sleep(0.3)  # subscriptions settle
-        first = local.wait(local.send())
-        hop = ipc_hop_ms(local_bus, THING, payloads[0], 50)
+        firsts.append(local.wait(local.send()))
+        time.sleep(0.2)
         print("closed loop: local pub/sub, IoT Core", file=sys.stderr)
         local_lat = local.closed_loop(args.requests)
         iot_lat = iot.closed_loop(max(50, args.requests // 2))
@@ -403,12 +425,14 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         local_bus.close()
         iot_bus.close()
         log_text = sim.logs(COMPONENT)
+        starts.append(running_ms_from_log(log_text) or float("nan"))
     finally:
         sim.stop()
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     provider = re.findall(r"inference runs on (\S+) with model \S+ \S+ variant (\S+)", log_text)
-    start_ms = running_ms_from_log(log_text)
+    start_ms = statistics.median(starts)
+    first = statistics.median(firsts)
     warm_p50 = statistics.median(local_lat)
     out["runtime"] = {
         "provider": provider[-1][0] if provider else None,
@@ -416,6 +440,9 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         "start_to_running_ms": start_ms,
         "deploy_to_running_s": deploy_to_running,
         "first_request_ms": first,
+        "starts": len(starts),
+        "start_to_running_ms_all": starts,
+        "first_request_ms_all": firsts,
         "local_p50_ms": warm_p50,
         "ipc_hop_p50_ms": statistics.median(hop) if hop else float("nan"),
         "local_p99_ms": pct(local_lat, 99),
@@ -434,7 +461,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         "iot_p50_ratio": rt["iot_p50_ms"] / raw["p50_ms"],
         "throughput_ratio": sat_rps / raw["batched_loop_rps"],
         "p99_over_p50_at_70pct": rt["load70_p99_ms"] / rt["load70_p50_ms"],
-        "start_to_running_s": (start_ms or float("nan")) / 1000,
+        "start_to_running_s": start_ms / 1000,
         "first_over_warm_p50": first / warm_p50,
     }
     out["targets"] = TARGETS
@@ -472,7 +499,11 @@ def print_table(out: dict[str, Any]) -> None:
             f"{rt['load70_p50_ms']:.2f} / {rt['load70_p99_ms']:.2f} ms",
             f"p99 {ratios['p99_over_p50_at_70pct']:.2f}× p50 (≤ 2)",
         ),
-        ("process start → RUNNING", f"{(rt['start_to_running_ms'] or float('nan')):.0f} ms", "(≤ 2 s)"),
+        (
+            f"process start → RUNNING (median of {rt['starts']})",
+            f"{rt['start_to_running_ms']:.0f} ms",
+            "(≤ 2 s)",
+        ),
         (
             "first request after RUNNING",
             f"{rt['first_request_ms']:.2f} ms",
@@ -511,5 +542,6 @@ def register_bench(subparsers: Any) -> None:
     p.add_argument("--requests", type=int, default=300, help="closed-loop requests (default 300)")
     p.add_argument("--duration", type=float, default=10.0, help="seconds at 70 %% load (default 10)")
     p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--starts", type=int, default=3, help="cold starts for the start figures (median)")
     p.add_argument("--keep", action="store_true", help="keep the simulated core's folder")
     p.set_defaults(func=_run)

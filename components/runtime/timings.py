@@ -95,6 +95,13 @@ class TimingPublisher:
                 log.debug("timings not published: %s", exc)
         return len(records)
 
+    def hello(self) -> None:
+        """Publish an empty batch (start-up: warms the publish path; telemetry ignores it)."""
+        try:
+            self.bus.publish(TIMINGS_TOPIC, TimingBatch(self.thing, [], [], iso_utc(self.wall())).to_json())
+        except TransportError as exc:
+            log.debug("timings hello not published: %s", exc)
+
     def start(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="edgeinfer-timings", daemon=True)
