@@ -355,18 +355,32 @@ class Nucleus:
                 )
 
     async def _kill_all(self, comp: Component) -> None:
+        """SIGTERM each process group (the whole tree), SIGKILL what is left after stop_timeout."""
         procs = list(comp.procs)
+        if not procs:
+            return
+        groups = {proc.pid for proc in procs}
+        for pgid in groups:
+            _signal_group(pgid, signal.SIGTERM)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.options.stop_timeout
         for proc in procs:
-            _signal_group(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            try:
-                await asyncio.wait_for(proc.wait(), self.options.stop_timeout)
-            except asyncio.TimeoutError:
-                comp.log(f"process {proc.pid} ignored SIGTERM for {self.options.stop_timeout}s: killing it")
-                _signal_group(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(proc.wait(), max(0.0, deadline - loop.time()))
+        while _live_groups(groups) and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        stubborn = _live_groups(groups)
+        if stubborn or any(proc.returncode is None for proc in procs):
+            comp.log(f"processes ignored SIGTERM for {self.options.stop_timeout}s: killing them")
+            for pgid in groups:
+                _signal_group(pgid, signal.SIGKILL)
+            for proc in procs:
                 with contextlib.suppress(Exception):
-                    await proc.wait()
-            _signal_group(proc.pid, signal.SIGKILL)  # leftovers of the tree
+                    await asyncio.wait_for(proc.wait(), 5)
+            end = loop.time() + 5
+            while _live_groups(groups) and loop.time() < end:
+                await asyncio.sleep(0.02)
+        for proc in procs:
             comp.procs.discard(proc)
 
     def _deps_ready(self, comp: Component) -> bool:
@@ -439,7 +453,9 @@ class Nucleus:
             try:
                 done, _ = await asyncio.wait({exited, reported}, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                reported.cancel()
+                for waiter in (exited, reported):
+                    if not waiter.done():
+                        waiter.cancel()
             if exited in done:
                 code = proc.returncode
                 comp.procs.discard(proc)
@@ -450,7 +466,6 @@ class Nucleus:
                     self.set_state(comp, FINISHED)
                     return None
                 return f"Run exited with {code}"
-            exited.cancel()
             return "component reported ERRORED"
         self.set_state(comp, FINISHED)
         return None
@@ -870,6 +885,25 @@ def _skip(skip_if: str) -> bool:
     if kind == "exists":
         return Path(arg).exists()
     return False
+
+
+def _live_groups(pgids: set[int]) -> set[int]:
+    """The process groups among `pgids` that still have a process that is not a zombie."""
+    live: set[int] = set()
+    if not os.path.isdir("/proc"):  # not Linux: the leaders' exit is all we can see
+        return live
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 2 and int(fields[2]) in pgids and fields[0] not in (b"Z", b"X"):
+            live.add(int(fields[2]))
+    return live
 
 
 def _signal_group(pid: int, sig: int) -> None:
