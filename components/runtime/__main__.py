@@ -41,6 +41,54 @@ def _thing() -> str:
     return os.environ.get("AWS_IOT_THING_NAME", "") or "edgeinfer-local"
 
 
+class EarlyInbox:
+    """Subscribed before the engine exists, so requests sent while the runtime starts are served, not
+    lost (the nucleus calls a Run component RUNNING as soon as its process starts). Buffers until
+    `attach`, then replays in order and forwards everything to the server."""
+
+    def __init__(self, limit: int = 1024) -> None:
+        self.limit = limit
+        self.server: Any = None
+        self.buffer: list[Any] = []
+        self.overflow = 0
+        self.subs: list[Any] = []
+        self._lock = threading.Lock()
+
+    def subscribe(self, bus: Any, topic: str, *, local: bool, iot: bool) -> None:
+        if local:
+            self.subs.append(bus.subscribe(topic, self, target="local"))
+        if iot:
+            self.subs.append(bus.subscribe(topic, self, target="iot", qos=1))
+
+    def __call__(self, message: Any) -> None:
+        with self._lock:
+            server = self.server
+            if server is None:
+                if len(self.buffer) < self.limit:
+                    self.buffer.append(message)
+                else:
+                    self.overflow += 1
+                return
+        server.handle_message(message)
+
+    def attach(self, server: Any) -> int:
+        replayed = 0
+        while True:
+            with self._lock:
+                pending, self.buffer = self.buffer, []
+                if not pending:
+                    self.server = server
+                    break
+            for message in pending:
+                server.handle_message(message)
+            replayed += len(pending)
+        if self.overflow:
+            log.warning(
+                "%d requests arrived during start-up beyond the %d buffered", self.overflow, self.limit
+            )
+        return replayed
+
+
 class Component:
     def __init__(self, bus: Any, args: argparse.Namespace) -> None:
         from edgeinfer.runtime.config import RuntimeConfig
@@ -84,6 +132,7 @@ class Component:
     def start(self) -> None:
         import cv2
 
+        from edgeinfer.messages import infer_topic
         from edgeinfer.runtime.server import InferenceServer
 
         cfg, problems = self.read_config()
@@ -91,13 +140,19 @@ class Component:
             raise SystemExit("invalid configuration: " + "; ".join(problems))
         cv2.setNumThreads(cfg.cpu.opencv_threads)
         self.cfg = cfg
+        early = EarlyInbox(limit=max(1024, cfg.max_queue_size))
+        early.subscribe(self.bus, infer_topic(self.thing), local=cfg.subscribe_local, iot=cfg.subscribe_iot)
         engine = self.build_engine(cfg)
         self.server = InferenceServer(self.bus, engine, cfg, self.thing)
         self._wire_placement()
-        self.server.start()
+        self.server.start(subscribe=False)
         if not self.server.self_test():
             log.warning("the self-test requests did not come back; starting anyway")
         self.server.timings.hello()
+        self.server.adopt_subscriptions(early.subs)
+        replayed = early.attach(self.server)
+        if replayed:
+            log.info("serving %d requests that arrived during start-up", replayed)
         self._start_source(cfg)
         self.bus.on_validate_configuration(self.validate)
         self.bus.on_configuration_update(self.on_update)

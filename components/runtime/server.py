@@ -145,7 +145,9 @@ class InferenceServer:
 
     # --------------------------------------------------------------------------------------- control
 
-    def start(self) -> None:
+    def start(self, *, subscribe: bool = True) -> None:
+        """Start the threads and (unless the caller already holds them, see `adopt_subscriptions`)
+        subscribe to the request topics."""
         warm_up_decoder(self.engine.input_size)
         for _ in range(self.cfg.decode_threads):  # start the pool's threads now, not on the first request
             self._decode_pool.submit(warm_up_decoder, self.engine.input_size)
@@ -156,7 +158,8 @@ class InferenceServer:
             self._threads.append(t)
         self.timings.start()
         topic = infer_topic(self.thing)
-        self._subscribe()
+        if subscribe:
+            self._subscribe()
         log.info(
             "serving %s on %s (max batch %d, queue delay %d us, queue %d)",
             topic,
@@ -174,6 +177,11 @@ class InferenceServer:
             self._subs.append(self.bus.subscribe(topic, self.handle_message, target="local"))
         if self.cfg.subscribe_iot:
             self._subs.append(self.bus.subscribe(topic, self.handle_message, target="iot", qos=1))
+
+    def adopt_subscriptions(self, subs: list[Subscription]) -> None:
+        """Subscriptions the caller made (that deliver to `handle_message`) become the server's own:
+        closed at stop, replaced when subscribeLocal/subscribeIot change."""
+        self._subs.extend(subs)
 
     def _unsubscribe(self) -> None:
         for sub in self._subs:

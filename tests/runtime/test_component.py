@@ -100,3 +100,30 @@ def test_bad_configuration_at_start_is_refused(tiny_store: Path, tmp_path: Path)
         assert "maxBatchSize must be an integer" in str(exc)
     else:
         raise AssertionError("started with an invalid configuration")
+
+
+def test_requests_during_start_up_are_served(tiny_store: Path, tmp_path: Path) -> None:
+    comp, bus = make(tiny_store, tmp_path)
+    build = comp.build_engine
+    payload = json.dumps({"id": "early", "image": base64.b64encode(solid_jpeg((3, 240, 3))).decode()})
+
+    def slow_build(cfg: object) -> object:
+        bus.publish(f"edgeinfer/{THING}/infer", payload.encode())  # arrives while the engine is built
+        bus.publish(
+            f"edgeinfer/{THING}/infer", payload.encode().replace(b"early", b"early-iot"), target="iot"
+        )
+        return build(cfg)
+
+    comp.build_engine = slow_build  # type: ignore[method-assign]
+    comp.start()
+    try:
+        topic = f"edgeinfer/{THING}/result"
+        wait_for(lambda: len(bus.messages_on(topic)) == 2)
+        got = {Result.parse(m.payload).id: m.target for m in bus.messages_on(topic)}
+        assert got == {"early": "local", "early-iot": "iot"}
+        assert ask(bus, "later").status == "ok"
+        time.sleep(0.05)
+        ids = [Result.parse(m.payload).id for m in bus.messages_on(topic)]
+        assert sorted(ids) == ["early", "early-iot", "later"]  # each once: no duplicate subscription
+    finally:
+        comp.stop()
