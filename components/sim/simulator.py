@@ -285,7 +285,7 @@ class Simulator:
             },
         }
         path = self.root / "status.json"
-        tmp = path.with_name(f".status.{threading.get_ident()}.tmp")
+        tmp = path.with_name(f".status.{os.getpid()}.{threading.get_ident()}.tmp")
         with contextlib.suppress(OSError):
             tmp.write_text(json.dumps(data, indent=2))
             tmp.replace(path)

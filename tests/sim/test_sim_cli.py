@@ -55,6 +55,7 @@ def test_up_status_logs_down(device: Device, tmp_path: Path, sim_broker: Mosquit
         assert again.returncode == 2
         assert "already runs" in again.stderr
         status = edgeinfer("sim", "status", "--json", *common, cwd=tmp_path)
+        assert status.returncode == 0, (status.stderr, (work / "status.json").read_text())
         data = json.loads(status.stdout)
         assert data["running"] is True
         assert data["thing"] == "cli-thing"
