@@ -323,14 +323,16 @@ def main() -> int:
     try:
         doc = bus.get_configuration()
         config = TelemetryConfig.from_dict(doc if isinstance(doc, Mapping) else {})
-    except (ConfigError, TransportError) as exc:
+        component = TelemetryComponent(bus, thing, config)
+    except (ConfigError, TransportError, OSError) as exc:  # OSError: the spool folder is unusable
         log.error("%s", exc)
         try:
             bus.update_state("ERRORED")
+        except TransportError:
+            pass
         finally:
             bus.close()
         return 1
-    component = TelemetryComponent(bus, thing, config)
 
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("signal %d: stopping", signum)

@@ -246,3 +246,16 @@ def test_a_ten_second_broker_outage_loses_no_window(simulator: Any, tmp_path: Pa
     finally:
         link.cut()
         broker.stop()
+
+
+def test_bad_configuration_is_refused_and_reported(simulator: Any, tmp_path: Path) -> None:
+    sim = simulator(device(tmp_path), thing=THING, config_merge={COMPONENT: {"windowSeconds": 1}})
+    inbox = sim.cloud_client().subscribe(f"edgeinfer/{THING}/telemetry")
+    inbox.wait_for(1, timeout=30)
+    with pytest.raises(Exception, match="windowSeconds must be between"):
+        sim.update_configuration(COMPONENT, merge={"windowSeconds": 0})
+    sim.update_configuration(COMPONENT, merge={"windowSeconds": 0.5})  # applied live, no restart
+    assert sim.state(COMPONENT) == "RUNNING"
+    wait_until(
+        lambda: any(w.window_s == 0.5 for w in windows_of(inbox)), 30, "a window of the new length", sim
+    )

@@ -164,3 +164,17 @@ def test_run_loop_with_a_sender_thread(tmp_path: Path) -> None:
     sent = windows(bus)
     assert [w.seq for w in sent] == list(range(len(sent)))
     assert sum(w.count for w in sent) == 20
+
+
+def test_main_outside_greengrass_is_one_clear_error(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from edgeinfer.telemetry.component import main
+
+    monkeypatch.delenv("AWS_IOT_THING_NAME", raising=False)
+    assert main() == 1
+    assert "AWS_IOT_THING_NAME is not set" in caplog.text
+    monkeypatch.setenv("AWS_IOT_THING_NAME", "dev")
+    monkeypatch.delenv("SVCUID", raising=False)
+    assert main() == 1
+    assert "not running under Greengrass" in caplog.text
