@@ -209,3 +209,58 @@ def test_real_cpu_engine(make_engine: Callable[..., Engine]) -> None:
     assert engine.variant.name == "int8-cpu"
     assert sorted(engine.warmup_ms) == [1, 2, 3]
     assert engine.describe()["attempts"][-1] == f"{CPU}: loaded"
+
+
+class FakeBinding:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.batch: Any = None
+
+    def bind_cpu_input(self, name: str, array: Any) -> None:
+        self.calls.append(f"in:{name}")
+        self.batch = array
+
+    def bind_output(self, name: str) -> None:
+        self.calls.append(f"out:{name}")
+
+    def copy_outputs_to_cpu(self) -> list[Any]:
+        import numpy as np
+
+        logits = np.zeros((self.batch.shape[0], 10), dtype=np.float32)
+        logits[:, 3] = 5.0
+        return [logits]
+
+
+class BindingSession(FakeSession):
+    def __init__(self, path: str, providers: list[str], loads: set[str]) -> None:
+        super().__init__(path, providers, loads)
+        self.binding = FakeBinding()
+        self.runs = 0
+
+    def io_binding(self) -> FakeBinding:  # type: ignore[override]
+        return self.binding
+
+    def run_with_iobinding(self, binding: FakeBinding) -> None:
+        self.runs += 1
+
+
+def test_cuda_runs_through_io_binding(tiny_store: Path, tmp_path: Path) -> None:
+    import numpy as np
+
+    sessions: list[BindingSession] = []
+
+    def make(path: str, so: Any, providers: list[str], options: list[dict[str, Any]]) -> BindingSession:
+        sessions.append(BindingSession(path, providers, {CUDA, CPU}))
+        return sessions[-1]
+
+    engine = Engine.create(
+        Manifest.load(tiny_store), RuntimeConfig(), str(tmp_path), platform=GPU, session_factory=make
+    )
+    assert engine.provider == CUDA
+    probs = engine.run(np.zeros((2, 32, 32, 3), dtype=np.uint8))
+    session = sessions[-1]
+    assert session.runs == 1
+    assert session.binding.calls == ["in:input", "out:logits"]
+    assert probs.shape == (2, 10)
+    assert int(probs[0].argmax()) == 3
+    assert abs(float(probs[0].sum()) - 1.0) < 1e-5  # logits → softmax
