@@ -1,14 +1,16 @@
 """ "IoT Core" for the simulated core: a real mosquitto broker on a free loopback port, and MQTT clients.
 
-`MosquittoBroker` starts `mosquitto` (MQTT 5 and 3.1.1, shared subscriptions, anonymous, no persistence)
-and stops it again. `MqttClient` is a small blocking wrapper over awscrt's MQTT 3.1.1 client, used by
-the simulator's IoT Core bridge and by tests as "the cloud"; `Inbox` collects what a subscription got.
+`MosquittoBroker` starts `mosquitto` (MQTT 5 and 3.1.1, shared subscriptions, anonymous, sessions
+kept across a restart) and stops it again. `MqttClient` is a small blocking wrapper over awscrt's
+MQTT 3.1.1 client, used by the simulator's IoT Core bridge and by tests as "the cloud"; `Inbox`
+collects what a subscription got.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import secrets
 import shutil
 import socket
@@ -37,6 +39,13 @@ def find_mosquitto() -> str:
     if not found:
         raise BrokerError("mosquitto not found: install it (`make mosquitto` or `apt-get install mosquitto`)")
     return found
+
+
+def _user() -> str:
+    """mosquitto started as root drops to `mosquitto`, which cannot write our folder: stay who we are."""
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -89,7 +98,10 @@ class MosquittoBroker:
             port = self.port or free_port(self.host)
             conf = base / "mosquitto.conf"
             conf.write_text(
-                f"listener {port} {self.host}\nallow_anonymous true\npersistence false\n"
+                f"listener {port} {self.host}\nallow_anonymous true\nuser {_user()}\n"
+                # sessions and queued QoS 1 messages survive a stop()/start() on the same port, as
+                # IoT Core keeps persistent sessions; clean-session clients are not affected
+                f"persistence true\npersistence_location {base}/\nautosave_interval 0\n"
                 "max_queued_messages 100000\nmax_inflight_messages 0\n"
                 f"log_dest file {base / 'mosquitto.log'}\nlog_type error\nlog_type warning\n"
             )
@@ -174,6 +186,14 @@ class Inbox:
             closer()
 
 
+def _match_filter(topic_filter: str) -> str:
+    """`$share/GROUP/filter` matches what `filter` matches."""
+    if topic_filter.startswith("$share/"):
+        parts = topic_filter.split("/", 2)
+        return parts[2] if len(parts) == 3 else topic_filter
+    return topic_filter
+
+
 class MqttClient:
     """A blocking MQTT 3.1.1 client (awscrt) on the broker, as a cloud application would hold one."""
 
@@ -211,7 +231,7 @@ class MqttClient:
     def _on_message(self, topic: str, payload: bytes, **_: Any) -> None:
         message = Message(topic, bytes(payload), "iot")
         with self._lock:
-            handlers = [h for f, h in self._subs if topic_matches(f, topic)]
+            handlers = [h for f, h in self._subs if topic_matches(_match_filter(f), topic)]
         for handler in handlers:
             try:
                 handler(message)
