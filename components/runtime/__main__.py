@@ -276,9 +276,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stdout,
     )
+    from edgeinfer.transport import TransportError
     from edgeinfer.transport.ipc import GreengrassIpcBus
 
-    bus = GreengrassIpcBus.connect()
+    try:
+        bus = GreengrassIpcBus.connect()
+    except TransportError as exc:
+        print(f"edgeinfer.runtime: error: {exc}", file=sys.stderr)
+        return 2
     component = Component(bus, args)
 
     def on_signal(signum: int, _frame: Any) -> None:
