@@ -58,7 +58,7 @@ class PlatformInfo:
 
 def detect_trt_version() -> str:
     """TensorRT's version from its Python/lib wheels, or the Jetson/Debian header; `unknown` if none."""
-    for dist in ("tensorrt", "tensorrt-libs", "tensorrt-cu12-libs", "tensorrt_cu12_libs", "tensorrt-cu11"):
+    for dist in ("tensorrt", "tensorrt-cu12", "tensorrt-cu12-libs", "tensorrt-libs", "tensorrt-cu11"):
         try:
             return importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
