@@ -5,6 +5,7 @@ configuration run last."""
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
 import time
 from collections.abc import Iterator
@@ -30,11 +31,20 @@ CAT_CLASSES = range(281, 286)
 
 
 @pytest.fixture(scope="module")
-def store(request: pytest.FixtureRequest) -> Path:
+def store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real model store (the `model_store` fixture). Where the suite has none, the runtime tests'
+    tiny classifier keeps the whole path covered; the cat-class checks then do not apply."""
     try:
         return Path(request.getfixturevalue("model_store"))
     except pytest.FixtureLookupError:
-        pytest.skip("the model store fixture (model_store) is not available")
+        spec = importlib.util.spec_from_file_location(
+            "_runtime_conftest", Path(__file__).resolve().parents[1] / "runtime" / "conftest.py"
+        )
+        assert spec is not None
+        assert spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return Path(module.write_tiny_store(tmp_path_factory.mktemp("tiny-store")))
 
 
 @pytest.fixture(scope="module")
