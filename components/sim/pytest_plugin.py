@@ -8,7 +8,8 @@
 
 Fixtures: `sim_broker` (session-scoped mosquitto: `.host`, `.port`, `.address`) and `simulator`
 (factory `simulator(recipes_dir, artifacts_dir=None, **Simulator kwargs) -> Simulator`; work_dir
-defaults to a fresh folder under the test's tmp_path, broker to `sim_broker`).
+defaults to a fresh folder under the test's tmp_path, broker to `sim_broker`, restart_delay to 0.1 s).
+Give each test its own `thing` when several share the session broker.
 """
 
 from __future__ import annotations
