@@ -8,6 +8,8 @@
 Publishes go out as binary messages; JSON messages other components send arrive as their UTF-8 JSON
 bytes. Handlers run on one SDK callback thread per bus, in arrival order (so a handler may call the
 bus synchronously). SDK errors become `TransportError`; the nucleus's refusals `UnauthorizedError`.
+`update_configuration(path, value)` is Greengrass's MERGE at `path[:-1]`: a mapping value merges into
+an existing mapping, and the nucleus refuses to replace a mapping with a leaf value.
 """
 
 from __future__ import annotations
