@@ -196,14 +196,16 @@ def raw_pipeline(
     for i in range(runs):
         data = images[i % len(images)]
         t = time.perf_counter()
-        probs = engine.run(decode_image(data, size)[None])
+        probs = engine.run(decode_image(data, size, detail=engine.detail)[None])
         engine.top_k(probs[0], 5)
         lat.append((time.perf_counter() - t) * 1000)
     b = cfg.max_batch_size
     t = time.perf_counter()
     done = 0
     for r in range(batch_rounds):
-        batch = [decode_image(images[(r * b + j) % len(images)], size) for j in range(b)]
+        batch = [
+            decode_image(images[(r * b + j) % len(images)], size, detail=engine.detail) for j in range(b)
+        ]
         probs = engine.run(np.stack(batch))
         for row in probs:
             engine.top_k(row, 5)

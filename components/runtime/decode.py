@@ -109,8 +109,14 @@ def decode_image(
     *,
     max_pixels: int = 40_000_000,
     min_side: int = 8,
+    detail: int | None = None,
 ) -> np.ndarray:
-    """Encoded image → RGB uint8 `[size, size, 3]` (shorter side to `size`, centre crop)."""
+    """Encoded image → RGB uint8 `[size, size, 3]` (shorter side to `size`, centre crop).
+
+    `detail`: the pixels the network really looks at (its own input size, e.g. 224, when `size` is
+    the larger common size the graph crops from). A JPEG is decoded at 1/2 or 1/4 scale from the DCT
+    while its shorter side keeps at least that many pixels; default `size`.
+    """
     if not data:
         raise DecodeError("empty image")
     header = read_header(data)
@@ -124,9 +130,10 @@ def decode_image(
     flag = cv2.IMREAD_COLOR
     if header.format == "jpeg":
         shorter = min(w, h)
-        if shorter >= 4 * size:
+        keep = detail or size
+        if shorter >= 4 * keep:
             flag = cv2.IMREAD_REDUCED_COLOR_4
-        elif shorter >= 2 * size:
+        elif shorter >= 2 * keep:
             flag = cv2.IMREAD_REDUCED_COLOR_2
     buf = np.frombuffer(data, dtype=np.uint8)
     try:
@@ -153,7 +160,7 @@ def to_model_input(img: np.ndarray, size: int, *, bgr: bool = True) -> np.ndarra
     return np.ascontiguousarray(img)
 
 
-def warm_up_decoder(size: int) -> None:
+def warm_up_decoder(size: int, detail: int | None = None) -> None:
     """Decode a 640×480 JPEG (reduced and full) and a PNG once, so the first request does not pay for
     the codecs' lazy initialisation."""
     img = np.zeros((480, 640, 3), dtype=np.uint8)
@@ -161,5 +168,5 @@ def warm_up_decoder(size: int) -> None:
     for ext in (".jpg", ".png"):
         ok, buf = cv2.imencode(ext, img)
         if ok:
-            decode_image(bytes(buf), size)
-            decode_image(bytes(buf), max(8, 480 // 2))
+            decode_image(bytes(buf), size, detail=detail)
+            decode_image(bytes(buf), size, detail=max(8, 480 // 4))

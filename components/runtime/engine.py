@@ -168,6 +168,11 @@ class Engine:
         return ModelRef(self.manifest.name, self.manifest.version, self.variant.name or self.variant.file)
 
     @property
+    def detail(self) -> int:
+        """The network's own input size (what survives the in-graph crop and resize)."""
+        return int(self.manifest.preprocessing.size or self.input_size)
+
+    @property
     def short_provider(self) -> str:
         return SHORT_NAMES.get(self.provider, self.provider)
 

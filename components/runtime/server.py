@@ -148,9 +148,9 @@ class InferenceServer:
     def start(self, *, subscribe: bool = True) -> None:
         """Start the threads and (unless the caller already holds them, see `adopt_subscriptions`)
         subscribe to the request topics."""
-        warm_up_decoder(self.engine.input_size)
+        warm_up_decoder(self.engine.input_size, self.engine.detail)
         for _ in range(self.cfg.decode_threads):  # start the pool's threads now, not on the first request
-            self._decode_pool.submit(warm_up_decoder, self.engine.input_size)
+            self._decode_pool.submit(warm_up_decoder, self.engine.input_size, self.engine.detail)
         self._running = True
         for name, fn in (("edgeinfer-engine", self._engine_loop), ("edgeinfer-reply", self._reply_loop)):
             t = threading.Thread(target=fn, name=name, daemon=True)
@@ -402,11 +402,13 @@ class InferenceServer:
             data = job.request.image
             if data is None:
                 data = self._read_path(job.request.image_path or "")
+            engine = self.engine
             job.image = decode_image(
                 data,
-                self.engine.input_size,
+                engine.input_size,
                 max_pixels=self.cfg.max_image_pixels,
                 min_side=self.cfg.min_image_side,
+                detail=engine.detail,
             )
             job.decode_end = self.clock()
         except DecodeError as exc:
