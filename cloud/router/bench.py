@@ -593,6 +593,6 @@ def print_table(report: dict[str, Any]) -> None:
             str(r["duplicates"]),
             ", ".join(f"{k} {v}" for k, v in sorted(r["errors"].items())) or "-",
         )
-    Console().print(table)
+    Console(width=130).print(table)
     for name, ok in report["targets"].items():
         print(f"  {'PASS' if ok else 'FAIL'}  {name}")
