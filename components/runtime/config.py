@@ -91,6 +91,7 @@ class CpuOptions:
     intra_op_num_threads: int = 0
     allow_spinning: bool = False  # session.intra_op.allow_spinning: spinning threads fight OpenCV's
     opencv_threads: int = 1  # cv2.setNumThreads: decode runs on our own pool, not OpenCV's
+    python_switch_interval_us: int = 500  # sys.setswitchinterval: hand the GIL back to the engine soon
 
 
 @dataclass
@@ -202,6 +203,8 @@ class RuntimeConfig:
             out.append("resultFormat must be 'edgeinfer' or 'dlr'")
         if self.cuda.cudnn_conv_algo_search not in ("EXHAUSTIVE", "HEURISTIC", "DEFAULT"):
             out.append("cuda.cudnnConvAlgoSearch must be EXHAUSTIVE, HEURISTIC or DEFAULT")
+        if not 50 <= self.cpu.python_switch_interval_us <= 100_000:
+            out.append("cpu.pythonSwitchIntervalUs must be from 50 to 100000")
         if self.cpu.intra_op_num_threads < 0:
             out.append("cpu.intraOpNumThreads must be 0 (one per core) or positive")
         if self.source.kind not in SOURCE_KINDS:
