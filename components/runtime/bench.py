@@ -424,7 +424,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         }
         iot_lat = iot.closed_loop(max(50, args.requests // 2))
         print("saturation", file=sys.stderr)
-        sat_rps, sizes = local.saturate(args.requests * 2, window=3 * args.max_batch_size)
+        sat_rps, sizes = local.saturate(args.requests * 2, window=6 * args.max_batch_size)
         print("70 % load", file=sys.stderr)
         rate = 0.7 * sat_rps
         at70, errors70 = local.open_loop(rate, args.duration)
