@@ -1,0 +1,202 @@
+"""The whole pipeline on a tiny user model (`--onnx`), and its bad-input paths through the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from edgeinfer.cli import main
+from edgeinfer.errors import EdgeinferError, GateFailedError
+from edgeinfer.model.build import BuildOptions, build, build_hash
+from edgeinfer.model.gate import Thresholds
+from edgeinfer.model.manifest import CPU, CUDA, TENSORRT, Manifest
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("skimage")
+
+NO_GATE = Thresholds(0.0, 0.0, 0.0)
+FAST = {"calibration_per_photo": 2, "validation_per_photo": 2, "min_calibration": 4}
+
+
+def _options(tiny_onnx: Path, out: Path, **kw: Any) -> BuildOptions:
+    return BuildOptions(onnx=tiny_onnx, out=out, thresholds=kw.pop("thresholds", NO_GATE), **{**FAST, **kw})
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def test_build_user_onnx(tmp_path: Path, tiny_onnx: Path) -> None:
+    labels = tmp_path / "labels.txt"
+    labels.write_text("\n".join(f"thing {i}" for i in range(5)))
+    out = tmp_path / "store"
+    manifest = build(_options(tiny_onnx, out, labels=labels), quiet=True)
+    assert manifest.root == out
+    loaded = Manifest.load(out)
+    loaded.verify()
+    assert loaded.labels() == [f"thing {i}" for i in range(5)]
+    assert [v.name for v in loaded.variants] == ["int8-cpu", "int8-tensorrt", "fp32"]
+    assert loaded.variant_for(CPU).name == "int8-cpu"
+    assert loaded.variant_for(TENSORRT).name == "int8-tensorrt"
+    assert loaded.variant_for(CUDA).name == "fp32"
+    assert loaded.inputs[0].dtype == "uint8"
+    assert loaded.inputs[0].shape == ["N", "H", "W", 3]
+    assert loaded.preprocessing.size == 8
+    assert loaded.quantization["uint8_input_dequantize"] is True
+    assert loaded.calibration_size > 0
+    assert loaded.validation_size > 0
+    report = loaded.validation["variants"]["int8-cpu"]
+    assert {"plain", "bias_corrected", "final"} <= set(report)
+    assert loaded.tools["onnxruntime"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["manifest.json", "labels.json", "model_fp32.onnx", "model_int8_cpu.onnx", "model_int8_tensorrt.onnx"]
+    )
+    assert _leftovers(tmp_path) == ["labels.txt", "store", "tiny.onnx"]
+
+    # every published graph takes uint8 NHWC of any size and batch
+    import onnxruntime as ort
+
+    images = np.random.default_rng(0).integers(0, 256, (3, 20, 14, 3), dtype=np.uint8)
+    for variant in loaded.variants:
+        sess = ort.InferenceSession(str(loaded.path(variant)), providers=[CPU])
+        assert sess.run(None, {"images": images})[0].shape == (3, 5)
+
+    # same inputs: cached, nothing rebuilt
+    again = build(_options(tiny_onnx, out, labels=labels), quiet=True)
+    assert again.created == loaded.created
+    assert again.source["build_hash"] == build_hash(_options(tiny_onnx, out, labels=labels))
+
+
+def test_build_fp32_only(tmp_path: Path, tiny_onnx: Path) -> None:
+    manifest = build(_options(tiny_onnx, tmp_path / "s", int8=False), quiet=True)
+    assert [v.name for v in manifest.variants] == ["fp32"]
+    assert manifest.variant_for(CPU).precision == "fp32"
+
+
+def test_failed_gate_leaves_nothing(tmp_path: Path, tiny_onnx: Path) -> None:
+    out = tmp_path / "store"
+    strict = Thresholds(1.01, 1.01, 1.01)
+    with pytest.raises(GateFailedError, match=r"short by \d+\.\d points"):
+        build(_options(tiny_onnx, out, thresholds=strict, sensitivity="off"), quiet=True)
+    assert _leftovers(tmp_path) == ["tiny.onnx"]
+
+
+def test_calibration_folder_skips_and_counts(tmp_path: Path, tiny_onnx: Path) -> None:
+    import cv2
+
+    folder = tmp_path / "calib"
+    folder.mkdir()
+    for i in range(3):
+        image = np.random.default_rng(i).integers(0, 256, (40, 50, 3), dtype=np.uint8)
+        cv2.imwrite(str(folder / f"img{i}.png"), image)
+    (folder / "notes.txt").write_text("not an image")
+    (folder / "broken.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    manifest = build(
+        _options(tiny_onnx, tmp_path / "store", calibration=folder, min_calibration=3), quiet=True
+    )
+    assert manifest.quantization["calibration_skipped"] == 2
+    with pytest.raises(EdgeinferError, match="too few usable images: 3 < 50"):
+        build(_options(tiny_onnx, tmp_path / "store2", calibration=folder, min_calibration=50), quiet=True)
+    assert not (tmp_path / "store2").exists()
+
+
+# ------------------------------------------------------------------------------------ CLI bad input
+
+
+def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    code = main(["model", "build", "--quiet", *args])
+    err = capsys.readouterr().err.strip()
+    return code, err
+
+
+def _one_line(err: str) -> str:
+    err = err.strip()
+    assert "\n" not in err, err
+    assert "Traceback" not in err
+    assert err.startswith("edgeinfer: error: ")
+    return err
+
+
+@pytest.mark.parametrize(
+    ("make", "expect"),
+    [
+        (lambda d: d / "missing.onnx", "does not exist"),
+        (
+            lambda d: (d / "corrupt.onnx").write_bytes(b"\x00garbage" * 10) and d / "corrupt.onnx",
+            "not a valid ONNX",
+        ),
+    ],
+)
+def test_cli_bad_model_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], make: Any, expect: str
+) -> None:
+    path = make(tmp_path)
+    out = tmp_path / "out"
+    code, err = _cli(["--onnx", str(path), "--out", str(out)], capsys)
+    assert code != 0
+    assert expect in _one_line(err)
+    assert not out.exists()
+
+
+def test_cli_non_image_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tiny_classifier: Any
+) -> None:
+    import onnx
+
+    path = tmp_path / "vector.onnx"
+    model = tiny_classifier(input_shape=["N", 3, 8])
+    onnx.save(model, str(path))
+    code, err = _cli(["--onnx", str(path), "--out", str(tmp_path / "out")], capsys)
+    assert code != 0
+    assert "image tensor" in _one_line(err) or "not a valid ONNX" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_empty_calibration_dir(
+    tmp_path: Path, tiny_onnx: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = tmp_path / "out"
+    code, err = _cli(["--onnx", str(tiny_onnx), "--calibration", str(empty), "--out", str(out)], capsys)
+    assert code != 0
+    assert "too few usable images: 0" in _one_line(err)
+    assert not out.exists()
+    assert _leftovers(tmp_path) == ["empty", "tiny.onnx"]
+
+
+def test_cli_failed_gate(tmp_path: Path, tiny_onnx: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    code, err = _cli(
+        ["--onnx", str(tiny_onnx), "--out", str(out), "--min-top1", "1.01", "--sensitivity", "off"], capsys
+    )
+    assert code == GateFailedError.exit_code
+    assert "accuracy gate failed" in _one_line(err)
+    assert not out.exists()
+
+
+def test_cli_build_info_classify(tmp_path: Path, tiny_onnx: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from edgeinfer.model import samples
+
+    out = tmp_path / "out"
+    code = main(["model", "build", "--quiet", "--onnx", str(tiny_onnx), "--out", str(out), "--min-top1", "0",
+                 "--min-top1-confident", "0", "--min-top5", "0"])  # fmt: skip
+    assert code == 0
+    capsys.readouterr()
+    assert main(["model", "info", "--store", str(out), "--verify"]) == 0
+    assert "verified" in capsys.readouterr().out
+    assert main(["model", "classify", "--store", str(out), "--json", str(samples.cat_image())]) == 0
+    result = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert len(result["predictions"]) == 5
+    assert result["provider"] == CPU
+    assert result["model"]["variant"] == "int8-cpu"
+    code = main(["model", "classify", "--store", str(out), str(tmp_path / "nope.jpg")])
+    assert code != 0
+    assert "does not exist" in _one_line(capsys.readouterr().err)
+    code = main(["model", "info", "--store", str(tmp_path / "nowhere")])
+    assert code != 0
+    assert "no model store" in _one_line(capsys.readouterr().err)
