@@ -371,7 +371,11 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
 
     root = Path(tempfile.mkdtemp(prefix="edgeinfer-bench-"))
     recipes, artifacts = prepare_device(root / "device", store_dir)
-    runtime_cfg = {"maxBatchSize": args.max_batch_size, "executionProviders": ["CPUExecutionProvider"]}
+    runtime_cfg = {
+        "maxBatchSize": args.max_batch_size,
+        "maxQueueSize": max(64, 8 * args.max_batch_size),
+        "executionProviders": ["CPUExecutionProvider"],
+    }
     out: dict[str, Any] = {"raw": raw, "model": {"name": manifest.name, "version": manifest.version}}
     print("simulated core: starting the runtime", file=sys.stderr)
 
