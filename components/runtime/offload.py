@@ -36,6 +36,9 @@ Circuit breaker
 Consecutive cloud failures (timeouts, INTERNAL / OVERLOADED answers, failed publishes) open the
 breaker: no offloading for `breaker_cooldown_s`; then one probe request goes out (half-open). Its
 success closes the breaker; its failure opens it again with a doubled cooldown (up to a maximum).
+An answer that comes after its request was served locally is not forwarded, but it proves the cloud
+is up (the breaker closes) and its round trip teaches the latency model that the cloud is slow — so
+a slow cloud stops being chosen by prediction, and only a dead one is kept out by the breaker.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ import logging
 import math
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -243,12 +246,14 @@ class CloudLatencyModel:
     def samples(self) -> int:
         return len(self.service)
 
-    def predict(self, payload_bytes: int) -> float:
+    def predict(self, payload_bytes: int, quantile: float | None = None) -> float:
+        """`quantile` of the residuals and service times (default: the model's, 0.9)."""
+        q = self.quantile if quantile is None else quantile
         net = self.network.predict(payload_bytes)
         if net is None:
             return self.prior_ms
-        net += self.network.residual_quantile(self.quantile)
-        return net + _quantile(sorted(self.service), self.quantile)
+        net += self.network.residual_quantile(q)
+        return net + _quantile(sorted(self.service), q)
 
 
 # ------------------------------------------------------------------------------------------ breaker
@@ -408,6 +413,8 @@ class PlacementPolicy(Generic[T]):
         self.local_fit = LinearFit(max(self.config.window, 256))
         self._lock = threading.RLock()
         self._tickets: dict[str, Ticket[T]] = {}
+        # Offloads already served locally, kept a while: a late answer still measures the cloud.
+        self._expired: OrderedDict[str, Ticket[T]] = OrderedDict()
         self._busy_until: float | None = None  # predicted end of the batch now running
         self._seq = itertools.count(1)
         self.counters: dict[str, int] = {
@@ -447,8 +454,12 @@ class PlacementPolicy(Generic[T]):
 
     # ------------------------------------------------------------------------------- predictions
 
-    def predict_local_ms(self, ahead: int, now: float | None = None) -> float:
-        """Latency of a request that joins now behind `ahead` requests (queued or being decoded)."""
+    def predict_local_ms(self, ahead: int, now: float | None = None, *, conservative: bool = True) -> float:
+        """Latency of a request that joins now behind `ahead` requests (queued or being decoded).
+
+        `conservative` adds the feedback fit's 90th-percentile residual (the one that decides whether
+        the edge *meets* a budget); without it, the expected latency (used to pick the better place
+        when neither is sure to meet it)."""
         now = self.clock() if now is None else now
         with self._lock:
             busy = 0.0 if self._busy_until is None else max(0.0, (self._busy_until - now) * 1000.0)
@@ -460,7 +471,8 @@ class PlacementPolicy(Generic[T]):
             if len(self.local_fit) >= 16:
                 seen = self.local_fit.predict(max(0, ahead))
                 if seen is not None:
-                    return max(model, seen + self.local_fit.residual_quantile(0.9))
+                    spread = self.local_fit.residual_quantile(0.9) if conservative else 0.0
+                    return max(model, seen + spread)
             return model
 
     def predict_cloud_ms(self, payload_bytes: int) -> float:
@@ -545,14 +557,22 @@ class PlacementPolicy(Generic[T]):
                 return result(Action.LOCAL, "no deadline")
             if local_ms <= budget:
                 return result(Action.LOCAL, f"local {local_ms:.0f} ms meets the {budget:.0f} ms budget")
-            if cloud_ms <= budget and self._cloud_ready() and self.breaker.allow():
+            ready = self._cloud_ready()
+            if ready and cloud_ms <= budget and self.breaker.allow():
                 return result(
                     Action.OFFLOAD, f"only the cloud ({cloud_ms:.0f} ms) meets the {budget:.0f} ms budget"
                 )
-            why = "the cloud is unavailable" if not self._cloud_ready() else f"cloud {cloud_ms:.0f} ms"
+            # Neither is sure to (90th percentiles): go where the *expected* latency still fits, if any.
+            local_exp = self.predict_local_ms(ahead, now, conservative=False)
+            cloud_exp = self.cloud.predict(payload_bytes, 0.5) if ready else math.inf
+            if cloud_exp < local_exp and cloud_exp <= budget and self.breaker.allow():
+                return result(Action.OFFLOAD, f"cloud expected {cloud_exp:.0f} ms of {budget:.0f} ms left")
+            if local_exp <= budget:
+                return result(Action.LOCAL, f"local expected {local_exp:.0f} ms of {budget:.0f} ms left")
+            why = f"cloud {cloud_exp:.0f} ms" if ready else "the cloud is unavailable"
             return result(
                 Action.REJECT,
-                f"neither meets the {budget:.0f} ms left: local {local_ms:.0f} ms, {why}",
+                f"neither meets the {budget:.0f} ms left: local {local_exp:.0f} ms, {why} (expected)",
                 ErrorCode.DEADLINE_EXCEEDED,
             )
 
@@ -654,7 +674,15 @@ class PlacementPolicy(Generic[T]):
         with self._lock:
             ticket = self._tickets.pop(result.id, None)
             if ticket is None:
-                self.counters["late_cloud_answers"] += 1
+                late = self._expired.pop(result.id, None)
+                if late is not None:
+                    self.counters["late_cloud_answers"] += 1
+                    if result.status == "ok":
+                        # The cloud is up, only slow: let the latency model learn it, and let the
+                        # breaker (which is about failures) close again.
+                        rtt_ms = (now - late.sent_at) * 1000.0
+                        self.cloud.observe(late.payload_bytes, rtt_ms, result.latency_ms.total)
+                        self.breaker.record_success()
                 return None
             result.id = ticket.request_id
             code = result.error.code if result.error is not None else None
@@ -683,6 +711,9 @@ class PlacementPolicy(Generic[T]):
                 del self._tickets[ticket.wire_id]
                 self._failure()
                 self.counters["fallbacks"] += 1
+                self._expired[ticket.wire_id] = ticket
+                while len(self._expired) > 1024:
+                    self._expired.popitem(last=False)
             return [Fallback(t, "no cloud answer in time") for t in expired]
 
     def next_due(self) -> float | None:

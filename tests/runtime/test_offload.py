@@ -435,3 +435,24 @@ def test_config_from_recipe() -> None:
     assert problems == ["placement.breakerFailures has the wrong type or range: 'x'"]
     _, problems = OffloadConfig.from_recipe({"cascadeThreshold": 2})
     assert problems
+
+
+def test_late_answers_teach_the_latency_model_and_close_the_breaker() -> None:
+    """A slow cloud is avoided by prediction, not kept out by the breaker."""
+    clock = Clock()
+    p = policy(clock, breaker_failures=2, prior_cloud_ms=40)
+    tickets = []
+    for i in range(2):
+        r = req(f"slow{i}", deadline_ms=100, offload="always")
+        assert p.decide(r, ahead=0, payload_bytes=1000).action is Action.OFFLOAD
+        tickets.append(p.begin_offload(r, r.id, payload_bytes=1000))
+    clock.advance(100)
+    assert len(p.due()) == 2  # served locally
+    assert p.breaker.state is BreakerState.OPEN
+    clock.advance(150)  # the answers come 250 ms after sending
+    for t in tickets:
+        assert p.on_cloud_result(ok(t.wire_id, 5)) is None  # never forwarded: already answered
+    assert p.breaker.state is BreakerState.CLOSED
+    assert p.predict_cloud_ms(1000) > 200
+    d = p.decide(req("next", deadline_ms=100), ahead=24, payload_bytes=1000)
+    assert d.action is not Action.OFFLOAD  # too slow to be worth it now
