@@ -206,6 +206,7 @@ class Nucleus:
         }
         self.server: ipc.IpcServer | None = None
         self._state_changed: asyncio.Event = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
 
     # ------------------------------------------------------------ set-up
@@ -337,6 +338,7 @@ class Nucleus:
         if self._stopping:
             return
         comp.log(f"restarting: {why}")
+        self._restart_hard_dependants(comp, "restarted")
         await self._stop_component(comp, final=INSTALLED)
         if self.shutting_down():
             return
@@ -345,14 +347,16 @@ class Nucleus:
         self.set_state(comp, INSTALLED, why)
         comp.task = asyncio.create_task(self._lifecycle(comp), name=f"lifecycle:{comp.name}")
 
-    def _restart_hard_dependants(self, comp: Component) -> None:
-        """A HARD dependant restarts when its dependency errs, and waits for it to run again."""
+    def _restart_hard_dependants(self, comp: Component, what: str) -> None:
+        """A HARD dependant restarts when its dependency errs or restarts, and waits for it to run again."""
         for other in self.components.values():
             dep = other.recipe.dependencies.get(comp.name)
             if dep is not None and dep.hard and other.state not in (NEW, BROKEN) and not other.stopping:
-                asyncio.get_running_loop().create_task(
-                    self.restart_component(other, f"HARD dependency {comp.name} errored")
+                task = asyncio.get_running_loop().create_task(
+                    self.restart_component(other, f"HARD dependency {comp.name} {what}")
                 )
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
 
     async def _kill_all(self, comp: Component) -> None:
         """SIGTERM each process group (the whole tree), SIGKILL what is left after stop_timeout."""
@@ -405,7 +409,7 @@ class Nucleus:
                     return
                 comp.errors += 1
                 self.set_state(comp, ERRORED, error)
-                self._restart_hard_dependants(comp)
+                self._restart_hard_dependants(comp, "errored")
                 await self._kill_all(comp)
                 if "recover" in comp.recipe.lifecycle:
                     await self._run_step(comp, "recover", wait=True)

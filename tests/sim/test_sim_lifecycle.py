@@ -254,6 +254,7 @@ def test_restarts_on_request_on_a_lifecycle_changing_deployment_and_with_a_hard_
     sim.restart("com.example.Dep")  # Dep errs once on the way up: its HARD dependant restarts too
     assert _eventually(lambda: sim.logs("com.example.Dep").splitlines().count("dep up") == 2)
     sim.wait_for_state("com.example.User", "RUNNING", timeout=30)
-    assert _eventually(lambda: sim.logs("com.example.User").splitlines().count("mode=b") == 2)
+    # restarted with its dependency (maybe twice: Dep is RUNNING for a moment before it errs)
+    assert _eventually(lambda: sim.logs("com.example.User").splitlines().count("mode=b") >= 2)
     history = sim.history("com.example.User")
     assert history[-4:] == ["STOPPING", "INSTALLED", "STARTING", "RUNNING"]
