@@ -100,6 +100,7 @@ class OffloadConfig:
     breaker_cooldown_s: float = 2.0  # first wait before a probe
     breaker_max_cooldown_s: float = 30.0
     window: int = 64  # recent samples kept by each model
+    cloud_memory_s: float = 20.0  # forget the cloud's latency after this long without a new sample
     local_models: list[str] = field(default_factory=list)  # names served here ([] = the loaded one)
 
     @classmethod
@@ -401,6 +402,7 @@ class PlacementPolicy(Generic[T]):
         self.clock = clock
         self.service = ServiceTimeModel(self.config.window)
         self.cloud = CloudLatencyModel(self.config.window, self.config.prior_cloud_ms)
+        self._cloud_seen = 0.0  # clock of the last cloud latency sample
         self.breaker = CircuitBreaker(
             self.config.breaker_failures,
             self.config.breaker_cooldown_s,
@@ -515,6 +517,7 @@ class PlacementPolicy(Generic[T]):
         now = self.clock() if now is None else now
         cfg = self.config
         with self._lock:
+            self._forget_stale_cloud(now)
             local_ms = self.predict_local_ms(ahead, now)
             cloud_ms = self.cloud.predict(payload_bytes)
             budget = None
@@ -575,6 +578,17 @@ class PlacementPolicy(Generic[T]):
                 f"neither meets the {budget:.0f} ms left: local {local_exp:.0f} ms, {why} (expected)",
                 ErrorCode.DEADLINE_EXCEEDED,
             )
+
+    def _observe_cloud(self, payload_bytes: int, rtt_ms: float, service_ms: float, now: float) -> None:
+        self._forget_stale_cloud(now)
+        self.cloud.observe(payload_bytes, rtt_ms, service_ms)
+        self._cloud_seen = now
+
+    def _forget_stale_cloud(self, now: float) -> None:
+        """Once the cloud has looked too slow, nothing is offloaded and nothing new is measured: after
+        `cloud_memory_s` without a sample, start again from the prior (which makes offloads probe it)."""
+        if self.cloud.samples and now - self._cloud_seen > self.config.cloud_memory_s:
+            self.cloud = CloudLatencyModel(self.config.window, self.config.prior_cloud_ms)
 
     def _cloud_ready(self) -> bool:
         return (
@@ -681,7 +695,7 @@ class PlacementPolicy(Generic[T]):
                         # The cloud is up, only slow: let the latency model learn it, and let the
                         # breaker (which is about failures) close again.
                         rtt_ms = (now - late.sent_at) * 1000.0
-                        self.cloud.observe(late.payload_bytes, rtt_ms, result.latency_ms.total)
+                        self._observe_cloud(late.payload_bytes, rtt_ms, result.latency_ms.total, now)
                         self.breaker.record_success()
                 return None
             result.id = ticket.request_id
@@ -690,7 +704,7 @@ class PlacementPolicy(Generic[T]):
                 self.breaker.record_success()
                 self.counters["cloud_ok"] += 1
                 rtt_ms = (now - ticket.sent_at) * 1000.0
-                self.cloud.observe(ticket.payload_bytes, rtt_ms, result.latency_ms.total)
+                self._observe_cloud(ticket.payload_bytes, rtt_ms, result.latency_ms.total, now)
                 return CloudOutcome(ticket, result)
             if code in _REQUEST_FAULTS:
                 self.breaker.record_success()  # the cloud works; the request was bad

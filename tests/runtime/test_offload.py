@@ -456,3 +456,12 @@ def test_late_answers_teach_the_latency_model_and_close_the_breaker() -> None:
     assert p.predict_cloud_ms(1000) > 200
     d = p.decide(req("next", deadline_ms=100), ahead=24, payload_bytes=1000)
     assert d.action is not Action.OFFLOAD  # too slow to be worth it now
+
+
+def test_a_slow_cloud_is_forgotten_after_a_while_so_offloads_probe_it_again() -> None:
+    clock = Clock()
+    p = policy(clock, cloud_memory_s=10)
+    teach_cloud(p, clock, rtt_ms=300, service_ms=5)
+    assert p.decide(req("a", deadline_ms=100), ahead=24, payload_bytes=1000).action is Action.REJECT
+    clock.advance(11_000)
+    assert p.decide(req("b", deadline_ms=100), ahead=24, payload_bytes=1000).action is Action.OFFLOAD
