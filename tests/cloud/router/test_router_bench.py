@@ -1,0 +1,103 @@
+"""`edgeinfer bench offload`: its bookkeeping, and one short real run on a tiny model (slow)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from edgeinfer.cli import main
+from edgeinfer.cloud.router.bench import Scheduler, Tracker, _parse_rtt, summarize, targets
+from edgeinfer.errors import EdgeinferError
+from edgeinfer.messages import ErrorCode, Result, error_result
+from edgeinfer.transport import Message
+
+
+def _answer(tracker: Tracker, rid: str, result: Result, at: float) -> None:
+    with tracker.lock:
+        tracker.answers.setdefault(rid, []).append((at, result))
+
+
+def test_summarize_counts_deadline_hits_offloads_losses_and_duplicates() -> None:
+    t = Tracker()
+    t.sent = {"a": 0.0, "b": 0.0, "c": 0.0, "d": 0.0}
+    _answer(t, "a", Result("a", "ok", "", placement="edge"), 0.050)
+    _answer(t, "b", Result("b", "ok", "", placement="cloud"), 0.150)  # ok but late
+    _answer(t, "b", Result("b", "ok", "", placement="cloud"), 0.160)  # a duplicate
+    _answer(t, "c", error_result("c", ErrorCode.DEADLINE_EXCEEDED, "x", timestamp=""), 0.001)
+    out = summarize(t, 100.0)
+    assert out["sent"] == 4
+    assert out["lost"] == 1
+    assert out["duplicates"] == 1
+    assert out["within_deadline"] == 0.25
+    assert out["offload_share"] == 0.25
+    assert out["errors"] == {"DEADLINE_EXCEEDED": 1}
+    runs = [
+        {"load": 0.5, "policy": "on", "lost": 0, "duplicates": 0, "within_deadline": 1.0, "offload_share": 0},
+        {
+            "load": 1.5,
+            "policy": "on",
+            "lost": 0,
+            "duplicates": 0,
+            "within_deadline": 0.98,
+            "offload_share": 0.3,
+        },
+    ]
+    assert targets(runs) == {
+        "1.5x_on_within_deadline_ge_99pct_none_lost": False,
+        "0.5x_on_nothing_offloaded": True,
+        "all_runs_exactly_once": True,
+    }
+
+
+def test_tracker_handler_parses_results() -> None:
+    t = Tracker()
+    t.handler(Message("x", Result("r", "ok", "").to_json()))
+    t.handler(Message("x", b"garbage"))
+    assert list(t.answers) == ["r"]
+
+
+def test_scheduler_runs_in_time_order() -> None:
+    s = Scheduler()
+    seen: list[int] = []
+    done = threading.Event()
+    now = time.monotonic()
+    s.at(now + 0.06, lambda: (seen.append(2), done.set()))
+    s.at(now + 0.02, lambda: seen.append(1))
+    assert done.wait(5)
+    s.close()
+    assert seen == [1, 2]
+
+
+def test_parse_rtt() -> None:
+    assert _parse_rtt("20-40") == (20.0, 40.0)
+    assert _parse_rtt("30") == (30.0, 30.0)
+    for bad in ("x", "40-20", "-5"):
+        with pytest.raises(EdgeinferError):
+            _parse_rtt(bad)
+
+
+def test_bench_without_a_model_store_is_a_one_line_error(tmp_path: Path) -> None:
+    assert main(["bench", "offload", "--model-dir", str(tmp_path)]) == 2
+
+
+@pytest.mark.slow
+def test_bench_offload_short_run_on_a_tiny_model(tiny_store: Path, tmp_path: Path) -> None:
+    out = tmp_path / "offload.json"
+    code = main(
+        ["bench", "offload", "--model-dir", str(tiny_store), "--duration", "1", "--loads", "0.5,2",
+         "--json", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert [(r["load"], r["policy"]) for r in report["runs"]] == [
+        (0.5, "off"), (0.5, "on"), (2.0, "off"), (2.0, "on"),
+    ]  # fmt: skip
+    for run in report["runs"]:
+        assert run["lost"] == 0
+        assert run["duplicates"] == 0
+        assert run["answered"] == run["sent"]
+    assert report["targets"]["all_runs_exactly_once"] is True
