@@ -134,7 +134,7 @@ def run_bench(
         for vname, (sess, name) in sessions.items():
             results[vname]["_b8"] += _time(runner(sess, name, batch8), max(1, runs // 4))
     ref_logits = sessions["fp32"][0].run(None, {sessions["fp32"][1]: batch8})[0]
-    for vname, (sess, name) in sessions.items():
+    for vname in sessions:
         r = results[vname]
         b1, b8 = r.pop("_b1"), r.pop("_b8")
         r["b1_median_ms"] = round(float(np.median(b1)), 3)
@@ -144,7 +144,9 @@ def run_bench(
         r["images_per_s_b1"] = round(1e3 / r["b1_median_ms"], 1)
         r["images_per_s_b8"] = round(8e3 / r["b8_median_ms"], 1)
         r["runs"] = {"b1": len(b1), "b8": len(b8)}
-        base = results["fp32"]
+    base = results["fp32"]
+    for vname, (sess, name) in sessions.items():
+        r = results[vname]
         r["speedup_b1"] = round(base["b1_median_ms"] / r["b1_median_ms"], 3)
         r["speedup_b8"] = round(base["b8_median_ms"] / r["b8_median_ms"], 3)
         logits = sess.run(None, {name: batch8})[0]

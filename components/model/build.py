@@ -548,6 +548,8 @@ def _build_into(work: Path, options: BuildOptions, quiet: bool) -> Manifest:
                 "validation_source": str(options.validation)
                 if options.validation
                 else "scikit-image photos (disjoint) + augmented crops",
+                "calibration_photos": sorted(set(calib.sources)) if options.calibration is None else [],
+                "validation_photos": sorted(set(valid.sources)) if options.validation is None else [],
             }
 
         shutil.rmtree(scratch)

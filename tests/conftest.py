@@ -1,0 +1,25 @@
+"""Suite-wide fixtures. Each package's own fixtures live in tests/<package>/conftest.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def model_store() -> Path:
+    """The built default model store, `artifacts/com.edgeinfer.ModelStore/<edgeinfer.__version__>/`.
+
+    Built once (about 1–2 minutes on 2 cores) and then reused: the build is keyed by a hash of its
+    inputs (options, pipeline code, tool versions), so later runs and sessions skip it. Read it with
+    `edgeinfer.model.manifest.Manifest.load(model_store)`."""
+    pytest.importorskip("torch")
+    pytest.importorskip("onnxruntime")
+    from edgeinfer.model.build import BuildOptions, build
+
+    manifest = build(BuildOptions(artifacts=ROOT / "artifacts"), quiet=True)
+    assert manifest.root is not None
+    return manifest.root
