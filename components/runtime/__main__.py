@@ -186,7 +186,7 @@ class Component:
         create = getattr(offload, "create_placement", None)
         if create is None:
             return
-        policy, offloader = create(self.bus, self.cfg, self.thing)
+        policy, offloader = create(self.bus, self.cfg, self.thing, engine=self.server.engine)
         self.server.set_placement(policy, offloader)
 
     def _start_source(self, cfg: Any) -> None:

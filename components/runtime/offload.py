@@ -71,6 +71,7 @@ __all__ = [
     "PlacementPolicy",
     "ServiceTimeModel",
     "Ticket",
+    "create_placement",
 ]
 
 T = TypeVar("T")
@@ -1006,3 +1007,30 @@ class HybridPlacement:
                     self._fallback(fallback.ticket, fallback.reason)
                 except Exception:
                     log.exception("falling back on %s failed", fallback.ticket.request_id)
+
+
+def create_placement(bus: Any, cfg: Any, thing: str, *, engine: Any = None) -> tuple[Any, Any]:
+    """The runtime component's hook (`edgeinfer.runtime.__main__`): `(policy, offloader)` for the
+    server's placement seam from the recipe's `placement` object.
+
+    Offloading is opt-in (`placement.enabled: true`): without a router to answer, every offload would
+    only wait for its fallback. Disabled, the server keeps its edge-only default.
+    """
+    from edgeinfer.runtime.placement import EdgeOnly
+
+    doc = getattr(cfg, "placement", None) or {}
+    if not doc.get("enabled", False):
+        return EdgeOnly(), None
+    names: list[str] = []
+    if engine is not None:
+        names = [engine.manifest.name, engine.model_ref.variant]
+    hybrid, problems = HybridPlacement.from_config(
+        bus, thing, doc, max_batch_size=int(getattr(cfg, "max_batch_size", 8)), local_models=names
+    )
+    for problem in problems:
+        log.warning("placement: %s", problem)
+    engine_ms = getattr(engine, "warmup_ms", None) or {}
+    for n, ms in engine_ms.items():  # a first a·n + b from the warm-up, before any real batch
+        hybrid.policy.batch_finished(int(n), float(ms))
+    log.info("placement: hybrid (offload to the cloud router when only it meets a deadline)")
+    return hybrid.start(), hybrid

@@ -212,3 +212,25 @@ def test_low_confidence_cascade_asks_the_cloud_and_falls_back_to_the_held_answer
     finally:
         server.stop()
         hybrid.stop()
+
+
+def test_create_placement_is_opt_in(make_engine: Callable[..., Engine]) -> None:
+    from edgeinfer.runtime.offload import create_placement
+    from edgeinfer.runtime.placement import EdgeOnly
+
+    bus = MemoryBus()
+    engine = make_engine(RuntimeConfig(max_batch_size=2))
+    policy, offloader = create_placement(bus, RuntimeConfig(), THING, engine=engine)
+    assert isinstance(policy, EdgeOnly)
+    assert offloader is None
+    cfg = RuntimeConfig(placement={"enabled": True, "cascadeThreshold": 0.3})
+    policy, offloader = create_placement(bus, cfg, THING, engine=engine)
+    try:
+        assert isinstance(policy, HybridPlacement)
+        assert offloader is policy
+        assert policy.policy.config.cascade_threshold == 0.3
+        assert policy.policy.local_models >= {"tiny"}
+        assert policy.policy.service.fit.coef is not None  # seeded from the warm-up
+        assert bus.messages_on("#") == []
+    finally:
+        policy.stop()
