@@ -10,7 +10,7 @@ Predictions
   fitted by least squares to recent batch executions (BentoML's adaptive batching model), plus the
   per-request overhead outside the engine (decode, post-processing; a running mean).
   Requests served here feed back (requests ahead at arrival → latency they really had) into a second
-  fit; the prediction is the larger of the two (plus the feedback fit's 90th-percentile residual), so
+  fit; the prediction is the larger of the two (plus the feedback fit's 98th-percentile residual), so
   work the engine model cannot see — decode and replies sharing the engine's cores — is counted too.
 * **Cloud** latency = network (a fit of `upload + RTT` against payload size over recent offloads, plus
   the 90th percentile of its residuals) + the cloud's own service time (90th percentile of the
@@ -102,6 +102,8 @@ class OffloadConfig:
     breaker_max_cooldown_s: float = 30.0
     window: int = 64  # recent samples kept by each model
     cloud_memory_s: float = 20.0  # forget the cloud's latency after this long without a new sample
+    local_quantile: float = 0.98  # how sure "the edge meets the budget" must be (feedback residuals)
+    cloud_quantile: float = 0.9  # how sure "the cloud meets the budget" must be
     local_models: list[str] = field(default_factory=list)  # names served here ([] = the loaded one)
 
     @classmethod
@@ -133,6 +135,10 @@ class OffloadConfig:
         if cfg.breaker_failures < 1:
             problems.append("placement.breakerFailures must be at least 1")
             cfg.breaker_failures = 1
+        for name in ("local_quantile", "cloud_quantile"):
+            if not 0.5 <= getattr(cfg, name) < 1:
+                problems.append(f"placement.{_camel(name)} must be from 0.5 to below 1")
+                setattr(cfg, name, getattr(cls, name))
         if cfg.window < 2:
             problems.append("placement.window must be at least 2")
             cfg.window = 2
@@ -402,7 +408,9 @@ class PlacementPolicy(Generic[T]):
         self.local_models = set(self.config.local_models) | set(local_models)
         self.clock = clock
         self.service = ServiceTimeModel(self.config.window)
-        self.cloud = CloudLatencyModel(self.config.window, self.config.prior_cloud_ms)
+        self.cloud = CloudLatencyModel(
+            self.config.window, self.config.prior_cloud_ms, self.config.cloud_quantile
+        )
         self._cloud_seen = 0.0  # clock of the last cloud latency sample
         self.breaker = CircuitBreaker(
             self.config.breaker_failures,
@@ -460,7 +468,7 @@ class PlacementPolicy(Generic[T]):
     def predict_local_ms(self, ahead: int, now: float | None = None, *, conservative: bool = True) -> float:
         """Latency of a request that joins now behind `ahead` requests (queued or being decoded).
 
-        `conservative` adds the feedback fit's 90th-percentile residual (the one that decides whether
+        `conservative` adds the feedback fit's `local_quantile` residual (the one that decides whether
         the edge *meets* a budget); without it, the expected latency (used to pick the better place
         when neither is sure to meet it)."""
         now = self.clock() if now is None else now
@@ -474,7 +482,8 @@ class PlacementPolicy(Generic[T]):
             if len(self.local_fit) >= 16:
                 seen = self.local_fit.predict(max(0, ahead))
                 if seen is not None:
-                    spread = self.local_fit.residual_quantile(0.9) if conservative else 0.0
+                    q = self.config.local_quantile
+                    spread = self.local_fit.residual_quantile(q) if conservative else 0.0
                     return max(model, seen + spread)
             return model
 
@@ -589,7 +598,9 @@ class PlacementPolicy(Generic[T]):
         """Once the cloud has looked too slow, nothing is offloaded and nothing new is measured: after
         `cloud_memory_s` without a sample, start again from the prior (which makes offloads probe it)."""
         if self.cloud.samples and now - self._cloud_seen > self.config.cloud_memory_s:
-            self.cloud = CloudLatencyModel(self.config.window, self.config.prior_cloud_ms)
+            self.cloud = CloudLatencyModel(
+                self.config.window, self.config.prior_cloud_ms, self.config.cloud_quantile
+            )
 
     def _cloud_ready(self) -> bool:
         return (
