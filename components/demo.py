@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from edgeinfer.bundle.build import build_bundle
     from edgeinfer.messages import Result, infer_topic, result_topic, telemetry_topic
     from edgeinfer.model.samples import sample_images
+    from edgeinfer.runtime.bench import wait_ready
     from edgeinfer.sim import Simulator
 
     console = Console(stderr=False)
@@ -77,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     with Simulator(bundle.recipes_dir, bundle.artifacts_dir, thing=thing, config_merge=config) as sim:
         with console.status("starting the simulated core…"):
-            sim.wait_for_state(RUNTIME, "RUNNING", timeout=args.timeout)
+            # Warm-up done: the runtime reports RUNNING itself once every batch size ran.
+            wait_ready(sim, timeout=args.timeout)
         console.print(f"[bold]{RUNTIME}[/] RUNNING {time.monotonic() - t0:.1f} s after `sim up`")
         cloud = sim.cloud_client()
         local = sim.local_client()
@@ -86,9 +88,10 @@ def run(args: argparse.Namespace) -> int:
         telemetry = cloud.subscribe(telemetry_topic(thing))
 
         images = sample_images()
-        table = Table(title=f"sample photos on {thing}", show_lines=False)
-        for col in ("image", "via", "top-1", "score", "top-5", "total ms", "inference ms", "provider"):
-            table.add_column(col)
+        table = Table(title=f"sample photos on {thing}")
+        for col in ("image", "via", "top-1", "score", "next", "total ms", "infer ms"):
+            table.add_column(col, overflow="ellipsis", no_wrap=col != "next")
+        ran_on = ""
         for i, image in enumerate(images):
             via = "iot" if i % 2 else "local"
             rid = f"{via}-{image.stem}"
@@ -101,19 +104,21 @@ def run(args: argparse.Namespace) -> int:
             result = Result.parse(message.payload)
             if result.status != "ok" or not result.predictions:
                 code = result.error.code.value if result.error else "?"
-                table.add_row(image.name, via, f"[red]{code}[/]", "", "", "", "", "")
+                table.add_row(image.name, via, f"[red]{code}[/]", "", "", "", "")
                 continue
+            if result.model is not None:
+                ran_on = f"{result.model.name} {result.model.variant} on {result.provider}"
             top = result.predictions[0]
             table.add_row(
-                image.name,
+                image.stem,
                 via,
-                top.label,
-                f"{top.score:.3f}",
-                ", ".join(p.label.split(",")[0] for p in result.predictions[1:5]),
+                top.label.split(",")[0],
+                f"{top.score:.2f}",
+                ", ".join(p.label.split(",")[0] for p in result.predictions[1:3]),
                 f"{result.latency_ms.total:.1f}",
                 f"{result.latency_ms.inference:.1f}",
-                result.provider or "",
             )
+        table.caption = ran_on
         console.print(table)
 
         # A burst of concurrent requests: the dynamic batcher groups them.
