@@ -8,8 +8,9 @@ Set-up, all in one run:
 * a round-trip time of 20–40 ms (uniform per message) injected between the edge and the broker:
   half on every offload the edge publishes, half on every answer it receives;
 * the edge's saturated throughput measured first (closed loop, no deadline);
-* open-loop Poisson arrivals at 0.5×, 1×, 1.5× and 2× that throughput, `deadline_ms` 100, each load
-  with the policy off (the runtime as shipped: everything on the edge) and on (`HybridPlacement`).
+* open-loop Poisson arrivals at 0.5×, 1×, 1.5× and 2× that throughput (re-measured before each load),
+  `deadline_ms` 100, each load with the policy off (the runtime as shipped: everything on the edge)
+  and on (`HybridPlacement`), alternating in short segments so that both meet the same background.
 
 Per run: share answered OK within the deadline (client-side latency), p50 / p99 of OK answers, the
 offloaded share, errors by code, lost requests (never answered) and duplicates (answered twice).
@@ -53,7 +54,10 @@ def register_bench(subparsers: Any) -> None:
     )
     p.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     p.add_argument("--model-dir", metavar="DIR", help="the edge's model store (default: the built one)")
-    p.add_argument("--duration", type=float, default=8.0, help="seconds of arrivals per run (default 8)")
+    p.add_argument(
+        "--duration", type=float, default=12.0, help="seconds of arrivals per load and mode (default 12)"
+    )
+    p.add_argument("--rounds", type=int, default=4, help="off/on alternations per load (default 4)")
     p.add_argument("--deadline-ms", type=float, default=100.0)
     p.add_argument("--rtt-ms", default="20-40", help="injected round trip, MIN-MAX ms (default 20-40)")
     p.add_argument("--loads", default=",".join(str(x) for x in DEFAULT_LOADS), help="load factors")
@@ -312,6 +316,7 @@ def saturated_rps(edge: Edge, images: list[bytes], seconds: float = 4.0, window:
 def open_loop(
     edge: Edge,
     images: list[bytes],
+    tracker: Tracker,
     *,
     rate: float,
     duration: float,
@@ -319,21 +324,21 @@ def open_loop(
     placement: Any | None,
     seed: int,
     tag: str,
-) -> dict[str, Any]:
+) -> None:
+    """One segment of Poisson arrivals at `rate` for `duration` s; waits until all are answered."""
     from edgeinfer.messages import result_topic
 
     server = edge.server()
     if placement is not None:
         server.set_placement(placement, placement)
-    tracker = Tracker()
     sub = edge.bus.subscribe(result_topic(THING), tracker.handler)
     bodies = _payloads(images, deadline_ms)
     rng = random.Random(seed)
     server.start()
+    sent = 0
     try:
         t = time.perf_counter()
         end = t + duration
-        i = 0
         while True:
             t += rng.expovariate(rate)
             if t >= end:
@@ -341,19 +346,19 @@ def open_loop(
             delay = t - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
-            _send(server, tracker, f"{tag}-{i}", bodies[i % len(bodies)])
-            i += 1
+            _send(server, tracker, f"{tag}-{sent}", bodies[sent % len(bodies)])
+            sent += 1
+        ids = [f"{tag}-{i}" for i in range(sent)]
         drain_end = time.perf_counter() + 10.0
-        while time.perf_counter() < drain_end and tracker.answered() < i:
+        while time.perf_counter() < drain_end:
+            with tracker.lock:
+                if all(rid in tracker.answers for rid in ids):
+                    break
             time.sleep(0.02)
         time.sleep(0.3)  # a duplicate, if any, would come now
     finally:
         server.stop()
         sub.close()
-    out = summarize(tracker, deadline_ms)
-    if placement is not None:
-        out["policy_state"] = placement.policy.snapshot()
-    return out
 
 
 # ------------------------------------------------------------------------------------ cloud side
@@ -438,6 +443,8 @@ def run(args: argparse.Namespace) -> int:
         raise EdgeinferError(f"--loads {args.loads!r}: expected numbers, e.g. 0.5,1,1.5,2") from None
     if not loads or any(x <= 0 for x in loads):
         raise EdgeinferError("--loads: give positive load factors")
+    if args.rounds < 1 or args.duration <= 0:
+        raise EdgeinferError("--rounds must be at least 1 and --duration positive")
 
     cores = sorted(os.sched_getaffinity(0))
     edge_cores, cloud_cores = ({cores[0]}, {cores[1]}) if len(cores) >= 2 else (set(), set())
@@ -478,42 +485,47 @@ def run(args: argparse.Namespace) -> int:
             # "1.5x" means 1.5x of what the edge could do at that moment.
             step_sat = saturated_rps(edge, images, seconds=3.0) if k else sat
             print(f"bench offload: edge saturated throughput now {step_sat:.1f} req/s", file=sys.stderr)
-            for policy_on in (False, True):
-                placement = None
-                if policy_on:
-                    policy: PlacementPolicy[Any] = PlacementPolicy(
-                        OffloadConfig(),
-                        max_batch_size=args.max_batch_size,
-                        local_models=[edge.engine.manifest.name],
-                    )
-                    for n, ms in edge.engine.warmup_ms.items():  # seed a·n + b from the warm-up
-                        policy.batch_finished(n, ms)
-                    placement = HybridPlacement(bus, THING, policy).start()
-                rate = factor * step_sat
-                tag = f"{factor:g}x-{'on' if policy_on else 'off'}"
-                print(f"bench offload: {tag}: {rate:.1f} req/s for {args.duration:g} s", file=sys.stderr)
-                try:
-                    result = open_loop(
-                        edge,
-                        images,
-                        rate=rate,
-                        duration=args.duration,
-                        deadline_ms=args.deadline_ms,
-                        placement=placement,
-                        seed=args.seed + k,
-                        tag=tag,
-                    )
-                finally:
-                    if placement is not None:
-                        placement.stop()
-                row = {
+            # Off and on alternate in short segments, so both meet the same background load.
+            policy: PlacementPolicy[Any] = PlacementPolicy(
+                OffloadConfig(), max_batch_size=args.max_batch_size, local_models=[edge.engine.manifest.name]
+            )
+            for n, ms in edge.engine.warmup_ms.items():  # seed a·n + b from the warm-up
+                policy.batch_finished(n, ms)
+            placement = HybridPlacement(bus, THING, policy).start()
+            rate = factor * step_sat
+            trackers = {"off": Tracker(), "on": Tracker()}
+            segment = args.duration / args.rounds
+            print(
+                f"bench offload: {factor:g}x: {rate:.1f} req/s, {args.rounds} x {segment:g} s off and on",
+                file=sys.stderr,
+            )
+            try:
+                for rnd in range(args.rounds):
+                    for mode in ("off", "on"):
+                        open_loop(
+                            edge,
+                            images,
+                            trackers[mode],
+                            rate=rate,
+                            duration=segment,
+                            deadline_ms=args.deadline_ms,
+                            placement=placement if mode == "on" else None,
+                            seed=args.seed + 100 * k + rnd,
+                            tag=f"{factor:g}x-{mode}-{rnd}",
+                        )
+            finally:
+                placement.stop()
+            for mode in ("off", "on"):
+                row: dict[str, Any] = {
                     "load": factor,
-                    "policy": "on" if policy_on else "off",
+                    "policy": mode,
                     "edge_saturated_rps": round(step_sat, 2),
                     "rate_rps": round(rate, 2),
+                    **summarize(trackers[mode], args.deadline_ms),
                 }
-                runs.append({**row, **result})
-                time.sleep(0.5)
+                if mode == "on":
+                    row["policy_state"] = placement.policy.snapshot()
+                runs.append(row)
         report = {
             "scenario": "offload",
             "machine": {

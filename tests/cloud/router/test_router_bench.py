@@ -88,7 +88,7 @@ def test_bench_without_a_model_store_is_a_one_line_error(tmp_path: Path) -> None
 def test_bench_offload_short_run_on_a_tiny_model(tiny_store: Path, tmp_path: Path) -> None:
     out = tmp_path / "offload.json"
     code = main(
-        ["bench", "offload", "--model-dir", str(tiny_store), "--duration", "1", "--loads", "0.5,2",
+        ["bench", "offload", "--model-dir", str(tiny_store), "--duration", "2", "--rounds", "2", "--loads", "0.5,2",
          "--json", str(out)]
     )  # fmt: skip
     assert code == 0
