@@ -95,6 +95,7 @@ class Simulator:
         }
         self._env = dict(env or {})
         self._cond = threading.Condition()
+        self._status_lock = threading.Lock()
         self._states: dict[str, str] = {}
         self._history: dict[str, list[str]] = {}
         self._nucleus: Nucleus | None = None
@@ -266,6 +267,11 @@ class Simulator:
     def _write_status(self) -> None:
         if self.root == Path():
             return
+        # One writer at a time, each with the state as it is then: the last write is the newest.
+        with self._status_lock:
+            self._write_status_locked()
+
+    def _write_status_locked(self) -> None:
         with self._cond:
             states = dict(self._states)
         data = {
