@@ -68,6 +68,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--known-things", metavar="T1,T2", help="only these things may offload")
     p.add_argument("--cloudwatch", action="store_true", help="publish metrics to CloudWatch")
     p.add_argument("--namespace", default="edgeinfer/router", help="CloudWatch namespace")
+    p.add_argument(
+        "--report-every",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="log counts and the fleet view every S s",
+    )
     p.set_defaults(func=run)
 
 
@@ -168,7 +175,17 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     try:
-        stop.wait()
+        while not stop.wait(args.report_every):
+            stats = router.stats()
+            fleet = router.fleet.snapshot()
+            seen = ", ".join(
+                f"{t} {f['throughput_rps']:.0f} rps p99 {f['p99_ms']} ms" for t, f in fleet.items()
+            )
+            print(
+                f"router: {stats['answered']} answered ({stats['ok']} ok), {stats['queued']} queued; "
+                f"fleet: {seen or 'no telemetry yet'}",
+                file=sys.stderr,
+            )
     finally:
         router.stop()
         pubsub.close()
