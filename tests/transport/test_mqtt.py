@@ -198,3 +198,25 @@ def test_subscription_topic_filter() -> None:
     assert subscription_topic_filter("$share/g/edgeinfer/+/offload") == "edgeinfer/+/offload"
     assert subscription_topic_filter("edgeinfer/+/offload") == "edgeinfer/+/offload"
     assert subscription_topic_filter("$share/") == "$share/"
+
+
+def test_nagle_is_off_on_the_clients_socket(broker: Any, connect: Callable[..., MqttPubSub]) -> None:
+    import os
+    import socket
+
+    connect()
+    found = []
+    for fd in map(int, os.listdir("/proc/self/fd")):
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            continue
+        try:
+            if sock.family == socket.AF_INET and sock.getpeername()[1] == broker.port:
+                found.append(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+        except OSError:
+            pass
+        finally:
+            sock.detach()
+    assert found
+    assert all(found)
