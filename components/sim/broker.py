@@ -188,6 +188,32 @@ class Inbox:
             closer()
 
 
+def _set_nodelay(port: int) -> None:
+    """TCP_NODELAY on this process's TCP sockets to the broker's port.
+
+    The CRT has no option for it, and Nagle + delayed ACKs stall small back-to-back publishes by
+    ~40 ms even on loopback. Linux only (reads /proc/self/fd); elsewhere Nagle stays on.
+    """
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        return
+    for fd in fds:
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            continue
+        try:
+            inet = sock.type == socket.SOCK_STREAM and sock.family in (socket.AF_INET, socket.AF_INET6)
+            if inet and sock.getpeername()[1] == port:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                sock.detach()
+
+
 def _match_filter(topic_filter: str) -> str:
     """`$share/GROUP/filter` matches what `filter` matches."""
     if topic_filter.startswith("$share/"):
@@ -220,12 +246,15 @@ class MqttClient:
             on_connection_resumed=self._on_resumed,
         )
         self._conn.on_message(self._on_message)
+        self._port = port
         try:
             self._conn.connect().result(timeout)
         except Exception as exc:
             raise BrokerError(f"cannot connect to the broker at {host}:{port}: {exc}") from exc
+        _set_nodelay(port)
 
     def _on_resumed(self, return_code: Any, session_present: bool, **_: Any) -> None:
+        _set_nodelay(self._port)
         if not session_present:
             log.info("reconnected to the broker: subscribing again")
             self._conn.resubscribe_existing_topics()
@@ -287,6 +316,7 @@ class MqttClient:
     def go_online(self) -> None:
         """Connect again and subscribe again to every filter that has handlers."""
         self._conn.connect().result(self.timeout)
+        _set_nodelay(self._port)
         self._offline = False
         with self._lock:
             filters = {f for f, _ in self._subs}
