@@ -143,8 +143,10 @@ def plot_telemetry(windows: list[TelemetryWindow], out_dir: Path, stem: str) -> 
         ]
         for i, stage in enumerate(stages):
             color = f"C{i}"
-            p50 = [w.latency_ms[stage].p50 if stage in w.latency_ms else math.nan for w in items]
-            p99 = [w.latency_ms[stage].p99 if stage in w.latency_ms else math.nan for w in items]
+            # a window without an ok request has no latency: a gap in the line, not a drop to zero
+            has = [stage in w.latency_ms and w.count > sum(w.errors.values()) for w in items]
+            p50 = [w.latency_ms[stage].p50 if h else math.nan for w, h in zip(items, has, strict=True)]
+            p99 = [w.latency_ms[stage].p99 if h else math.nan for w, h in zip(items, has, strict=True)]
             ax_lat.plot(xs, p50, color=color, label=f"{stage} p50")
             ax_lat.plot(xs, p99, color=color, linestyle="--", label=f"{stage} p99")
         ax_lat.set_ylabel("latency (ms)")
