@@ -93,7 +93,10 @@ def _metadata(data: dict[str, Any], root: Path) -> str:
     if project.get("requires-python"):
         lines.append(f"Requires-Python: {project['requires-python']}")
     license_ = project.get("license")
-    if isinstance(license_, dict) and license_.get("text"):
+    if isinstance(license_, str) and license_:
+        # An SPDX expression; `License:` keeps Metadata-Version 2.1 readable by older pips on devices.
+        lines.append(f"License: {license_}")
+    elif isinstance(license_, dict) and license_.get("text"):
         lines.append(f"License: {license_['text']}")
     lines += [f"Requires-Dist: {dep}" for dep in project.get("dependencies", [])]
     for extra, deps in project.get("optional-dependencies", {}).items():
