@@ -166,11 +166,13 @@ class Nucleus:
         artifacts_dir: Path | None,
         bridge: MqttClient | None,
         on_state: Callable[[str, str], None],
+        on_report: Callable[[str, str], None] | None = None,
     ) -> None:
         self.options = options
         self.order = recipes
         self.bridge = bridge
         self.on_state = on_state
+        self.on_report = on_report
         self.loop: asyncio.AbstractEventLoop | None = None
         root = options.root
         self.components: dict[str, Component] = {}
@@ -870,6 +872,8 @@ class Nucleus:
         if state not in (RUNNING, ERRORED):
             raise ipc.invalid(f"state must be RUNNING or ERRORED, not {state!r}")
         comp.log(f"UpdateState {state}")
+        if self.on_report is not None:
+            self.on_report(comp.name, state)
         if state == RUNNING and comp.state in (STARTING, INSTALLED, FINISHED):
             self.set_state(comp, RUNNING, "reported by the component")
         elif state == ERRORED and comp.reported_error is not None:

@@ -98,6 +98,7 @@ class Simulator:
         self._status_lock = threading.Lock()
         self._states: dict[str, str] = {}
         self._history: dict[str, list[str]] = {}
+        self._reports: dict[str, list[str]] = {}
         self._nucleus: Nucleus | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -158,6 +159,7 @@ class Simulator:
             artifacts_dir=self.artifacts_dir,
             bridge=None,
             on_state=self._on_state,
+            on_report=self._on_report,
         )
         try:
             if self._broker_arg is None:
@@ -264,6 +266,11 @@ class Simulator:
             self._cond.notify_all()
         self._write_status()
 
+    def _on_report(self, name: str, state: str) -> None:
+        with self._cond:
+            self._reports.setdefault(name, []).append(state)
+            self._cond.notify_all()
+
     def _write_status(self) -> None:
         if self.root == Path():
             return
@@ -312,6 +319,32 @@ class Simulator:
         """Every state the component went through, in order (NEW first)."""
         with self._cond:
             return list(self._history.get(component, []))
+
+    def reports(self, component: str) -> list[str]:
+        """The states the component reported itself with UpdateState, in order."""
+        with self._cond:
+            return list(self._reports.get(component, []))
+
+    def wait_for_report(self, component: str, state: str = "RUNNING", timeout: float = 30.0) -> None:
+        """Block until the component reports `state` with UpdateState.
+
+        A Run component is RUNNING as soon as its process starts, as on a real nucleus; a component
+        that warms up first says when it is really ready by reporting RUNNING itself. Raises SimError
+        (with the log's tail) on timeout, or when the component went BROKEN first.
+        """
+        self.state(component)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while state not in self._reports.get(component, []):
+                left = deadline - time.monotonic()
+                if left <= 0 or self._states[component] == BROKEN:
+                    break
+                self._cond.wait(min(left, 0.5))
+            else:
+                return
+            current = self._states[component]
+        tail = "\n".join(self.logs(component).splitlines()[-15:])
+        raise SimError(f"{component} ({current}) did not report {state} within {timeout}s; log tail:\n{tail}")
 
     def wait_for_state(
         self, component: str, state: str | Iterable[str] = "RUNNING", timeout: float = 30.0

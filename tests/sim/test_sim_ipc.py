@@ -228,8 +228,11 @@ def test_validation_rejects_then_accepts_a_deployment(sim: Simulator, ipc_client
 
 def test_update_state_from_the_component(sim: Simulator, ipc_clients: Any) -> None:
     b = ipc_clients(sim, B)
+    assert sim.reports(B) == []
     b.update_state(state="RUNNING")
     assert sim.wait_for_state(B, "RUNNING", timeout=5) == "RUNNING"
+    sim.wait_for_report(B, "RUNNING", timeout=5)
+    assert sim.reports(B) == ["RUNNING"]
     with pytest.raises(InvalidArgumentsError):
         b.update_state(state="SLEEPING")
 
