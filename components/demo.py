@@ -61,7 +61,6 @@ def run(args: argparse.Namespace) -> int:
     from edgeinfer.bundle.build import build_bundle
     from edgeinfer.messages import Result, infer_topic, result_topic, telemetry_topic
     from edgeinfer.model.samples import sample_images
-    from edgeinfer.runtime.bench import wait_ready
     from edgeinfer.sim import Simulator
 
     console = Console(stderr=False)
@@ -79,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     with Simulator(bundle.recipes_dir, bundle.artifacts_dir, thing=thing, config_merge=config) as sim:
         with console.status("starting the simulated core…"):
             # Warm-up done: the runtime reports RUNNING itself once every batch size ran.
-            wait_ready(sim, timeout=args.timeout)
+            sim.wait_for_report(RUNTIME, "RUNNING", timeout=args.timeout)
         console.print(f"[bold]{RUNTIME}[/] RUNNING {time.monotonic() - t0:.1f} s after `sim up`")
         cloud = sim.cloud_client()
         local = sim.local_client()
