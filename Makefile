@@ -22,11 +22,12 @@ $(STAMP): pyproject.toml setup.py
 
 setup: $(STAMP) mosquitto
 
-# The simulated core starts its own broker on a free port; it only needs the binary.
+# The simulated core starts its own broker on a free port; it only needs the binary (and the README's
+# examples use mosquitto_pub / mosquitto_sub).
 mosquitto:
-	@if ! command -v mosquitto >/dev/null && [ ! -x /usr/sbin/mosquitto ]; then \
+	@if ! { command -v mosquitto || [ -x /usr/sbin/mosquitto ]; } >/dev/null || ! command -v mosquitto_pub >/dev/null; then \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq mosquitto >/dev/null; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq mosquitto mosquitto-clients >/dev/null; \
 	fi
 
 # mypy cannot follow setuptools' editable import hook, so it reads the package through a symlink tree
