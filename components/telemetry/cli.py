@@ -153,7 +153,7 @@ def _watch(args: argparse.Namespace) -> int:
         watcher = _Watcher(dashboard, record)
         client.subscribe(telemetry_topic(args.thing), watcher.on_telemetry, target="iot", qos=1)
         if not args.no_results:
-            client.subscribe(result_topic(args.thing), watcher.on_result, target="iot")
+            client.subscribe(result_topic(args.thing) + "/#", watcher.on_result, target="iot")  # + reply_to
         deadline = None if args.duration is None else time.monotonic() + args.duration
         console = Console(stderr=False)
         if args.once:

@@ -42,6 +42,7 @@ def test_watch_once_shows_what_the_broker_carried(
         pub.publish(telemetry_topic("cam-7"), window.to_json(), qos=1)
         ok = Result(id="1", status="ok", timestamp="", latency_ms=Latency(total=12.0))
         pub.publish(result_topic("cam-7"), ok.to_json(), qos=1)
+        pub.publish(result_topic("cam-7") + "/my-app", ok.to_json(), qos=1)  # a request's reply_to
         pub.publish(telemetry_topic("cam-7"), b"garbage", qos=1)
     runner.join(30)
     assert codes == [0]
@@ -49,7 +50,7 @@ def test_watch_once_shows_what_the_broker_carried(
     assert "cam-7" in out
     assert f"window {window.seq} of 10 s" in out
     assert "throughput 3.0/s" in out
-    assert "results (last 10 s) 0.1/s" in out
+    assert "results (last 10 s) 0.2/s" in out
     lines = record.read_text().splitlines()
     assert len(lines) == 1  # the garbage was not recorded
 
