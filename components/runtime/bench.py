@@ -124,6 +124,9 @@ def prepare_device(root: Path, store_dir: Path, recipes_src: Path = RECIPES) -> 
 def wait_ready(sim: Any, timeout: float = 120.0) -> None:
     """Until the runtime reported RUNNING itself (UpdateState after warm-up). The nucleus calls a Run
     component RUNNING as soon as its process starts, as Greengrass does, so its state says too little."""
+    if hasattr(sim, "wait_for_report"):
+        sim.wait_for_report(COMPONENT, "RUNNING", timeout=timeout)
+        return
     sim.wait_for_state(COMPONENT, "RUNNING", timeout=timeout)
     deadline = time.monotonic() + timeout
     while f"{COMPONENT}: UpdateState RUNNING" not in sim.logs(COMPONENT):
