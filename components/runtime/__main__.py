@@ -227,6 +227,7 @@ class Component:
 
     def _apply_update(self) -> None:
         from edgeinfer.runtime.config import ENGINE_KEYS, diff_keys
+        from edgeinfer.runtime.placement import EdgeOnly
 
         with self._lock:
             try:
@@ -258,6 +259,12 @@ class Component:
                 self.cfg = cfg
                 self._start_source(cfg)
             self.cfg = cfg
+            if "placement" in changed:
+                old = self.server.offloader
+                self.server.set_placement(EdgeOnly(), None)
+                if old is not None and hasattr(old, "stop"):
+                    old.stop()  # open offloads are served locally or answered
+                self._wire_placement()
 
     # ------------------------------------------------------------------------------------------- stop
 
@@ -268,6 +275,9 @@ class Component:
         if self.source is not None:
             self.source.stop()
         if self.server is not None:
+            offloader = self.server.offloader
+            if offloader is not None and hasattr(offloader, "stop"):
+                offloader.stop()  # open offloads are served here while the server still runs
             self.server.stop()
         self._stop.set()
 

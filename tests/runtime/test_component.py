@@ -127,3 +127,21 @@ def test_requests_during_start_up_are_served(tiny_store: Path, tmp_path: Path) -
         assert sorted(ids) == ["early", "early-iot", "later"]  # each once: no duplicate subscription
     finally:
         comp.stop()
+
+
+def test_placement_change_rewires_the_seam(tiny_store: Path, tmp_path: Path) -> None:
+    from edgeinfer.runtime.placement import EdgeOnly
+
+    comp, bus = make(tiny_store, tmp_path)
+    comp.start()
+    try:
+        assert isinstance(comp.server.placement, EdgeOnly)
+        assert bus.propose_configuration(dict(bus.config, placement={"enabled": True})) is None
+        wait_for(lambda: comp.server.offloader is not None)
+        assert not isinstance(comp.server.placement, EdgeOnly)
+        assert bus.propose_configuration(dict(bus.config, placement={"enabled": False})) is None
+        wait_for(lambda: comp.server.offloader is None)
+        assert isinstance(comp.server.placement, EdgeOnly)
+        assert ask(bus, "still").status == "ok"
+    finally:
+        comp.stop()
