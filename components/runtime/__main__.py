@@ -214,6 +214,13 @@ class Component:
         from edgeinfer.runtime.config import RuntimeConfig
 
         _, problems = RuntimeConfig.from_recipe(proposed)
+        try:
+            from edgeinfer.runtime.offload import OffloadConfig
+        except ImportError:
+            pass
+        else:
+            placement = proposed.get("placement")
+            problems += OffloadConfig.from_recipe(placement if isinstance(placement, dict) else None)[1]
         if problems:
             return "; ".join(problems)
         model_dir = self.model_dir(RuntimeConfig.from_recipe(proposed)[0])

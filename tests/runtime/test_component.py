@@ -65,6 +65,9 @@ def test_invalid_updates_are_refused_with_reasons(tiny_store: Path, tmp_path: Pa
         assert reason is not None
         assert "maxBatchSize" in reason
         assert "source.kind" in reason
+        reason = bus.propose_configuration(dict(bus.config, placement={"enabled": "yes"}))
+        assert reason is not None
+        assert "placement.enabled" in reason
         reason = bus.propose_configuration(dict(bus.config, modelDir=str(tmp_path / "nothing")))
         assert reason is not None
         assert "manifest.json" in reason
