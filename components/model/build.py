@@ -71,6 +71,7 @@ class BuildOptions:
     sensitivity: str = "auto"  # auto (when the gate fails) | always | off
     max_exclude: int = 3
     bias_correction: bool = True
+    equalize: bool = False  # cross-layer range equalization before quantizing (exact for ReLU nets only)
     thresholds: gate.Thresholds = field(default_factory=gate.Thresholds)
     out: Path | None = None  # default: the store dir (lite0) or artifacts/models/<name>/<version>
     artifacts: Path | None = None
@@ -408,6 +409,13 @@ def _build_into(work: Path, options: BuildOptions, quiet: bool) -> Manifest:
                 [pre_sess.run(None, {graph.INPUT_NAME: b})[0] for b in calib.batches(16)]
             )
 
+            # what gets quantized, and its float twin (the reference of bias correction)
+            qsource, qref = core_path, core
+            equalized_pairs = 0
+            if options.equalize:
+                qref, equalized_pairs = quantize.equalize_ranges(core, in_name, calib_x[:64])
+                qsource = scratch / "core_equalized.onnx"
+                onnx.save(qref, str(qsource))
             schemes = ["u8s8"] + (["s8s8"] if options.tensorrt_variant else [])
             # quantize once per scheme, plus a re-run when the sensitivity pass excludes layers
             with progress.step("calibration", len(calib_x) * len(schemes)) as tick_cal:
@@ -415,7 +423,7 @@ def _build_into(work: Path, options: BuildOptions, quiet: bool) -> Manifest:
                 for scheme in schemes:
                     path = scratch / f"core_{scheme}.onnx"
                     quantize.quantize_core(
-                        core_path,
+                        qsource,
                         path,
                         calib_x,
                         scheme=scheme,
@@ -446,7 +454,7 @@ def _build_into(work: Path, options: BuildOptions, quiet: bool) -> Manifest:
                     publish(scheme, qcore, dest)
                     entry["plain"] = gate.agreement(ref, _logits(dest, valid, tick_val))
                     if options.bias_correction:
-                        qcore, n_corrected = quantize.bias_correct(core, qcore, in_name, bias_data)
+                        qcore, n_corrected = quantize.bias_correct(qref, qcore, in_name, bias_data)
                         publish(scheme, qcore, dest)
                         entry["bias_corrected"] = gate.agreement(ref, _logits(dest, valid, tick_val))
                         entry["bias_corrected_layers"] = n_corrected
@@ -467,12 +475,12 @@ def _build_into(work: Path, options: BuildOptions, quiet: bool) -> Manifest:
             misses = gate.failures("int8-cpu", u8["final"], options.thresholds)
             if options.sensitivity == "always" or (options.sensitivity == "auto" and misses):
                 with progress.step("sensitivity", 3) as tick_s:
-                    ranking = quantize.sensitivity(core, finals["u8s8"], in_name, calib_x[:32])
+                    ranking = quantize.sensitivity(qref, finals["u8s8"], in_name, calib_x[:32])
                     tick_s(1)
                     worst = [n for n, _ in ranking[: options.max_exclude]]
                     path = scratch / "core_u8s8_excl.onnx"
                     quantize.quantize_core(
-                        core_path,
+                        qsource,
                         path,
                         calib_x,
                         scheme="u8s8",
@@ -482,7 +490,7 @@ def _build_into(work: Path, options: BuildOptions, quiet: bool) -> Manifest:
                     tick_s(1)
                     qcore = onnx.load(str(path))
                     if options.bias_correction and u8.get("bias_correction_kept"):
-                        qcore, _ = quantize.bias_correct(core, qcore, in_name, bias_data)
+                        qcore, _ = quantize.bias_correct(qref, qcore, in_name, bias_data)
                     candidate = scratch / "int8_excl.onnx"
                     publish("u8s8", qcore, candidate)
                     figures = gate.agreement(ref, _logits(candidate, valid, lambda _n: None))
@@ -539,6 +547,7 @@ def _build_into(work: Path, options: BuildOptions, quiet: bool) -> Manifest:
                 "schemes": {variant_names[s]: quantize.SCHEME_LABEL[s] for s in schemes},
                 "uint8_input_dequantize": graph.uint8_trick_applies(pre),
                 "bias_correction": options.bias_correction,
+                "equalized_pairs": equalized_pairs,
                 "exclude_nodes": u8["excluded_nodes"],
                 "sensitivity": options.sensitivity,
                 "calibration_source": str(options.calibration)

@@ -75,7 +75,17 @@ def register(subparsers: Any) -> None:
         help="rank layers and keep the worst in float (auto: only when the gate would fail)",
     )
     q.add_argument("--max-exclude", type=int, default=3, help="layers the sensitivity pass may keep in float")
-    q.add_argument("--no-bias-correction", dest="bias_correction", action="store_false")
+    q.add_argument(
+        "--no-bias-correction",
+        dest="bias_correction",
+        action="store_false",
+        help="skip empirical bias correction (Nagel et al. 2019), e.g. to see its effect",
+    )
+    q.add_argument(
+        "--equalize",
+        action="store_true",
+        help="cross-layer range equalization before quantizing (exact for ReLU; approximate for ReLU6)",
+    )
     g = b.add_argument_group("accuracy gate (INT8 vs FP32 on held-out images)")
     g.add_argument("--min-top1", type=float, default=0.95, help="top-1 agreement, all inputs")
     g.add_argument("--min-top1-confident", type=float, default=0.99, help="top-1 agreement where FP32 p>0.5")
@@ -134,16 +144,17 @@ def _build(args: argparse.Namespace) -> int:
         sensitivity=args.sensitivity,
         max_exclude=args.max_exclude,
         bias_correction=args.bias_correction,
+        equalize=args.equalize,
         thresholds=Thresholds(args.min_top1, args.min_top1_confident, args.min_top5, args.max_logit_delta),
         out=args.out,
         artifacts=args.artifacts,
         force=args.force,
     )
-    started = time.perf_counter()
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     manifest = build(options, quiet=args.quiet)
-    elapsed = time.perf_counter() - started
-    fresh = manifest.source.get("build_hash") and elapsed > 2
-    print(f"{'built' if fresh else 'up to date'}: {manifest.root} ({manifest.name} {manifest.version})")
+    fresh = manifest.created >= started  # ISO-8601 UTC strings order like the times
+    what = f"built in {manifest.build_seconds:.0f} s" if fresh else "up to date"
+    print(f"{what}: {manifest.root} ({manifest.name} {manifest.version})")
     _print_summary(manifest)
     return 0
 

@@ -200,3 +200,45 @@ def test_cli_build_info_classify(tmp_path: Path, tiny_onnx: Path, capsys: pytest
     code = main(["model", "info", "--store", str(tmp_path / "nowhere")])
     assert code != 0
     assert "no model store" in _one_line(capsys.readouterr().err)
+
+
+def test_bench_model_on_tiny_store(
+    tmp_path: Path, tiny_onnx: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "store"
+    build(_options(tiny_onnx, out), quiet=True)
+    report_path = tmp_path / "bench" / "model.json"
+    code = main(
+        ["bench", "model", "--store", str(out), "--rounds", "1", "--runs", "4", "--json", str(report_path)]
+    )
+    assert code == 0
+    table = capsys.readouterr().out
+    assert "int8-cpu" in table
+    assert "fp32" in table
+    report = json.loads(report_path.read_text())
+    assert report["scenario"] == "model"
+    assert set(report["variants"]) == {"fp32", "int8-cpu", "int8-tensorrt"}
+    for figures in report["variants"].values():
+        for key in (
+            "session_create_ms",
+            "first_run_ms",
+            "b1_median_ms",
+            "b1_p99_ms",
+            "b8_median_ms",
+            "b8_p99_ms",
+        ):
+            assert figures[key] > 0
+        assert figures["speedup_b1"] > 0
+        assert 0 <= figures["agreement_bench_inputs"] <= 1
+    assert report["variants"]["fp32"]["speedup_b1"] == 1.0
+    assert "agreement_held_out" in report["variants"]["int8-cpu"]
+
+
+def test_build_with_equalization_and_sensitivity(tmp_path: Path, tiny_onnx: Path) -> None:
+    manifest = build(
+        _options(tiny_onnx, tmp_path / "s", equalize=True, sensitivity="always", max_exclude=1), quiet=True
+    )
+    assert manifest.quantization["equalized_pairs"] == 2
+    sens = manifest.validation["variants"]["int8-cpu"]["sensitivity"]
+    assert len(sens["excluded"]) == 1
+    assert {"before", "after", "ranking", "kept"} <= set(sens)

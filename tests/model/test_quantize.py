@@ -105,3 +105,16 @@ def test_sensitivity_ranks_every_layer(tmp_path: Path, tiny_onnx: Path, calibrat
     assert {name for name, _ in ranking} == {"conv1", "dw", "fc"}
     scores = [s for _, s in ranking]
     assert scores == sorted(scores, reverse=True)
+
+
+def test_equalize_ranges_keeps_the_function_on_calibration_data(
+    calibration: np.ndarray, tiny_classifier: Any
+) -> None:
+    core = tiny_classifier()
+    equalized, pairs = quantize.equalize_ranges(core, "input", calibration, headroom=1.0)
+    assert pairs == 2  # conv1 -> ReLU6 -> dw, dw -> ReLU6 -> pool -> fc
+    before = _run(core, {"input": calibration})
+    assert np.allclose(_run(equalized, {"input": calibration}), before, atol=1e-4)
+    w_before = onnx.numpy_helper.to_array(next(i for i in core.graph.initializer if i.name == "w1"))
+    w_after = onnx.numpy_helper.to_array(next(i for i in equalized.graph.initializer if i.name == "w1"))
+    assert (np.abs(w_after).reshape(8, -1).max(1) >= np.abs(w_before).reshape(8, -1).max(1) - 1e-6).all()
