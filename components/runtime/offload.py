@@ -21,7 +21,17 @@ Decisions (`decide`)
 `offload: never` stays local; a `model` the device does not have goes to the cloud; `offload: always`
 goes to the cloud while the breaker lets it; a request without a deadline stays local. Otherwise: stay
 local while the local prediction meets the budget (deadline − time already spent − margin), offload
-when only the cloud meets it, and answer DEADLINE_EXCEEDED when neither does.
+when only the cloud meets it (both at their certainty quantiles); when neither is sure to, go where
+the *expected* latency still fits, and answer DEADLINE_EXCEEDED at once when not even that does.
+A slow cloud is forgotten after `cloud_memory_s` without a sample, so offloads probe it again.
+
+Wiring
+------
+`HybridPlacement` adapts this to the runtime's seam (`edgeinfer.runtime.placement`): it is the
+server's policy and offloader, publishes offloads on `edgeinfer/{thing}/offload`, takes answers from
+`edgeinfer/{thing}/offload/result`, serves late ones through the server's edge path, and gets the
+engine's batch timings and every result through the seam's hooks. `create_placement` builds it from
+the recipe's `placement` object for the runtime component (opt-in: `enabled: true`).
 
 Exactly one result
 ------------------
