@@ -551,6 +551,10 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_table(out: dict[str, Any]) -> None:
+    print("\n".join(table_lines(out)))
+
+
+def table_lines(out: dict[str, Any]) -> list[str]:
     raw, rt, ratios = out["raw"], out["runtime"], out["ratios"]
     rows = [
         ("raw decode+run p50 (b1)", f"{raw['p50_ms']:.2f} ms", "interleaved with the runtime's requests"),
@@ -602,12 +606,14 @@ def print_table(out: dict[str, Any]) -> None:
             f"{ratios['first_over_warm_p50']:.2f}× warm p50 (≤ 1.5)",
         ),
     ]
-    print(f"bench runtime — {rt['provider']} / {rt['variant']} (raw: {raw['provider']} / {raw['variant']})")
+    lines = [
+        f"bench runtime — {rt['provider']} / {rt['variant']} (raw: {raw['provider']} / {raw['variant']})"
+    ]
     width = max(len(r[0]) for r in rows)
-    for name, value, note in rows:
-        print(f"  {name:<{width}}  {value:<40} {note}")
+    lines += [f"  {name:<{width}}  {value:<40} {note}".rstrip() for name, value, note in rows]
     failed = [k for k, ok in out["pass"].items() if not ok]
-    print("  targets: " + ("all met" if not failed else "missed: " + ", ".join(failed)))
+    lines.append("  targets: " + ("all met" if not failed else "missed: " + ", ".join(failed)))
+    return lines
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -619,6 +625,10 @@ def _run(args: argparse.Namespace) -> int:
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(json.dumps(out, indent=2) + "\n")
         os.replace(tmp, path)
+        md = path.with_suffix(".md")  # the same table, for people reading the repository
+        tmp = md.with_name(f".{md.name}.tmp")
+        tmp.write_text("```\n" + "\n".join(table_lines(out)) + "\n```\n")
+        os.replace(tmp, md)
     return 0
 
 
