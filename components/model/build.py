@@ -404,6 +404,13 @@ def _build_into(work: Path, options: BuildOptions, quiet: bool) -> Manifest:
             if len(valid) == 0:
                 raise EdgeinferError("no validation images (scikit-image's photos are missing?)")
             calibration_size, validation_size = len(calib), len(valid)
+            if calib.skipped or valid.skipped:
+                log.warning(
+                    "skipped %d unreadable or non-image files (%d calibration, %d validation)",
+                    calib.skipped + valid.skipped,
+                    calib.skipped,
+                    valid.skipped,
+                )
             pre_sess = quantize._session(graph.preprocessing_model(pre, options.opset))
             calib_x = np.concatenate(
                 [pre_sess.run(None, {graph.INPUT_NAME: b})[0] for b in calib.batches(16)]

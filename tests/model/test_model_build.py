@@ -242,3 +242,22 @@ def test_build_with_equalization_and_sensitivity(tmp_path: Path, tiny_onnx: Path
     sens = manifest.validation["variants"]["int8-cpu"]["sensitivity"]
     assert len(sens["excluded"]) == 1
     assert {"before", "after", "ranking", "kept"} <= set(sens)
+
+
+def test_build_with_torchvision_normalisation(tmp_path: Path, tiny_onnx: Path) -> None:
+    """Per-channel float mean/std: no uint8 shortcut, float normalisation in every graph."""
+    options = _options(
+        tiny_onnx,
+        tmp_path / "s",
+        mean=[123.675, 116.28, 103.53],
+        std=[58.395, 57.12, 57.375],
+        channel_order="BGR",
+    )
+    manifest = build(options, quiet=True)
+    assert manifest.quantization["uint8_input_dequantize"] is False
+    assert manifest.preprocessing.mean == [123.675, 116.28, 103.53]
+    assert manifest.preprocessing.channel_order == "BGR"
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(str(manifest.path(manifest.variant("int8-cpu")))).graph.node}
+    assert {"Sub", "Mul", "QuantizeLinear"} <= ops
