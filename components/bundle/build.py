@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import hashlib
 import json
 import logging
 import os
@@ -44,6 +43,7 @@ import yaml
 
 from edgeinfer.bundle.wheel import build_wheel
 from edgeinfer.errors import EdgeinferError
+from edgeinfer.files import atomic_write, sha256_file
 
 __all__ = [
     "MODEL_STORE",
@@ -58,7 +58,6 @@ __all__ = [
     "load_recipes",
     "lower_keys",
     "schema",
-    "sha256_digest",
     "validate_recipe",
 ]
 
@@ -264,27 +263,10 @@ def dependency_order(components: Mapping[str, Component]) -> list[str]:
 # --------------------------------------------------------------------------------------------- files
 
 
-def sha256_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _write_if_changed(path: Path, data: bytes) -> bool:
     if path.is_file() and path.stat().st_size == len(data) and path.read_bytes() == data:
         return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, data)
     return True
 
 
@@ -358,13 +340,13 @@ def _artifacts_for(
         elif not path.is_file():
             hint = " (run 'edgeinfer model build')" if comp.name == MODEL_STORE else ""
             raise BuildError(f"{comp.recipe_file}: artifact {name} not found at {path}{hint}")
-        out.append(Artifact(name, path, sha256_digest(path), path.stat().st_size, unarchive))
+        out.append(Artifact(name, path, sha256_file(path), path.stat().st_size, unarchive))
     if wheelhouse is not None and comp.name == RUNTIME_INSTALLER:
         path = folder / WHEELHOUSE_ZIP
         if _write_if_changed(path, _zip_wheelhouse(wheelhouse)):
             log.info("wrote %s", path)
         if WHEELHOUSE_ZIP not in {a.filename for a in out}:
-            out.append(Artifact(WHEELHOUSE_ZIP, path, sha256_digest(path), path.stat().st_size, "ZIP"))
+            out.append(Artifact(WHEELHOUSE_ZIP, path, sha256_file(path), path.stat().st_size, "ZIP"))
     return out
 
 

@@ -38,6 +38,7 @@ from typing import Any
 
 from edgeinfer import __version__
 from edgeinfer.errors import EdgeinferError
+from edgeinfer.files import atomic_write, sha256_file
 from edgeinfer.installer.plan import CPU, ORT_PACKAGES, InstallerConfig, Plan, choose
 from edgeinfer.installer.probe import PlatformInfo, ProbeSource, probe
 from edgeinfer.installer.tiny_model import write_tiny_model
@@ -87,28 +88,6 @@ class Outcome:
 
 
 # ------------------------------------------------------------------------------------------- helpers
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _write_json_atomic(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2)
-            fh.write("\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _link_atomic(link: Path, target: Path, aside: Path) -> None:
@@ -171,7 +150,7 @@ def fingerprint(
         "platform": info.to_dict(),
         "plan": plan.to_dict(),
         "python": python,
-        "wheels": {w.name: _sha256(w) for w in wheels},
+        "wheels": {w.name: sha256_file(w) for w in wheels},
         "wheelhouse": list(wheelhouse),
         "existing": existing,
     }
@@ -527,7 +506,7 @@ def run_installer(
     old_target = link.resolve() if link.is_symlink() else None
     try:
         _link_atomic(link, target, paths.work / "venvs" / f"replaced-{int(time.time())}")
-        _write_json_atomic(paths.platform_file, report)
+        atomic_write(paths.platform_file, (json.dumps(report, indent=2) + "\n").encode("utf-8"))
     except OSError as exc:
         if built is not None and old_target is not None:
             _link_atomic(link, old_target, paths.work / "venvs" / "unused")

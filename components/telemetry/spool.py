@@ -18,13 +18,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from edgeinfer.files import atomic_write
 from edgeinfer.messages import TelemetryWindow
 from edgeinfer.transport import PubSub, TransportError
 
@@ -34,22 +33,6 @@ log = logging.getLogger(__name__)
 
 _STATE = "state.json"
 _SUFFIX = ".json"
-
-
-def atomic_write(path: Path, data: bytes, *, fsync: bool = True) -> None:
-    """Write `data` to `path` through a temporary file in the same folder and a rename."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            if fsync:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 class Spool:
@@ -108,7 +91,7 @@ class Spool:
     # ------------------------------------------------------------------------------------ mutations
 
     def put(self, seq: int, payload: bytes) -> None:
-        atomic_write(self._path(seq), payload)
+        atomic_write(self._path(seq), payload, mode=None, fsync=True)
         self._sizes[seq] = len(payload)
         self._enforce_bounds(keep=seq)
 
@@ -138,7 +121,7 @@ class Spool:
 
     def save_state(self) -> None:
         doc = {"next_seq": self.next_seq, "dropped": self.dropped}
-        atomic_write(self.dir / _STATE, json.dumps(doc).encode("utf-8"), fsync=False)
+        atomic_write(self.dir / _STATE, json.dumps(doc).encode("utf-8"), mode=None)
 
     def _enforce_bounds(self, keep: int | None = None) -> None:
         dropped = 0

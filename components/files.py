@@ -1,0 +1,44 @@
+"""File helpers every component shares: content digests and all-or-nothing writes."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+__all__ = ["atomic_write", "sha256_file"]
+
+
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of a file's content, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def atomic_write(path: Path, data: bytes, *, mode: int | None = 0o644, fsync: bool = False) -> None:
+    """Write `data` to `path` through a temporary file in the same folder and a rename.
+
+    Readers see the old content or the new, never a partial file; the parent folder is created.
+    `mode` is applied before the rename (None keeps mkstemp's 0600); `fsync` makes the content
+    durable before it becomes visible.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
