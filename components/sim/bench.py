@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer.errors import EdgeinferError
+from edgeinfer.files import atomic_write
 
 WORKER = "edgeinfer.bench.PubSub"
 HELLO = "com.example.HelloWorld"
@@ -238,10 +239,7 @@ def run(args: argparse.Namespace) -> int:
     )
     Console().print(table)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        tmp_json = args.json.with_name(args.json.name + ".tmp")
-        tmp_json.write_text(json.dumps(results, indent=2) + "\n")
-        tmp_json.replace(args.json)
+        atomic_write(args.json, (json.dumps(results, indent=2) + "\n").encode())
     return 0
 
 

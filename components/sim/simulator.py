@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer.errors import EdgeinferError
+from edgeinfer.files import atomic_write
 from edgeinfer.sim.broker import Inbox, MosquittoBroker, MqttClient, parse_hostport
 from edgeinfer.sim.core import BROKEN, Nucleus, Options
 from edgeinfer.sim.recipe import RecipeError, apply_reset, deep_merge, load_recipes, resolve
@@ -297,11 +298,8 @@ class Simulator:
                 for n, s in states.items()
             },
         }
-        path = self.root / "status.json"
-        tmp = path.with_name(f".status.{os.getpid()}.{threading.get_ident()}.tmp")
         with contextlib.suppress(OSError):
-            tmp.write_text(json.dumps(data, indent=2))
-            tmp.replace(path)
+            atomic_write(self.root / "status.json", json.dumps(data, indent=2).encode())
 
     # ------------------------------------------------------------ states and logs
 

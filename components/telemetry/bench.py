@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer.errors import EdgeinferError
+from edgeinfer.files import atomic_write
 
 TARGET_COST = 0.03
 THING = "bench-thing"
@@ -282,9 +283,8 @@ def saturated(args: argparse.Namespace, store_dir: Path) -> dict[str, Any]:
     med = {k: statistics.fmean(v) * 1e6 for k, v in cpu.items()}  # µs per request
     extra = med["runtime_on"] - med["runtime_off"] + med["telemetry_on"]
     if args.record_windows:
-        path = Path(args.record_windows)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(json.dumps(w, separators=(",", ":")) + "\n" for w in windows), "utf-8")
+        lines = "".join(json.dumps(w, separators=(",", ":")) + "\n" for w in windows)
+        atomic_write(Path(args.record_windows), lines.encode("utf-8"))
     return {
         "timings_config": runtime_cfg["timings"],
         "cpu_us_per_request": med,
@@ -441,11 +441,7 @@ def _run(args: argparse.Namespace) -> int:
     out = run_bench(args)
     print_table(out)
     if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        atomic_write(Path(args.json), (json.dumps(out, indent=2) + "\n").encode("utf-8"))
     return 0
 
 

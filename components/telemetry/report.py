@@ -14,6 +14,7 @@ matplotlib (the `plots` extra) is imported inside the functions, with the Agg ba
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer.errors import EdgeinferError
+from edgeinfer.files import atomic_write
 from edgeinfer.messages import TelemetryWindow, parse_iso_utc
 
 __all__ = ["Series", "find_quantiles", "load", "plot_file"]
@@ -113,13 +115,9 @@ def _pyplot() -> Any:
 
 
 def _save(fig: Any, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp.png")
-    try:
-        fig.savefig(tmp, dpi=110, format="png")
-        tmp.replace(out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    png = io.BytesIO()
+    fig.savefig(png, dpi=110, format="png")
+    atomic_write(out, png.getvalue())
 
 
 def plot_telemetry(windows: list[TelemetryWindow], out_dir: Path, stem: str) -> list[Path]:
