@@ -17,6 +17,7 @@ import datetime as _dt
 import enum
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -39,6 +40,7 @@ __all__ = [
     "TimingRecord",
     "error_result",
     "infer_topic",
+    "is_thing_name",
     "iso_utc",
     "offload_result_topic",
     "offload_topic",
@@ -52,6 +54,12 @@ __all__ = [
 
 TIMINGS_TOPIC = "edgeinfer/local/timings"
 """Local pub/sub only: batched per-request stage timings from the runtime to the telemetry component."""
+_THING_NAME = re.compile(r"[A-Za-z0-9:_-]{1,128}")
+
+
+def is_thing_name(name: str) -> bool:
+    """An AWS IoT thing name (1-128 of letters, digits, ':', '_', '-'): safe as one topic level."""
+    return _THING_NAME.fullmatch(name) is not None
 
 
 def infer_topic(thing: str) -> str:

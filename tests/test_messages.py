@@ -26,6 +26,7 @@ from edgeinfer.messages import (
     TimingRecord,
     error_result,
     infer_topic,
+    is_thing_name,
     iso_utc,
     offload_result_topic,
     parse_iso_utc,
@@ -223,4 +224,7 @@ def test_telemetry_window_round_trips() -> None:
 def test_topics_and_timestamps() -> None:
     assert infer_topic("t") == "edgeinfer/t/infer"
     assert offload_result_topic("t") == "edgeinfer/t/offload/result"
+    assert is_thing_name("edge-01:cam_2")
+    assert is_thing_name("x" * 128)
+    assert not any(map(is_thing_name, ["", "a/b", "a+", "#", "a b", "x" * 129]))
     assert parse_iso_utc(iso_utc(1234.5)) == pytest.approx(1234.5)

@@ -22,6 +22,16 @@ from edgeinfer.errors import EdgeinferError
 DEFAULT_WORK_DIR = ".edgeinfer/sim"
 
 
+def _thing_name(text: str) -> str:
+    from edgeinfer.messages import is_thing_name
+
+    if not is_thing_name(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a thing name (1-128 letters, digits, ':', '_', '-')"
+        )
+    return text
+
+
 def register(subparsers: Any) -> None:
     sim = subparsers.add_parser(
         "sim",
@@ -39,7 +49,12 @@ def register(subparsers: Any) -> None:
     up.add_argument(
         "--artifacts", default="artifacts", type=Path, help="artifact folder (default: artifacts)"
     )
-    up.add_argument("--thing", default="edgeinfer-sim", help="the core device's thing name")
+    up.add_argument(
+        "--thing",
+        default="edgeinfer-sim",
+        type=_thing_name,
+        help="the core device's thing name: topics are edgeinfer/THING/... (default: edgeinfer-sim)",
+    )
     up.add_argument(
         "--component",
         action="append",

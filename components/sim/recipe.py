@@ -359,6 +359,8 @@ def load_recipes(recipes_dir: Path, host: Mapping[str, str] | None = None) -> di
         raise RecipeError(f"{recipes_dir}: recipe folder not found")
     index: dict[str, dict[str, Recipe]] = {}
     files = sorted(p for p in recipes_dir.iterdir() if p.suffix.lower() in (".yaml", ".yml", ".json"))
+    if not files:
+        raise RecipeError(f"{recipes_dir}: no recipes in this folder (*.yaml, *.yml or *.json)")
     for path in files:
         recipe = load_recipe_file(path, host)
         other = index.get(recipe.name, {}).get(recipe.version)

@@ -17,6 +17,7 @@ from typing import Any
 
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.files import atomic_write
+from edgeinfer.messages import is_thing_name
 from edgeinfer.sim.broker import Inbox, MosquittoBroker, MqttClient, parse_hostport
 from edgeinfer.sim.core import BROKEN, Nucleus, Options
 from edgeinfer.sim.recipe import RecipeError, apply_reset, deep_merge, load_recipes, resolve
@@ -77,6 +78,8 @@ class Simulator:
     ) -> None:
         self.recipes_dir = Path(recipes_dir)
         self.artifacts_dir = Path(artifacts_dir) if artifacts_dir is not None else None
+        if not is_thing_name(thing):
+            raise SimError(f"thing name {thing!r}: expected 1-128 letters, digits, ':', '_' or '-'")
         self.thing = thing
         self.components = list(components) if components is not None else None
         self.config_merge: dict[str, dict[str, Any]] = {}

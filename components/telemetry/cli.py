@@ -134,10 +134,10 @@ def _watch(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    from edgeinfer.messages import result_topic, telemetry_topic
+    from edgeinfer.messages import is_thing_name, result_topic, telemetry_topic
     from edgeinfer.telemetry.dashboard import Dashboard
 
-    if args.thing != "+" and (not args.thing or any(c in args.thing for c in "/#+")):
+    if args.thing != "+" and not is_thing_name(args.thing):
         raise EdgeinferError(f"--thing {args.thing!r} is not a thing name")
     if args.once and args.duration is None:
         args.duration = 12.0  # a little over one default telemetry window

@@ -84,3 +84,18 @@ def test_bad_recipe_is_one_line_and_exit_2(device: Device, tmp_path: Path) -> No
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
     assert "ComponentDependencies.com.example.Ghost: unknown dependency" in lines[0]
+
+
+def test_empty_recipe_folder_and_bad_thing_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "recipes").mkdir()
+    work = str(tmp_path / "c")
+    empty = edgeinfer("sim", "up", "--recipes", "recipes", "--work-dir", work, cwd=tmp_path)
+    assert empty.returncode == 2
+    assert (
+        empty.stderr.strip()
+        == "edgeinfer: error: recipes: no recipes in this folder (*.yaml, *.yml or *.json)"
+    )
+    thing = edgeinfer("sim", "up", "--thing", "a/b", "--work-dir", work, cwd=tmp_path)
+    assert thing.returncode == 2
+    assert "argument --thing: 'a/b' is not a thing name" in thing.stderr
+    assert "Traceback" not in thing.stderr
