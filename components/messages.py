@@ -134,6 +134,14 @@ class MessageError(Exception):
         self.request_id = request_id
 
 
+_MALFORMED = (KeyError, TypeError, ValueError, AttributeError, OverflowError)
+"""What reading a wrongly shaped document raises; the parsers turn it into MessageError."""
+
+
+def _malformed(what: str, exc: Exception) -> MessageError:
+    return MessageError(ErrorCode.BAD_REQUEST, f"malformed {what} ({type(exc).__name__}: {exc})")
+
+
 @dataclass(frozen=True)
 class ErrorInfo:
     code: ErrorCode
@@ -463,27 +471,31 @@ class Result:
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> Result:
-        model = doc.get("model")
-        error = doc.get("error")
-        return cls(
-            id=doc.get("id"),
-            status=doc["status"],
-            timestamp=doc.get("timestamp", ""),
-            predictions=[
-                Prediction(int(p["index"]), str(p["label"]), float(p["score"]))
-                for p in doc.get("predictions", [])
-            ],
-            model=ModelRef(**model) if isinstance(model, dict) else None,
-            placement=doc.get("placement", "edge"),
-            provider=doc.get("provider"),
-            batch_size=int(doc.get("batch_size", 0)),
-            latency_ms=Latency.from_dict(doc.get("latency_ms", {})),
-            error=ErrorInfo(ErrorCode(error["code"]), str(error.get("message", ""))) if error else None,
-        )
+        """Raises `MessageError` when the document is not a result."""
+        try:
+            model = doc.get("model")
+            error = doc.get("error")
+            return cls(
+                id=doc.get("id"),
+                status=doc["status"],
+                timestamp=doc.get("timestamp", ""),
+                predictions=[
+                    Prediction(int(p["index"]), str(p["label"]), float(p["score"]))
+                    for p in doc.get("predictions", [])
+                ],
+                model=ModelRef(**model) if isinstance(model, dict) else None,
+                placement=doc.get("placement", "edge"),
+                provider=doc.get("provider"),
+                batch_size=int(doc.get("batch_size", 0)),
+                latency_ms=Latency.from_dict(doc.get("latency_ms", {})),
+                error=ErrorInfo(ErrorCode(error["code"]), str(error.get("message", ""))) if error else None,
+            )
+        except _MALFORMED as exc:
+            raise _malformed("result", exc) from None
 
     @classmethod
     def parse(cls, payload: bytes | str) -> Result:
-        return cls.from_dict(json.loads(payload))
+        return cls.from_dict(_load_object(payload))
 
 
 def error_result(
@@ -595,12 +607,15 @@ class TimingBatch:
         records = doc.get("records")
         if not isinstance(records, list):
             raise MessageError(ErrorCode.BAD_REQUEST, "'records' must be a list")
-        return cls(
-            thing=str(doc.get("thing", "")),
-            records=[TimingRecord.from_dict(r) for r in records if isinstance(r, dict)],
-            executions=[int(n) for n in doc.get("executions", []) if isinstance(n, int)],
-            timestamp=str(doc.get("timestamp", "")),
-        )
+        try:
+            return cls(
+                thing=str(doc.get("thing", "")),
+                records=[TimingRecord.from_dict(r) for r in records if isinstance(r, dict)],
+                executions=[int(n) for n in doc.get("executions", []) if isinstance(n, int)],
+                timestamp=str(doc.get("timestamp", "")),
+            )
+        except _MALFORMED as exc:
+            raise _malformed("timing batch", exc) from None
 
 
 # ---------------------------------------------------------------------------------- telemetry window
@@ -659,20 +674,24 @@ class TelemetryWindow:
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> TelemetryWindow:
-        return cls(
-            thing=doc["thing"],
-            seq=int(doc["seq"]),
-            window_s=float(doc["window_s"]),
-            count=int(doc["count"]),
-            errors={str(k): int(v) for k, v in doc.get("errors", {}).items()},
-            dropped=int(doc.get("dropped", 0)),
-            offloaded=int(doc.get("offloaded", 0)),
-            cascaded=int(doc.get("cascaded", 0)),
-            throughput_rps=float(doc.get("throughput_rps", 0.0)),
-            latency_ms={s: StageQuantiles(**q) for s, q in doc.get("latency_ms", {}).items()},
-            batch=dict(doc.get("batch", {})),
-            queue_depth=dict(doc.get("queue_depth", {})),
-            provider=doc.get("provider"),
-            system=dict(doc.get("system", {})),
-            timestamp=str(doc.get("timestamp", "")),
-        )
+        """Raises `MessageError` when the document is not a telemetry window."""
+        try:
+            return cls(
+                thing=doc["thing"],
+                seq=int(doc["seq"]),
+                window_s=float(doc["window_s"]),
+                count=int(doc["count"]),
+                errors={str(k): int(v) for k, v in doc.get("errors", {}).items()},
+                dropped=int(doc.get("dropped", 0)),
+                offloaded=int(doc.get("offloaded", 0)),
+                cascaded=int(doc.get("cascaded", 0)),
+                throughput_rps=float(doc.get("throughput_rps", 0.0)),
+                latency_ms={s: StageQuantiles(**q) for s, q in doc.get("latency_ms", {}).items()},
+                batch=dict(doc.get("batch", {})),
+                queue_depth=dict(doc.get("queue_depth", {})),
+                provider=doc.get("provider"),
+                system=dict(doc.get("system", {})),
+                timestamp=str(doc.get("timestamp", "")),
+            )
+        except _MALFORMED as exc:
+            raise _malformed("telemetry window", exc) from None

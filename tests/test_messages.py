@@ -139,6 +139,24 @@ def test_generated_documents_parse_or_fail_with_a_code(doc: dict[str, Any]) -> N
         assert (req.image is None) != (req.image_path is None)
 
 
+_window_keys = ("thing", "seq", "window_s", "count", "errors", "latency_ms", "batch", "system")
+_result_keys = ("id", "status", "predictions", "model", "batch_size", "latency_ms", "error")
+
+
+@_relaxed
+@given(
+    st.fixed_dictionaries({}, optional=dict.fromkeys(_window_keys + _result_keys + ("records",), _json))
+    | _json
+)
+def test_generated_results_windows_and_timings_parse_or_raise_message_error(doc: Any) -> None:
+    payload = json.dumps(doc)
+    for parse in (Result.parse, TimingBatch.parse, lambda p: TelemetryWindow.from_dict(json.loads(p))):
+        try:
+            parse(payload)
+        except MessageError as exc:
+            assert exc.code is ErrorCode.BAD_REQUEST
+
+
 def test_request_round_trips() -> None:
     req = Request(id="r", image=b"abc", reply_to="a/b", deadline_ms=50.0, top_k=3, offload="never")
     assert parse_request(req.to_json()) == req

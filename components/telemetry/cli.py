@@ -103,12 +103,12 @@ class _Watcher:
         self._lock = threading.Lock()
 
     def on_telemetry(self, message: Any) -> None:
-        from edgeinfer.messages import TelemetryWindow
+        from edgeinfer.messages import MessageError, TelemetryWindow
 
         try:
             doc = json.loads(message.payload)
             window = TelemetryWindow.from_dict(doc)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (ValueError, MessageError) as exc:  # not JSON, or not a window
             self.dashboard.bad_messages += 1
             log.debug("bad telemetry on %s: %s", message.topic, exc)
             return
@@ -119,11 +119,11 @@ class _Watcher:
                 self.record.flush()
 
     def on_result(self, message: Any) -> None:
-        from edgeinfer.messages import Result
+        from edgeinfer.messages import MessageError, Result
 
         try:
             result = Result.parse(message.payload)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except MessageError as exc:
             self.dashboard.bad_messages += 1
             log.debug("bad result on %s: %s", message.topic, exc)
             return

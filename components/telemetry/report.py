@@ -24,7 +24,7 @@ from typing import Any
 
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.files import atomic_write
-from edgeinfer.messages import TelemetryWindow, parse_iso_utc
+from edgeinfer.messages import MessageError, TelemetryWindow, parse_iso_utc
 
 __all__ = ["Series", "find_quantiles", "load", "plot_file"]
 
@@ -62,8 +62,8 @@ def load(path: Path) -> tuple[str, Any]:
     if isinstance(items, list) and items and all(_is_window(d) for d in items):
         try:
             return "telemetry", [TelemetryWindow.from_dict(d) for d in items]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise EdgeinferError(f"{path}: a telemetry window is malformed: {exc}") from None
+        except MessageError as exc:
+            raise EdgeinferError(f"{path}: {exc}") from None
     series = list(find_quantiles(doc))
     if not series:
         raise EdgeinferError(

@@ -107,6 +107,10 @@ def test_report_from_benchmark_json(tmp_path: Path) -> None:
         (None, "cannot read"),
         ("{not json\n", "not JSON or JSON Lines"),
         ('{"a": 1}', "no latency figures found"),
+        (
+            '[{"thing": "t", "seq": 1, "window_s": 1, "count": 1, "latency_ms": []}]',
+            "malformed telemetry window",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_nonzero(
