@@ -75,7 +75,7 @@ class TelemetryConfig:
             kind = type(getattr(cls(), f.name))
             try:
                 values[f.name] = _coerce(raw, kind)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):  # OverflowError: int("inf")
                 raise ConfigError(
                     f"configuration {f.name}={raw!r} of {COMPONENT} must be a {kind.__name__}"
                 ) from None

@@ -92,6 +92,7 @@ def test_configuration_validation_and_live_update(tmp_path: Path, clock: FakeClo
         ({"prometheusPort": 70000}, "prometheusPort"),
         ({"systemMetrics": "yes"}, "systemMetrics"),
         ({"spoolMaxWindows": 1.5}, "spoolMaxWindows"),
+        ({"spoolMaxWindows": "inf"}, "spoolMaxWindows"),
     ],
 )
 def test_bad_configuration_is_one_clear_line(doc: dict[str, object], message: str) -> None:
