@@ -43,7 +43,12 @@ def register(subparsers: Any) -> None:
         help="deploy the bundle's component versions to a core device or thing group",
         description="Create a Greengrass deployment of the bundle's components (versions from recipes/).",
     )
-    dep.add_argument("--target", required=True, help="thing or thing group ARN")
+    dep.add_argument(
+        "--target",
+        required=True,
+        help="thing or thing group ARN, e.g. arn:aws:iot:eu-west-1:123456789012:thinggroup/cameras "
+        "(the region is taken from it)",
+    )
     dep.add_argument(
         "--config-merge",
         action="append",

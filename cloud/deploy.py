@@ -70,15 +70,20 @@ def parse_target(arn: str) -> Target:
     return Target(arn=arn.strip(), region=m["region"], kind=m["kind"], name=m["name"])
 
 
-def parse_config_merge(items: Sequence[str], components: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """`COMPONENT=JSON` items → component → configuration object to merge."""
+def parse_config_merge(
+    items: Sequence[str], components: Sequence[str] | None = None
+) -> dict[str, dict[str, Any]]:
+    """`COMPONENT=JSON` items → component → configuration object to merge (`deploy`, `sim up`).
+
+    With `components`, a name outside them is refused here; without, the caller checks names.
+    """
     merges: dict[str, dict[str, Any]] = {}
     for item in items:
         name, sep, text = item.partition("=")
         name = name.strip()
         if not sep or not name:
             raise DeployError(f"--config-merge expects COMPONENT=JSON, got {item!r}")
-        if name not in components:
+        if components is not None and name not in components:
             raise DeployError(f"--config-merge: {name} is not in the bundle ({', '.join(components)})")
         try:
             value = json.loads(text)

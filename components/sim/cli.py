@@ -32,6 +32,16 @@ def _thing_name(text: str) -> str:
     return text
 
 
+def _lines(text: str) -> int:
+    try:
+        lines = int(text)
+    except ValueError:
+        lines = -1
+    if lines < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of lines (0 or more)")
+    return lines
+
+
 def register(subparsers: Any) -> None:
     sim = subparsers.add_parser(
         "sim",
@@ -44,7 +54,24 @@ def register(subparsers: Any) -> None:
     )
     sub = sim.add_subparsers(dest="sim_command", metavar="ACTION")
 
-    up = sub.add_parser("up", help="start the simulated core with the components of a recipe folder")
+    up = sub.add_parser(
+        "up",
+        help="start the simulated core with the components of a recipe folder",
+        description=(
+            "Deploy every recipe in --recipes (artifacts from --artifacts, as 'edgeinfer build' writes "
+            "them) on a local Greengrass nucleus with its own mosquitto as IoT Core, and show the "
+            "components' states until Ctrl-C. With --detach it returns once the core runs; then "
+            "'edgeinfer sim status | logs COMPONENT | down' find it through --work-dir."
+        ),
+        epilog=(
+            "examples:\n"
+            "  edgeinfer sim up --detach\n"
+            "  edgeinfer sim up --component com.edgeinfer.Telemetry \\\n"
+            "      --config-merge 'com.edgeinfer.Telemetry={\"windowSeconds\": 1}'\n"
+            "  mosquitto_sub -p PORT -t 'edgeinfer/edgeinfer-sim/#'   (PORT: see 'edgeinfer sim status')"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     up.add_argument("--recipes", default="recipes", type=Path, help="recipe folder (default: recipes)")
     up.add_argument(
         "--artifacts", default="artifacts", type=Path, help="artifact folder (default: artifacts)"
@@ -67,7 +94,8 @@ def register(subparsers: Any) -> None:
         action="append",
         default=[],
         metavar="COMPONENT=JSON",
-        help="deployment-time configuration merge for one component; repeatable",
+        help="deployment-time configuration merge for one component, e.g. "
+        "com.edgeinfer.InferenceRuntime='{\"maxBatchSize\": 4}'; repeatable",
     )
     up.add_argument(
         "--broker", metavar="HOST:PORT", help="use this MQTT broker instead of starting mosquitto"
@@ -83,8 +111,8 @@ def register(subparsers: Any) -> None:
     status.set_defaults(func=_status)
 
     logs = sub.add_parser("logs", help="a component's log (stdout, stderr and lifecycle events)")
-    logs.add_argument("component")
-    logs.add_argument("-n", "--lines", type=int, default=0, help="only the last N lines")
+    logs.add_argument("component", help="component name, e.g. com.edgeinfer.InferenceRuntime")
+    logs.add_argument("-n", "--lines", type=_lines, default=0, help="only the last N lines")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     _work_dir_arg(logs)
     logs.set_defaults(func=_logs)
@@ -130,27 +158,12 @@ def _running(work_dir: Path) -> dict[str, Any] | None:
     return None
 
 
-def _parse_merges(items: list[str]) -> dict[str, dict[str, Any]]:
-    merges: dict[str, dict[str, Any]] = {}
-    for item in items:
-        name, sep, text = item.partition("=")
-        if not sep or not name:
-            raise EdgeinferError(f"--config-merge {item!r}: expected COMPONENT=JSON")
-        try:
-            value = json.loads(text)
-        except ValueError as exc:
-            raise EdgeinferError(f"--config-merge {name}: not JSON: {exc}") from exc
-        if not isinstance(value, dict):
-            raise EdgeinferError(f"--config-merge {name}: the JSON must be an object")
-        merges[name] = {**merges.get(name, {}), **value}
-    return merges
-
-
 def _status_line(states: dict[str, str]) -> str:
     return "  ".join(f"{name} {state}" for name, state in states.items())
 
 
 def _up(args: argparse.Namespace) -> int:
+    from edgeinfer.cloud.deploy import parse_config_merge
     from edgeinfer.sim.simulator import Simulator
 
     work_dir: Path = args.work_dir
@@ -160,7 +173,7 @@ def _up(args: argparse.Namespace) -> int:
             f"a simulated core already runs from {work_dir} (pid {running['pid']}): "
             "`edgeinfer sim down` first"
         )
-    merges = _parse_merges(args.config_merge)
+    merges = parse_config_merge(args.config_merge)
     if not args.recipes.is_dir():
         raise EdgeinferError(f"{args.recipes}: recipe folder not found")
     if args.detach:

@@ -59,7 +59,13 @@ def register(subparsers: Any) -> None:
             "Writes one PNG per input (per device for telemetry)."
         ),
     )
-    report.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    report.add_argument(
+        "files",
+        nargs="+",
+        type=Path,
+        metavar="FILE",
+        help="telemetry windows (e.g. from watch --record) or a benchmark JSON (bench/results/*.json)",
+    )
     report.add_argument(
         "--out", type=Path, default=Path("."), metavar="DIR", help="output folder (default: .)"
     )
