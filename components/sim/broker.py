@@ -24,6 +24,7 @@ from typing import Any
 
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.transport.base import Message, Target, topic_matches
+from edgeinfer.transport.mqtt import parse_broker, set_tcp_nodelay, subscription_topic_filter
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +65,11 @@ def wait_for_port(host: str, port: int, timeout: float = 10.0) -> bool:
 
 
 def parse_hostport(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise EdgeinferError(f"--broker {text!r}: expected HOST:PORT, e.g. 127.0.0.1:1883")
-    return host or "127.0.0.1", int(port)
+    """`HOST:PORT` for `--broker` (see `transport.mqtt.parse_broker`); EdgeinferError when it is not."""
+    try:
+        return parse_broker(text)
+    except ValueError as exc:
+        raise EdgeinferError(f"--broker: {exc}") from None
 
 
 class MosquittoBroker:
@@ -188,40 +190,6 @@ class Inbox:
             closer()
 
 
-def _set_nodelay(port: int) -> None:
-    """TCP_NODELAY on this process's TCP sockets to the broker's port.
-
-    The CRT has no option for it, and Nagle + delayed ACKs stall small back-to-back publishes by
-    ~40 ms even on loopback. Linux only (reads /proc/self/fd); elsewhere Nagle stays on.
-    """
-    try:
-        fds = [int(name) for name in os.listdir("/proc/self/fd")]
-    except OSError:
-        return
-    for fd in fds:
-        try:
-            sock = socket.socket(fileno=fd)
-        except OSError:
-            continue
-        try:
-            inet = sock.type == socket.SOCK_STREAM and sock.family in (socket.AF_INET, socket.AF_INET6)
-            if inet and sock.getpeername()[1] == port:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
-            pass
-        finally:
-            with contextlib.suppress(OSError):
-                sock.detach()
-
-
-def _match_filter(topic_filter: str) -> str:
-    """`$share/GROUP/filter` matches what `filter` matches."""
-    if topic_filter.startswith("$share/"):
-        parts = topic_filter.split("/", 2)
-        return parts[2] if len(parts) == 3 else topic_filter
-    return topic_filter
-
-
 class MqttClient:
     """A blocking MQTT 3.1.1 client (awscrt) on the broker, as a cloud application would hold one."""
 
@@ -251,10 +219,10 @@ class MqttClient:
             self._conn.connect().result(timeout)
         except Exception as exc:
             raise BrokerError(f"cannot connect to the broker at {host}:{port}: {exc}") from exc
-        _set_nodelay(port)
+        set_tcp_nodelay(frozenset(), port)
 
     def _on_resumed(self, return_code: Any, session_present: bool, **_: Any) -> None:
-        _set_nodelay(self._port)
+        set_tcp_nodelay(frozenset(), self._port)
         if not session_present:
             log.info("reconnected to the broker: subscribing again")
             self._conn.resubscribe_existing_topics()
@@ -262,7 +230,7 @@ class MqttClient:
     def _on_message(self, topic: str, payload: bytes, **_: Any) -> None:
         message = Message(topic, bytes(payload), "iot")
         with self._lock:
-            handlers = [h for f, h in self._subs if topic_matches(_match_filter(f), topic)]
+            handlers = [h for f, h in self._subs if topic_matches(subscription_topic_filter(f), topic)]
         for handler in handlers:
             try:
                 handler(message)
@@ -316,15 +284,15 @@ class MqttClient:
     def go_online(self) -> None:
         """Connect again and subscribe again to every filter that has handlers."""
         self._conn.connect().result(self.timeout)
-        _set_nodelay(self._port)
+        set_tcp_nodelay(frozenset(), self._port)
         self._offline = False
         with self._lock:
             filters = {f for f, _ in self._subs}
         for topic_filter in filters:
             self._conn.subscribe(topic_filter, self._mqtt.QoS.AT_LEAST_ONCE)[0].result(self.timeout)
 
-    def publish_async(self, topic: str, payload: bytes, qos: int = 0) -> Any:
-        return self._conn.publish(topic, bytes(payload), self._mqtt.QoS(min(qos, 1)))[0]
+    def publish_async(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> Any:
+        return self._conn.publish(topic, bytes(payload), self._mqtt.QoS(min(qos, 1)), retain)[0]
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -677,7 +677,7 @@ class Nucleus:
         if isinstance(payload, str):
             payload = payload.encode()
         qos = 1 if str(req.qos or "0") == "1" else 0
-        future = self.bridge._conn.publish(topic, payload, self.bridge._mqtt.QoS(qos), bool(req.retain))[0]
+        future = self.bridge.publish_async(topic, payload, qos, bool(req.retain))
         if qos:
             try:
                 await asyncio.wait_for(asyncio.wrap_future(future), 10)

@@ -54,7 +54,7 @@ from edgeinfer.transport.base import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MqttPubSub", "MqttSubscription", "parse_broker", "subscription_topic_filter"]
+__all__ = ["MqttPubSub", "MqttSubscription", "parse_broker", "set_tcp_nodelay", "subscription_topic_filter"]
 
 ConnectionHandler = Callable[[bool], None]
 """Called with True when the client (re)connects and False when it loses the connection."""
@@ -454,7 +454,7 @@ class MqttPubSub:
         self._sub_ids_available = bool(getattr(settings, "subscription_identifiers_available", False))
         self._last_error = None
         if self._peer is not None:
-            _set_nodelay(*self._peer)
+            set_tcp_nodelay(*self._peer)
         self._connected.set()
         if not session_present:
             with self._lock:
@@ -518,8 +518,11 @@ def _resolve(peer: tuple[str, int]) -> tuple[frozenset[str], int] | None:
     return frozenset(str(info[4][0]) for info in infos), int(port)
 
 
-def _set_nodelay(addresses: frozenset[str], port: int) -> int:
-    """TCP_NODELAY on this process's TCP sockets connected to (one of `addresses`, `port`)."""
+def set_tcp_nodelay(addresses: frozenset[str], port: int) -> int:
+    """TCP_NODELAY on this process's TCP sockets connected to (one of `addresses`, `port`).
+
+    No addresses: every socket connected to `port`. Returns how many sockets it set; Linux only.
+    """
     try:
         fds = [int(name) for name in os.listdir("/proc/self/fd")]
     except OSError:  # not Linux: leave Nagle on
