@@ -29,6 +29,7 @@ from typing import Any
 
 from edgeinfer.bundle.build import PLACEHOLDER_PREFIX, Bundle, Component
 from edgeinfer.errors import EdgeinferError
+from edgeinfer.sim.recipe import cget
 
 __all__ = [
     "Clients",
@@ -89,23 +90,14 @@ def _key(comp: Component, filename: str) -> str:
 def recipe_for_cloud(comp: Component, bucket: str) -> dict[str, Any]:
     """The built recipe (digests set) with every artifact URI pointing at the bucket."""
     recipe = comp.built_recipe()
-    for manifest in _ci(recipe, "Manifests") or []:
-        for art in _ci(manifest, "Artifacts") or []:
+    for manifest in cget(recipe, "Manifests") or []:
+        for art in cget(manifest, "Artifacts") or []:
             key = next(k for k in art if k.lower() == "uri")
             uri = str(art[key])
             filename = uri.rstrip("/").rsplit("/", 1)[-1]
             if uri.startswith((PLACEHOLDER_PREFIX, "s3://BUCKET_NAME/")):
                 art[key] = f"s3://{bucket}/{_key(comp, filename)}"
     return recipe
-
-
-def _ci(mapping: Any, key: str) -> Any:
-    if not isinstance(mapping, dict):
-        return None
-    for k, v in mapping.items():
-        if isinstance(k, str) and k.lower() == key.lower():
-            return v
-    return None
 
 
 def _error_code(exc: BaseException) -> str:
@@ -159,10 +151,10 @@ def _existing_digests(clients: Clients, arn: str) -> dict[str, str] | None:
     raw = response["recipe"]
     recipe = json.loads(raw.read() if hasattr(raw, "read") else raw)
     digests: dict[str, str] = {}
-    for manifest in _ci(recipe, "Manifests") or []:
-        for art in _ci(manifest, "Artifacts") or []:
-            filename = str(_ci(art, "Uri") or "").rstrip("/").rsplit("/", 1)[-1]
-            digests[filename] = str(_ci(art, "Digest") or "")
+    for manifest in cget(recipe, "Manifests") or []:
+        for art in cget(manifest, "Artifacts") or []:
+            filename = str(cget(art, "Uri") or "").rstrip("/").rsplit("/", 1)[-1]
+            digests[filename] = str(cget(art, "Digest") or "")
     return digests
 
 

@@ -44,6 +44,7 @@ import yaml
 from edgeinfer.bundle.wheel import build_wheel
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.files import atomic_write, sha256_file
+from edgeinfer.sim.recipe import cget
 
 __all__ = [
     "MODEL_STORE",
@@ -102,11 +103,11 @@ class Component:
         """The recipe with Digest and Algorithm on every artifact (and any artifact build added)."""
         recipe = copy.deepcopy(self.recipe)
         by_name = {a.filename: a for a in self.artifacts}
-        for manifest in _cget(recipe, "Manifests") or []:
+        for manifest in cget(recipe, "Manifests") or []:
             listed = _artifact_list(manifest)
             seen = set()
             for art in listed:
-                name = _filename(str(_cget(art, "URI")))
+                name = _filename(str(cget(art, "URI")))
                 seen.add(name)
                 if name in by_name:
                     _cset(art, "Digest", by_name[name].digest)
@@ -148,15 +149,6 @@ class Bundle:
 # ------------------------------------------------------------------------------------ recipe helpers
 
 
-def _cget(mapping: Any, key: str) -> Any:
-    if not isinstance(mapping, Mapping):
-        return None
-    for k, v in mapping.items():
-        if isinstance(k, str) and k.lower() == key.lower():
-            return v
-    return None
-
-
 def _cset(mapping: dict[str, Any], key: str, value: Any) -> None:
     for k in list(mapping):
         if isinstance(k, str) and k.lower() == key.lower():
@@ -166,7 +158,7 @@ def _cset(mapping: dict[str, Any], key: str, value: Any) -> None:
 
 
 def _artifact_list(manifest: dict[str, Any]) -> list[dict[str, Any]]:
-    arts = _cget(manifest, "Artifacts")
+    arts = cget(manifest, "Artifacts")
     if arts is None:
         arts = []
         manifest["Artifacts"] = arts
@@ -228,12 +220,12 @@ def load_recipes(root: Path) -> dict[str, Component]:
             raise BuildError(f"{path}: cannot read recipe: {exc}") from None
         if not isinstance(raw, dict):
             raise BuildError(f"{path}: a recipe must be a mapping")
-        name, version = _cget(raw, "ComponentName"), _cget(raw, "ComponentVersion")
+        name, version = cget(raw, "ComponentName"), cget(raw, "ComponentVersion")
         if not name or not version:
             raise BuildError(f"{path}: ComponentName and ComponentVersion are required")
         if name in components:
             raise BuildError(f"{path}: {name} is also defined in {components[name].recipe_file}")
-        deps = list((_cget(raw, "ComponentDependencies") or {}).keys())
+        deps = list((cget(raw, "ComponentDependencies") or {}).keys())
         components[str(name)] = Component(str(name), str(version), path, raw, dependencies=deps)
     return components
 
@@ -314,12 +306,12 @@ def _artifacts_for(
 ) -> list[Artifact]:
     folder = artifacts_dir / comp.name / comp.version
     listed: list[tuple[str, str]] = []
-    for manifest in _cget(comp.recipe, "Manifests") or []:
-        for art in _cget(manifest, "Artifacts") or []:
-            uri = _cget(art, "URI")
+    for manifest in cget(comp.recipe, "Manifests") or []:
+        for art in cget(manifest, "Artifacts") or []:
+            uri = cget(art, "URI")
             if not uri:
                 raise BuildError(f"{comp.recipe_file}: an artifact has no URI")
-            unarchive = str(_cget(art, "Unarchive") or "NONE").upper()
+            unarchive = str(cget(art, "Unarchive") or "NONE").upper()
             name = _filename(str(uri))
             if name not in {n for n, _ in listed}:
                 listed.append((name, unarchive))
@@ -414,10 +406,10 @@ def build_bundle(
                 raise BuildError(f"{comp.recipe_file}: depends on {dep}, which has no recipe in recipes/")
     order = [n for n in dependency_order(recipes) if not wanted or n in wanted]
     needs_wheel = any(
-        _filename(str(_cget(a, "URI") or "")).startswith("edgeinfer-")
+        _filename(str(cget(a, "URI") or "")).startswith("edgeinfer-")
         for n in order
-        for m in (_cget(recipes[n].recipe, "Manifests") or [])
-        for a in (_cget(m, "Artifacts") or [])
+        for m in (cget(recipes[n].recipe, "Manifests") or [])
+        for a in (cget(m, "Artifacts") or [])
     )
     wheel = build_wheel(project) if needs_wheel else None
     if wheelhouse is not None and not wheelhouse.is_dir():
