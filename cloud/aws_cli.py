@@ -130,6 +130,8 @@ def run_deploy(args: argparse.Namespace, session_factory: Callable[..., Any] | N
     from edgeinfer.cloud.deploy import deploy, parse_config_merge, parse_target
 
     target = parse_target(args.target)
+    if not args.timeout > 0:
+        raise AwsError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     recipes = load_recipes(args.project or find_project())
     components = {name: recipes[name].version for name in dependency_order(recipes)}
     merges = parse_config_merge(args.config_merge, list(components))

@@ -13,7 +13,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,36 +97,34 @@ def parse_config_merge(
     return merges
 
 
+def _pages(call: Callable[..., Any], **kwargs: Any) -> Iterator[dict[str, Any]]:
+    """Every page of a paginated greengrassv2 list call (following `nextToken`)."""
+    token: str | None = None
+    while True:
+        page = call(**kwargs, nextToken=token) if token else call(**kwargs)
+        yield page
+        token = page.get("nextToken")
+        if not token:
+            return
+
+
 def _devices(gg: Any, target: Target) -> list[str]:
     if target.kind == "thing":
         return [target.name]
-    names: list[str] = []
-    token: str | None = None
-    while True:
-        kwargs: dict[str, Any] = {"thingGroupArn": target.arn}
-        if token:
-            kwargs["nextToken"] = token
-        page = gg.list_core_devices(**kwargs)
-        names += [d["coreDeviceThingName"] for d in page.get("coreDevices", [])]
-        token = page.get("nextToken")
-        if not token:
-            return names
+    return [
+        d["coreDeviceThingName"]
+        for page in _pages(gg.list_core_devices, thingGroupArn=target.arn)
+        for d in page.get("coreDevices", [])
+    ]
 
 
 def _device_status(gg: Any, device: str, deployment_id: str) -> tuple[str, str]:
-    token: str | None = None
-    while True:
-        kwargs: dict[str, Any] = {"coreDeviceThingName": device}
-        if token:
-            kwargs["nextToken"] = token
-        page = gg.list_effective_deployments(**kwargs)
+    for page in _pages(gg.list_effective_deployments, coreDeviceThingName=device):
         for entry in page.get("effectiveDeployments", []):
             if entry.get("deploymentId") == deployment_id:
                 reason = entry.get("reason", "") or entry.get("description", "")
                 return str(entry.get("coreDeviceExecutionStatus", "QUEUED")), str(reason)
-        token = page.get("nextToken")
-        if not token:
-            return "QUEUED", ""
+    return "QUEUED", ""
 
 
 def deploy(

@@ -123,6 +123,45 @@ def test_wait_on_a_group_reports_the_failed_device(gg: tuple[Any, Stubber]) -> N
     assert "cam-1" not in str(err.value)
 
 
+def test_wait_follows_every_page_of_devices_and_deployments(gg: tuple[Any, Stubber]) -> None:
+    client, stub = gg
+    expect_create(stub, GROUP_ARN, Capture())
+    for page, (name, token) in enumerate((("cam-1", "p2"), ("cam-2", None))):
+        response: dict[str, Any] = {
+            "coreDevices": [
+                {"coreDeviceThingName": name, "status": "HEALTHY", "lastStatusUpdateTimestamp": NOW}
+            ]
+        }
+        params: dict[str, Any] = {"thingGroupArn": GROUP_ARN}
+        if token:
+            response["nextToken"] = token
+        if page:
+            params["nextToken"] = "p2"
+        stub.add_response("list_core_devices", response, expected_params=params)
+    other = {
+        "deploymentId": "an-older-one",
+        "deploymentName": "old",
+        "targetArn": GROUP_ARN,
+        "coreDeviceExecutionStatus": "FAILED",
+        "creationTimestamp": NOW,
+        "modifiedTimestamp": NOW,
+    }
+    stub.add_response(
+        "list_effective_deployments",
+        {"effectiveDeployments": [other], "nextToken": "e2"},
+        expected_params={"coreDeviceThingName": "cam-1"},
+    )
+    stub.add_response(
+        "list_effective_deployments",
+        {"effectiveDeployments": []},
+        expected_params={"coreDeviceThingName": "cam-1", "nextToken": "e2"},
+    )
+    effective(stub, "cam-2", "SUCCEEDED")
+    effective(stub, "cam-1", "SUCCEEDED")
+    report = deploy(client, parse_target(GROUP_ARN), COMPONENTS, wait=True, sleep=lambda s: None)
+    assert report.statuses == {"cam-1": "SUCCEEDED", "cam-2": "SUCCEEDED"}
+
+
 def test_wait_times_out_with_the_last_state(gg: tuple[Any, Stubber]) -> None:
     client, stub = gg
     expect_create(stub, THING_ARN, Capture())
