@@ -58,8 +58,7 @@ class _Accumulator:
         self.cascaded = 0
         self.executions = 0
         self.inferences = 0
-        self.depth_sum = 0
-        self.depth_n = 0
+        self.depth_sum = 0  # over the `count` answered records
         self.depth_max = 0
         self.providers: Counter[str] = Counter()
 
@@ -74,7 +73,6 @@ class _Accumulator:
             self.cascaded += 1
         depth = rec.queue_depth
         self.depth_sum += depth
-        self.depth_n += 1
         if depth > self.depth_max:  # noqa: PLR1730
             self.depth_max = depth
         if rec.provider:
@@ -129,7 +127,6 @@ class WindowAggregator:
         self._end = self._start + self.window_s
         self.next_seq = first_seq
         self._last_provider: str | None = None
-        self.records_total = 0
         self.bad_messages = 0
 
     # ---------------------------------------------------------------------------------------- input
@@ -140,17 +137,6 @@ class WindowAggregator:
             for rec in batch.records:
                 acc.add(rec)
             acc.add_executions(batch.executions)
-            self.records_total += len(batch.records)
-
-    def add_records(self, records: Iterable[TimingRecord], executions: Iterable[int] = ()) -> None:
-        with self._lock:
-            acc = self._acc
-            n = 0
-            for rec in records:
-                acc.add(rec)
-                n += 1
-            acc.add_executions(executions)
-            self.records_total += n
 
     def add_payload(self, payload: bytes) -> bool:
         """Parse and add a `TimingBatch` payload; a malformed one is counted and skipped, never raised."""
@@ -239,7 +225,7 @@ class WindowAggregator:
                 "mean_size": round(acc.inferences / acc.executions, 3) if acc.executions else 0.0,
             },
             queue_depth={
-                "mean": round(acc.depth_sum / acc.depth_n, 3) if acc.depth_n else 0.0,
+                "mean": round(acc.depth_sum / acc.count, 3) if acc.count else 0.0,
                 "max": acc.depth_max,
             },
             provider=self._last_provider,
