@@ -43,6 +43,14 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message}"
 
 
+def _start(what: str, fn: Callable[[], Any]) -> Any:
+    """Call the SDK; whatever it raises before the request is sent becomes TransportError."""
+    try:
+        return fn()
+    except Exception as exc:
+        raise TransportError(f"{what}: {_describe(exc)}") from exc
+
+
 class _Sub:
     def __init__(self, operation: Any) -> None:
         self._operation = operation
@@ -108,11 +116,20 @@ class GreengrassIpcBus:
             raise TransportError(f"{what}: {_describe(exc)}") from exc
 
     def _call(self, what: str, fn: Callable[[], concurrent.futures.Future[Any]]) -> Any:
+        return self._wait(_start(what, fn), what)
+
+    def _stream(self, what: str, fn: Callable[[], tuple[Any, Any]]) -> _Sub:
+        """Open a streaming operation (`fn` returns the SDK's (future, operation)) and wait until the
+        nucleus accepts it; on refusal the stream is closed again and TransportError raised."""
+        future, operation = _start(what, fn)
+        sub = _Sub(operation)
         try:
-            future = fn()
-        except Exception as exc:
-            raise TransportError(f"{what}: {_describe(exc)}") from exc
-        return self._wait(future, what)
+            self._wait(future, what)
+        except TransportError:
+            sub.close()
+            raise
+        self._subs.append(sub)
+        return sub
 
     @staticmethod
     def _guard(handler: Callable[..., None], what: str) -> Callable[..., None]:
@@ -158,7 +175,7 @@ class GreengrassIpcBus:
                 payload = msg.payload.encode() if isinstance(msg.payload, str) else bytes(msg.payload or b"")
                 safe(Message(msg.topic_name or topic, payload, "iot"))
 
-            future, operation = self._start(
+            return self._stream(
                 f"SubscribeToIoTCore {topic}",
                 lambda: self._client.subscribe_to_iot_core_async(
                     topic_name=topic,
@@ -167,41 +184,26 @@ class GreengrassIpcBus:
                     on_stream_error=lambda exc: self._stream_error(topic, exc),
                 ),
             )
-        else:
 
-            def on_local(event: Any) -> None:
-                if event.json_message is not None:
-                    ctx = event.json_message.context
-                    payload = json.dumps(event.json_message.message).encode()
-                elif event.binary_message is not None:
-                    ctx = event.binary_message.context
-                    payload = bytes(event.binary_message.message or b"")
-                else:
-                    return
-                safe(Message(ctx.topic if ctx is not None and ctx.topic else topic, payload, "local"))
+        def on_local(event: Any) -> None:
+            if event.json_message is not None:
+                ctx = event.json_message.context
+                payload = json.dumps(event.json_message.message).encode()
+            elif event.binary_message is not None:
+                ctx = event.binary_message.context
+                payload = bytes(event.binary_message.message or b"")
+            else:
+                return
+            safe(Message(ctx.topic if ctx is not None and ctx.topic else topic, payload, "local"))
 
-            future, operation = self._start(
-                f"SubscribeToTopic {topic}",
-                lambda: self._client.subscribe_to_topic_async(
-                    topic=topic,
-                    on_stream_event=on_local,
-                    on_stream_error=lambda exc: self._stream_error(topic, exc),
-                ),
-            )
-        sub = _Sub(operation)
-        try:
-            self._wait(future, f"subscribe {topic}")
-        except TransportError:
-            sub.close()
-            raise
-        self._subs.append(sub)
-        return sub
-
-    def _start(self, what: str, fn: Callable[[], tuple[Any, Any]]) -> tuple[Any, Any]:
-        try:
-            return fn()
-        except Exception as exc:
-            raise TransportError(f"{what}: {_describe(exc)}") from exc
+        return self._stream(
+            f"SubscribeToTopic {topic}",
+            lambda: self._client.subscribe_to_topic_async(
+                topic=topic,
+                on_stream_event=on_local,
+                on_stream_error=lambda exc: self._stream_error(topic, exc),
+            ),
+        )
 
     @staticmethod
     def _stream_error(topic: str, exc: Exception) -> bool:
@@ -246,7 +248,7 @@ class GreengrassIpcBus:
             if update is not None:
                 safe(list(update.key_path or []))
 
-        future, operation = self._start(
+        return self._stream(
             "SubscribeToConfigurationUpdate",
             lambda: self._client.subscribe_to_configuration_update_async(
                 key_path=[],
@@ -254,10 +256,6 @@ class GreengrassIpcBus:
                 on_stream_error=lambda e: self._stream_error("config", e),
             ),
         )
-        sub = _Sub(operation)
-        self._wait(future, "SubscribeToConfigurationUpdate")
-        self._subs.append(sub)
-        return sub
 
     def on_validate_configuration(self, validator: ConfigValidator) -> _Sub:
         from awsiot.greengrasscoreipc import model
@@ -288,16 +286,12 @@ class GreengrassIpcBus:
             except TransportError as exc:
                 log.warning("%s", exc)
 
-        future, operation = self._start(
+        return self._stream(
             "SubscribeToValidateConfigurationUpdates",
             lambda: self._client.subscribe_to_validate_configuration_updates_async(
                 on_stream_event=on_event, on_stream_error=lambda e: self._stream_error("validate", e)
             ),
         )
-        sub = _Sub(operation)
-        self._wait(future, "SubscribeToValidateConfigurationUpdates")
-        self._subs.append(sub)
-        return sub
 
     def update_state(self, state: Literal["RUNNING", "ERRORED"]) -> None:
         self._call(f"UpdateState {state}", lambda: self._client.update_state_async(state=state))
