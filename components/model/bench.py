@@ -21,6 +21,8 @@ import numpy as np
 
 from edgeinfer.errors import EdgeinferError
 
+NAIVE = "int8-cpu-naive"
+
 
 def register_bench(subparsers: Any) -> None:
     p = subparsers.add_parser(
@@ -39,6 +41,12 @@ def register_bench(subparsers: Any) -> None:
     p.add_argument("--rounds", type=int, default=10, help="interleaved rounds per batch size")
     p.add_argument(
         "--runs", type=int, default=20, help="batch-1 runs per variant per round (batch 8: a quarter)"
+    )
+    p.add_argument(
+        "--no-naive",
+        dest="naive",
+        action="store_false",
+        help="skip the reference row: int8-cpu behind float preprocessing (what the uint8 input saves)",
     )
     p.set_defaults(func=_run)
 
@@ -80,6 +88,7 @@ def run_bench(
     threads: int = 0,
     rounds: int = 10,
     runs: int = 20,
+    naive: bool = True,
 ) -> dict[str, Any]:
     import onnxruntime as ort
 
@@ -122,17 +131,50 @@ def run_bench(
             "_b1": [],
             "_b8": [],
         }
+    if naive and "int8-cpu" in sessions:
+        # reference row: the CPU INT8 graph with float preprocessing in front of it (not published)
+        import onnx
+
+        from edgeinfer.model.graph import naive_preprocessing
+
+        slow = naive_preprocessing(onnx.load(str(manifest.path(manifest.variant("int8-cpu")))))
+        if slow is not None:
+            start = time.perf_counter()
+            sess = ort.InferenceSession(
+                slow.SerializeToString(), infer.session_options(threads), providers=[CPU]
+            )
+            create = (time.perf_counter() - start) * 1e3
+            name = sess.get_inputs()[0].name
+            start = time.perf_counter()
+            sess.run(None, {name: batch1})
+            first = (time.perf_counter() - start) * 1e3
+            sess.run(None, {name: batch8})
+            sessions[NAIVE] = (sess, name)
+            results[NAIVE] = {
+                "file": "(int8-cpu with Cast/Sub/Mul/QuantizeLinear preprocessing; reference, not published)",
+                "precision": "int8",
+                "quant_format": "",
+                "session_create_ms": round(create, 2),
+                "first_run_ms": round(first, 2),
+                "_b1": [],
+                "_b8": [],
+            }
     if "fp32" not in sessions:
         raise EdgeinferError("the store's FP32 variant does not run here; nothing to compare against")
 
     def runner(sess: Any, name: str, batch: np.ndarray) -> Callable[[], object]:
         return lambda: sess.run(None, {name: batch})
 
-    for _ in range(rounds):  # interleaved: every variant sees the same noise
-        for vname, (sess, name) in sessions.items():
-            results[vname]["_b1"] += _time(runner(sess, name, batch1), runs)
-        for vname, (sess, name) in sessions.items():
-            results[vname]["_b8"] += _time(runner(sess, name, batch8), max(1, runs // 4))
+    # Interleaved rounds, so every variant sees the same noise; the order rotates each round and a few
+    # untimed runs after each switch let the previous session's spinning threads settle.
+    order = list(sessions)
+    for round_ in range(rounds):
+        turn = order[round_ % len(order) :] + order[: round_ % len(order)]
+        for batch, key, count in ((batch1, "_b1", runs), (batch8, "_b8", max(1, runs // 4))):
+            for vname in turn:
+                sess, name = sessions[vname]
+                _time(runner(sess, name, batch), 2)
+                results[vname][key] += _time(runner(sess, name, batch), count)
     ref_logits = sessions["fp32"][0].run(None, {sessions["fp32"][1]: batch8})[0]
     for vname in sessions:
         r = results[vname]
@@ -151,7 +193,11 @@ def run_bench(
         r["speedup_b8"] = round(base["b8_median_ms"] / r["b8_median_ms"], 3)
         logits = sess.run(None, {name: batch8})[0]
         r["agreement_bench_inputs"] = round(gate.agreement(ref_logits, logits)["top1"], 4)
-        held_out = manifest.validation.get("variants", {}).get(vname, {}).get("final")
+        held_out = (
+            manifest.validation.get("variants", {})
+            .get(vname if vname != NAIVE else "int8-cpu", {})
+            .get("final")
+        )
         if held_out:
             r["agreement_held_out"] = {
                 k: held_out[k] for k in ("top1", "top1_confident", "top5", "mean_abs_logit_delta", "count")
@@ -205,7 +251,9 @@ def table(report: dict[str, Any]) -> str:
 def _run(args: argparse.Namespace) -> int:
     if args.rounds < 1 or args.runs < 1:
         raise EdgeinferError("--rounds and --runs must be at least 1")
-    report = run_bench(args.store, size=args.size, threads=args.threads, rounds=args.rounds, runs=args.runs)
+    report = run_bench(
+        args.store, size=args.size, threads=args.threads, rounds=args.rounds, runs=args.runs, naive=args.naive
+    )
     print(table(report))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -217,7 +217,7 @@ def test_bench_model_on_tiny_store(
     assert "fp32" in table
     report = json.loads(report_path.read_text())
     assert report["scenario"] == "model"
-    assert set(report["variants"]) == {"fp32", "int8-cpu", "int8-tensorrt"}
+    assert set(report["variants"]) == {"fp32", "int8-cpu", "int8-tensorrt", "int8-cpu-naive"}
     for figures in report["variants"].values():
         for key in (
             "session_create_ms",
@@ -232,6 +232,8 @@ def test_bench_model_on_tiny_store(
         assert 0 <= figures["agreement_bench_inputs"] <= 1
     assert report["variants"]["fp32"]["speedup_b1"] == 1.0
     assert "agreement_held_out" in report["variants"]["int8-cpu"]
+    # the reference row computes exactly what int8-cpu computes, only slower
+    assert report["variants"]["int8-cpu-naive"]["agreement_bench_inputs"] == 1.0
 
 
 def test_build_with_equalization_and_sensitivity(tmp_path: Path, tiny_onnx: Path) -> None:
