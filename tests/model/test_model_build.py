@@ -263,3 +263,15 @@ def test_build_with_torchvision_normalisation(tmp_path: Path, tiny_onnx: Path) -
 
     ops = {n.op_type for n in onnx.load(str(manifest.path(manifest.variant("int8-cpu")))).graph.node}
     assert {"Sub", "Mul", "QuantizeLinear"} <= ops
+
+
+def test_cli_labels_must_match_classes(
+    tmp_path: Path, tiny_onnx: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    labels = tmp_path / "labels.json"
+    labels.write_text(json.dumps(["a", "b"]))
+    out = tmp_path / "out"
+    code, err = _cli(["--onnx", str(tiny_onnx), "--labels", str(labels), "--out", str(out)], capsys)
+    assert code != 0
+    assert "has 2 labels but the model has 5 classes" in _one_line(err)
+    assert not out.exists()
