@@ -234,3 +234,42 @@ def test_create_placement_is_opt_in(make_engine: Callable[..., Engine]) -> None:
         assert bus.messages_on("#") == []
     finally:
         policy.stop()
+
+
+def test_hybrid_decide_maps_onto_the_seam() -> None:
+    from edgeinfer.messages import ErrorCode, Request
+    from edgeinfer.runtime.placement import PlacementContext
+
+    bus = MemoryBus()
+    hybrid = HybridPlacement(bus, THING, PlacementPolicy(OffloadConfig(), local_models=["tiny"]))
+
+    def ctx(outstanding: int = 0, left: float | None = 100.0) -> PlacementContext:
+        return PlacementContext(THING, "local", 0, outstanding, 64, 8, 0.0, 0.0, left, "cpu")
+
+    assert hybrid.decide(Request("p", image_path="/x.jpg"), ctx()).where == "edge"
+    refused = hybrid.decide(Request("q", image_path="/x.jpg", model="lite2"), ctx())
+    assert refused.where == "reject"
+    assert refused.code is ErrorCode.BAD_REQUEST
+    assert hybrid.decide(Request("m", image=b"jpg", model="lite2"), ctx()).where == "cloud"
+    assert hybrid.decide(Request("e", image=b"jpg"), ctx()).where == "edge"
+    late = hybrid.decide(Request("d", image=b"jpg", deadline_ms=1), ctx(left=1.0))
+    assert late.where == "reject"
+    assert late.code is ErrorCode.DEADLINE_EXCEEDED
+
+
+def test_offload_with_the_bus_offline_is_served_locally_at_once() -> None:
+    from edgeinfer.messages import Request
+    from edgeinfer.runtime.placement import PlacementContext
+
+    bus = MemoryBus(fail_publish=True)
+    hybrid = HybridPlacement(bus, THING, PlacementPolicy(OffloadConfig(breaker_failures=1)))
+    served: list[str] = []
+    replies: list[Result] = []
+    ctx = PlacementContext(
+        THING, "local", 0, 0, 64, 8, 0.0, 0.0, None, "cpu", local=lambda: served.append("x")
+    )
+    hybrid.offload(Request("o", image=b"jpg", offload="always"), ctx, replies.append)
+    assert served == ["x"]
+    assert replies == []
+    assert hybrid.policy.breaker.state is BreakerState.OPEN
+    assert hybrid.policy.inflight == 0
