@@ -8,7 +8,9 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["atomic_write", "sha256_file"]
+from edgeinfer.errors import EdgeinferError
+
+__all__ = ["atomic_write", "sha256_file", "write_output"]
 
 
 def sha256_file(path: Path) -> str:
@@ -42,3 +44,12 @@ def atomic_write(path: Path, data: bytes, *, mode: int | None = 0o644, fsync: bo
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def write_output(path: Path, data: bytes) -> None:
+    """`atomic_write` of a file the user named on the command line: an OSError (no such folder, no
+    permission, a file where a folder should be) becomes a one-line `EdgeinferError`."""
+    try:
+        atomic_write(path, data)
+    except OSError as exc:
+        raise EdgeinferError(f"cannot write {path}: {exc.strerror or exc}") from None

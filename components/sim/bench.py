@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer.errors import EdgeinferError
-from edgeinfer.files import atomic_write
+from edgeinfer.files import write_output
 
 WORKER = "edgeinfer.bench.PubSub"
 HELLO = "com.example.HelloWorld"
@@ -169,6 +169,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    if args.pings < 1 or args.messages < 1 or args.starts < 1:
+        raise EdgeinferError("--pings, --messages and --starts must be at least 1")
     console = Console(stderr=True)
     with tempfile.TemporaryDirectory(prefix="ggbench-") as tmp_name:
         tmp = Path(tmp_name)
@@ -239,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
     )
     Console().print(table)
     if args.json:
-        atomic_write(args.json, (json.dumps(results, indent=2) + "\n").encode())
+        write_output(args.json, (json.dumps(results, indent=2) + "\n").encode())
     return 0
 
 

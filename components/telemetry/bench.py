@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer.errors import EdgeinferError
-from edgeinfer.files import atomic_write
+from edgeinfer.files import write_output
 
 TARGET_COST = 0.03
 THING = "bench-thing"
@@ -284,7 +284,7 @@ def saturated(args: argparse.Namespace, store_dir: Path) -> dict[str, Any]:
     extra = med["runtime_on"] - med["runtime_off"] + med["telemetry_on"]
     if args.record_windows:
         lines = "".join(json.dumps(w, separators=(",", ":")) + "\n" for w in windows)
-        atomic_write(Path(args.record_windows), lines.encode("utf-8"))
+        write_output(Path(args.record_windows), lines.encode("utf-8"))
     return {
         "timings_config": runtime_cfg["timings"],
         "cpu_us_per_request": med,
@@ -441,7 +441,7 @@ def _run(args: argparse.Namespace) -> int:
     out = run_bench(args)
     print_table(out)
     if args.json:
-        atomic_write(Path(args.json), (json.dumps(out, indent=2) + "\n").encode("utf-8"))
+        write_output(Path(args.json), (json.dumps(out, indent=2) + "\n").encode("utf-8"))
     return 0
 
 

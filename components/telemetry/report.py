@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer.errors import EdgeinferError
-from edgeinfer.files import atomic_write
+from edgeinfer.files import write_output
 from edgeinfer.messages import MessageError, TelemetryWindow, parse_iso_utc
 
 __all__ = ["Series", "find_quantiles", "load", "plot_file"]
@@ -117,7 +117,7 @@ def _pyplot() -> Any:
 def _save(fig: Any, out: Path) -> None:
     png = io.BytesIO()
     fig.savefig(png, dpi=110, format="png")
-    atomic_write(out, png.getvalue())
+    write_output(out, png.getvalue())
 
 
 def plot_telemetry(windows: list[TelemetryWindow], out_dir: Path, stem: str) -> list[Path]:

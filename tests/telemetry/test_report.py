@@ -123,3 +123,16 @@ def test_bad_input_is_one_line_and_nonzero(
     err = capsys.readouterr().err
     assert message in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_unwritable_out_folder_is_one_line_and_nonzero(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tmp_path / "in.json"
+    src.write_text('{"p50": 1.0, "p99": 2.0}')
+    in_the_way = tmp_path / "a-file"
+    in_the_way.write_text("")
+    assert main(["report", str(src), "--out", str(in_the_way)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"edgeinfer: error: cannot write {in_the_way}")
+    assert len(err.strip().splitlines()) == 1
