@@ -414,15 +414,19 @@ def build_bundle(
     wheel = build_wheel(project) if needs_wheel else None
     if wheelhouse is not None and not wheelhouse.is_dir():
         raise BuildError(f"wheelhouse {wheelhouse} is not a folder")
-    components = []
-    for name in order:
-        comp = recipes[name]
-        comp.artifacts = _artifacts_for(comp, artifacts, wheel, wheelhouse)
-        components.append(comp)
+    components = [recipes[name] for name in order]
     if gdk:
         target = (out_dir or Path.cwd() / "greengrass-build").resolve()
-        _write_layout(target, components, {gdk: "recipe.yaml"})
+        names = {gdk: "recipe.yaml"}
     else:
         target = (out_dir or project / "greengrass-build").resolve()
-        _write_layout(target, components, {c.name: f"{c.name}-{c.version}.yaml" for c in components})
+        names = {c.name: f"{c.name}-{c.version}.yaml" for c in components}
+    written = artifacts
+    try:  # an OSError here: an output folder that cannot be created or written
+        for comp in components:
+            comp.artifacts = _artifacts_for(comp, artifacts, wheel, wheelhouse)
+        written = target
+        _write_layout(target, components, names)
+    except OSError as exc:
+        raise BuildError(f"cannot write {written}: {exc.strerror or exc}") from None
     return Bundle(root=project, artifacts_dir=artifacts, out_dir=target, components=components)

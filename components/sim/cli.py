@@ -176,6 +176,10 @@ def _up(args: argparse.Namespace) -> int:
     merges = parse_config_merge(args.config_merge)
     if not args.recipes.is_dir():
         raise EdgeinferError(f"{args.recipes}: recipe folder not found")
+    try:
+        work_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EdgeinferError(f"cannot create the work folder {work_dir}: {exc.strerror or exc}") from None
     if args.detach:
         return _detach(args, work_dir)
 
@@ -238,7 +242,6 @@ def _color(state: str) -> str:
 
 
 def _detach(args: argparse.Namespace, work_dir: Path) -> int:
-    work_dir.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         (work_dir / "status.json").unlink()
     argv = [sys.executable, "-m", "edgeinfer", "sim", "up", "--work-dir", str(work_dir)]

@@ -72,6 +72,14 @@ def test_missing_model_store_is_one_clear_line(tmp_path: Path) -> None:
     assert not (tmp_path / "gb").exists()
 
 
+def test_an_output_folder_that_cannot_be_written_is_one_clear_line(artifacts: Path, tmp_path: Path) -> None:
+    in_the_way = tmp_path / "a-file"
+    in_the_way.write_text("")
+    with pytest.raises(BuildError, match=r"cannot write .*a-file/gb") as err:
+        build_bundle(ROOT, artifacts_dir=artifacts, out_dir=in_the_way / "gb")
+    assert "\n" not in str(err.value)
+
+
 def test_a_model_file_that_does_not_match_its_manifest_is_refused(artifacts: Path, tmp_path: Path) -> None:
     (artifacts / "com.edgeinfer.ModelStore" / "0.1.0" / "model_int8_cpu.onnx").write_bytes(b"tampered")
     with pytest.raises(BuildError, match=r"model_int8_cpu\.onnx"):

@@ -86,7 +86,7 @@ def test_bad_recipe_is_one_line_and_exit_2(device: Device, tmp_path: Path) -> No
     assert "ComponentDependencies.com.example.Ghost: unknown dependency" in lines[0]
 
 
-def test_empty_recipe_folder_and_bad_thing_exit_2(tmp_path: Path) -> None:
+def test_empty_recipe_folder_bad_thing_and_bad_work_dir_exit_2(tmp_path: Path) -> None:
     (tmp_path / "recipes").mkdir()
     work = str(tmp_path / "c")
     empty = edgeinfer("sim", "up", "--recipes", "recipes", "--work-dir", work, cwd=tmp_path)
@@ -99,3 +99,8 @@ def test_empty_recipe_folder_and_bad_thing_exit_2(tmp_path: Path) -> None:
     assert thing.returncode == 2
     assert "argument --thing: 'a/b' is not a thing name" in thing.stderr
     assert "Traceback" not in thing.stderr
+    (tmp_path / "recipes" / "a.json").write_text("{}")
+    (tmp_path / "a-file").write_text("")
+    folder = edgeinfer("sim", "up", "--detach", "--work-dir", str(tmp_path / "a-file" / "c"), cwd=tmp_path)
+    assert folder.returncode == 2
+    assert folder.stderr.startswith("edgeinfer: error: cannot create the work folder")
