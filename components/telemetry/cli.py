@@ -145,6 +145,8 @@ def _watch(args: argparse.Namespace) -> int:
 
     if args.thing != "+" and not is_thing_name(args.thing):
         raise EdgeinferError(f"--thing {args.thing!r} is not a thing name")
+    if args.duration is not None and not args.duration > 0:
+        raise EdgeinferError(f"--duration must be a positive number of seconds, got {args.duration}")
     if args.once and args.duration is None:
         args.duration = 12.0  # a little over one default telemetry window
     client, where = _connect(args)
@@ -163,9 +165,7 @@ def _watch(args: argparse.Namespace) -> int:
         deadline = None if args.duration is None else time.monotonic() + args.duration
         console = Console(stderr=False)
         if args.once:
-            assert deadline is not None  # --once sets a duration
-            while time.monotonic() < deadline:
-                time.sleep(0.1)
+            time.sleep(args.duration)
             console.print(dashboard.render())
             return 0
         if not console.is_terminal:
