@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgeinfer.bundle.build import PLACEHOLDER_PREFIX, Bundle, Component
+from edgeinfer.cloud.policies import partition_for
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.sim.recipe import cget
 
@@ -69,14 +70,6 @@ class PublishReport:
     skipped: list[str] = field(default_factory=list)
     uploaded: list[str] = field(default_factory=list)  # s3 keys
     dry_run: bool = False
-
-
-def partition_for(region: str) -> str:
-    if region.startswith("cn-"):
-        return "aws-cn"
-    if region.startswith("us-gov-"):
-        return "aws-us-gov"
-    return "aws"
 
 
 def component_arn(region: str, account: str, name: str, version: str) -> str:

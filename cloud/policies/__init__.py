@@ -22,7 +22,7 @@ from typing import Any
 
 from edgeinfer.errors import EdgeinferError
 
-__all__ = ["TEMPLATES", "PolicyError", "render", "template"]
+__all__ = ["TEMPLATES", "PolicyError", "partition_for", "render", "template"]
 
 TEMPLATES = {"core-device": "core-device.json", "cloud-router": "cloud-router.json"}
 _HERE = Path(__file__).parent
@@ -31,6 +31,15 @@ _PLACEHOLDER = re.compile(r"<[A-Z_]+>")
 
 class PolicyError(EdgeinferError):
     """A policy template cannot be rendered with the values given."""
+
+
+def partition_for(region: str) -> str:
+    """The ARN partition of a region: `aws-cn` for China, `aws-us-gov` for GovCloud, else `aws`."""
+    if region.startswith("cn-"):
+        return "aws-cn"
+    if region.startswith("us-gov-"):
+        return "aws-us-gov"
+    return "aws"
 
 
 def template(name: str) -> dict[str, Any]:
@@ -57,7 +66,6 @@ def render(
         raise PolicyError(f"not a role alias name: {role_alias!r}")
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,128}", router_group):
         raise PolicyError(f"not a shared-subscription group name: {router_group!r}")
-    partition = "aws-cn" if region.startswith("cn-") else "aws-us-gov" if "-gov-" in region else "aws"
     text = json.dumps(template(name))
     for key, value in {
         "<REGION>": region,
@@ -66,7 +74,7 @@ def render(
         "<ROUTER_GROUP>": router_group,
     }.items():
         text = text.replace(key, value)
-    text = text.replace("arn:aws:", f"arn:{partition}:")
+    text = text.replace("arn:aws:", f"arn:{partition_for(region)}:")
     left = _PLACEHOLDER.findall(text)
     if left:
         raise PolicyError(f"policy {name} still has placeholders: {', '.join(sorted(set(left)))}")
