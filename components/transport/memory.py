@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -21,15 +21,13 @@ from edgeinfer.transport.base import (
 
 @dataclass
 class _Sub:
-    bus: MemoryBus
-    kind: str
-    entry: Any
+    remove: Callable[[], None]
     closed: bool = False
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            self.bus._remove(self.kind, self.entry)
+            self.remove()
 
 
 @dataclass
@@ -67,7 +65,7 @@ class MemoryBus:
         entry = (topic, target, handler)
         with self._lock:
             self._subs.append(entry)
-        return _Sub(self, "subs", entry)
+        return _Sub(lambda: self._discard(self._subs, entry))
 
     def get_configuration(self, key_path: Sequence[str] = (), component: str | None = None) -> Any:
         node: Any = self.config
@@ -102,11 +100,11 @@ class MemoryBus:
 
     def on_configuration_update(self, handler: ConfigUpdateHandler) -> _Sub:
         self._config_handlers.append(handler)
-        return _Sub(self, "config", handler)
+        return _Sub(lambda: self._discard(self._config_handlers, handler))
 
     def on_validate_configuration(self, validator: ConfigValidator) -> _Sub:
         self._validators.append(validator)
-        return _Sub(self, "validators", validator)
+        return _Sub(lambda: self._discard(self._validators, validator))
 
     def update_state(self, state: Literal["RUNNING", "ERRORED"]) -> None:
         self.states.append(state)
@@ -124,11 +122,6 @@ class MemoryBus:
             if topic_matches(topic_filter, m.topic) and (target is None or m.target == target)
         ]
 
-    def _remove(self, kind: str, entry: Any) -> None:
+    def _discard(self, items: list[Any], item: Any) -> None:
         with self._lock:
-            if kind == "subs":
-                self._subs.remove(entry)
-            elif kind == "config":
-                self._config_handlers.remove(entry)
-            else:
-                self._validators.remove(entry)
+            items.remove(item)
