@@ -171,7 +171,7 @@ def _as_bool(key: str, value: Any) -> bool:
 def _as_int(key: str, value: Any) -> int:
     try:
         return int(float(value))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: "inf"
         raise ConfigError(f"{key}: expected a number, got {value!r}") from None
 
 
@@ -241,13 +241,14 @@ class InstallerConfig:
         """Build from recipe configuration. Empty strings and unresolved `{configuration:...}`
         variables mean "use the default"; unknown keys are refused (typos should not pass silently)."""
         known = {f.name: f for f in fields(cls)}
+        defaults = cls()
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
             if key not in known:
                 raise ConfigError(f"unknown installer configuration key {key!r}")
             if value is None or (isinstance(value, str) and value.startswith("{configuration:")):
                 continue
-            default = getattr(cls(), key)
+            default = getattr(defaults, key)
             if key == "allowList":
                 kwargs[key] = [AllowRule.from_mapping(r) for r in _as_list(key, value)]
             elif key == "packageVersions":

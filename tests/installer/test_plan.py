@@ -171,6 +171,7 @@ def test_config_from_recipe_values() -> None:
         ({"allowList": [{"architectures": ["x86_64"]}]}, "needs a name"),
         ({"enableTensorRT": "maybe"}, "expected true or false"),
         ({"allowList": "[not json"}, "not valid JSON"),
+        ({"keepVenvs": "inf"}, "keepVenvs: expected a number"),
     ],
 )
 def test_bad_config_is_one_clear_line(raw: dict[str, object], match: str) -> None:
