@@ -334,18 +334,18 @@ class Simulator:
         (with the log's tail) on timeout, or when the component went BROKEN first.
         """
         self.state(component)
-        deadline = time.monotonic() + timeout
         with self._cond:
-            while state not in self._reports.get(component, []):
-                left = deadline - time.monotonic()
-                if left <= 0 or self._states[component] == BROKEN:
-                    break
-                self._cond.wait(min(left, 0.5))
-            else:
-                return
+            self._cond.wait_for(
+                lambda: state in self._reports.get(component, []) or self._states[component] == BROKEN,
+                timeout,
+            )
+            reported = state in self._reports.get(component, [])
             current = self._states[component]
-        tail = "\n".join(self.logs(component).splitlines()[-15:])
-        raise SimError(f"{component} ({current}) did not report {state} within {timeout}s; log tail:\n{tail}")
+        if not reported:
+            raise SimError(
+                f"{component} ({current}) did not report {state} within {timeout}s; "
+                f"log tail:\n{self._log_tail(component)}"
+            )
 
     def wait_for_state(
         self, component: str, state: str | Iterable[str] = "RUNNING", timeout: float = 30.0
@@ -356,21 +356,14 @@ class Simulator:
         """
         wanted = {state} if isinstance(state, str) else set(state)
         self.state(component)
-        deadline = time.monotonic() + timeout
         with self._cond:
-            while True:
-                current = self._states[component]
-                if current in wanted:
-                    return current
-                if current == BROKEN:
-                    break
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._cond.wait(left)
-        tail = "\n".join(self.logs(component).splitlines()[-15:])
+            self._cond.wait_for(lambda: self._states[component] in wanted | {BROKEN}, timeout)
+            current = self._states[component]
+        if current in wanted:
+            return current
         raise SimError(
-            f"{component} is {current}, not {'/'.join(sorted(wanted))}, after {timeout}s; log tail:\n{tail}"
+            f"{component} is {current}, not {'/'.join(sorted(wanted))}, after {timeout}s; "
+            f"log tail:\n{self._log_tail(component)}"
         )
 
     def wait_for_all(
@@ -379,6 +372,9 @@ class Simulator:
         deadline = time.monotonic() + timeout
         for name in self.states():
             self.wait_for_state(name, state, max(0.0, deadline - time.monotonic()))
+
+    def _log_tail(self, component: str, lines: int = 15) -> str:
+        return "\n".join(self.logs(component).splitlines()[-lines:])
 
     def log_path(self, component: str) -> Path:
         return self.root / "logs" / f"{component}.log"

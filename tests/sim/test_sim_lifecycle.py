@@ -9,9 +9,10 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from sim_testkit import PYTHON, Device
 
-from edgeinfer.sim import Simulator
+from edgeinfer.sim import SimError, Simulator
 
 
 def _alive(pid: int) -> bool:
@@ -60,6 +61,20 @@ def test_crashing_component_is_restarted_then_broken(
     # Install runs again at every start
     installs = (sim.root / "work" / "com.example.Crash" / "installs").read_text().splitlines()
     assert installs == ["installed"] * 3
+
+
+def test_waiting_on_a_component_that_goes_broken_fails_with_its_log_tail(
+    simulator: Callable[..., Simulator], device: Device
+) -> None:
+    device.add("com.example.Crash", lifecycle={"Install": "echo bad config; exit 3", "Run": "sleep 60"})
+    sim = simulator(device.recipes, device.artifacts, restart_delay=0.05, max_errors=1)
+    # both waits end when the component is BROKEN, long before their (generous) timeouts
+    with pytest.raises(SimError, match=r"(?s)com\.example\.Crash is BROKEN, not RUNNING.*bad config"):
+        sim.wait_for_state("com.example.Crash", "RUNNING", timeout=600)
+    with pytest.raises(
+        SimError, match=r"(?s)com\.example\.Crash \(BROKEN\) did not report RUNNING.*bad config"
+    ):
+        sim.wait_for_report("com.example.Crash", "RUNNING", timeout=600)
 
 
 def test_dependency_chain_starts_in_order_with_variables_resolved_across_it(
