@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -17,7 +16,7 @@ from .conftest import FakeClock, make_record
 
 
 def test_watch_once_shows_what_the_broker_carried(
-    sim_broker: Any, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+    sim_broker: Any, tmp_path: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from edgeinfer.transport.mqtt import MqttPubSub
 
@@ -28,6 +27,17 @@ def test_watch_once_shows_what_the_broker_carried(
     (window,) = agg.poll()
     record = tmp_path / "windows.jsonl"
     host, port = sim_broker.address
+    # publish once watch's last subscription is acknowledged by the broker (not after a guessed sleep)
+    subscribed = threading.Event()
+    real_subscribe = MqttPubSub.subscribe
+
+    def subscribe(self: MqttPubSub, topic: str, *args: Any, **kwargs: Any) -> Any:
+        sub = real_subscribe(self, topic, *args, **kwargs)
+        if topic == result_topic("+") + "/#":
+            subscribed.set()
+        return sub
+
+    monkeypatch.setattr(MqttPubSub, "subscribe", subscribe)
     codes: list[int] = []
     runner = threading.Thread(
         target=lambda: codes.append(
@@ -38,7 +48,7 @@ def test_watch_once_shows_what_the_broker_carried(
     )
     runner.start()
     with MqttPubSub.connect_tcp(host, port) as pub:
-        time.sleep(1.5)  # watch has connected and subscribed
+        assert subscribed.wait(30)
         pub.publish(telemetry_topic("cam-7"), window.to_json(), qos=1)
         ok = Result(id="1", status="ok", timestamp="", latency_ms=Latency(total=12.0))
         pub.publish(result_topic("cam-7"), ok.to_json(), qos=1)
