@@ -15,6 +15,9 @@ Predictions
 * **Cloud** latency = network (a fit of `upload + RTT` against payload size over recent offloads, plus
   the 90th percentile of its residuals) + the cloud's own service time (90th percentile of the
   `latency_ms.total` the router reports). Before any offload has come back, `prior_cloud_ms` stands in.
+  Offloads also feed back (own offloads in flight when sent → round trip): a burst queues at the
+  router, so the prediction grows with what is already in flight (`prior_cloud_item_ms` each before
+  there is data) and the edge never sends the cloud more than it answers in time.
 
 Decisions (`decide`)
 --------------------
@@ -106,6 +109,7 @@ class OffloadConfig:
     cloud_timeout_ms: float = 2000.0  # wait for the cloud when the request has no deadline
     min_cloud_wait_ms: float = 50.0  # never fall back sooner than this after sending
     prior_cloud_ms: float = 60.0  # predicted cloud latency before any offload came back
+    prior_cloud_item_ms: float = 10.0  # … plus this per offload already in flight (the cloud's queue)
     max_inflight: int = 256  # offloads waiting for an answer at once
     breaker_failures: int = 3  # consecutive failures that open the breaker
     breaker_cooldown_s: float = 2.0  # first wait before a probe
@@ -382,6 +386,7 @@ class Ticket(Generic[T]):
     payload_bytes: int
     held: Result | None = None  # a cascade's local answer, published if the cloud does not answer
     probe: bool = False
+    ahead: int = 0  # this device's offloads already in flight when it was sent
 
 
 @dataclass
@@ -422,6 +427,9 @@ class PlacementPolicy(Generic[T]):
             self.config.window, self.config.prior_cloud_ms, self.config.cloud_quantile
         )
         self._cloud_seen = 0.0  # clock of the last cloud latency sample
+        # Feedback: (own offloads in flight when sent → round trip it took). A burst of offloads
+        # queues at the router; this is what keeps the edge from sending more than it can absorb.
+        self.cloud_fit = LinearFit(max(self.config.window, 128))
         self.breaker = CircuitBreaker(
             self.config.breaker_failures,
             self.config.breaker_cooldown_s,
@@ -497,9 +505,17 @@ class PlacementPolicy(Generic[T]):
                     return max(model, seen + spread)
             return model
 
-    def predict_cloud_ms(self, payload_bytes: int) -> float:
+    def predict_cloud_ms(self, payload_bytes: int, quantile: float | None = None) -> float:
+        """Round trip of an offload sent now, behind this device's offloads already in flight."""
         with self._lock:
-            return self.cloud.predict(payload_bytes)
+            q = self.config.cloud_quantile if quantile is None else quantile
+            ahead = len(self._tickets)
+            base = self.cloud.predict(payload_bytes, q)
+            if len(self.cloud_fit) >= 8:
+                seen = self.cloud_fit.predict(ahead)
+                if seen is not None:
+                    return max(base, seen + self.cloud_fit.residual_quantile(q))
+            return base + ahead * self.config.prior_cloud_item_ms
 
     # --------------------------------------------------------------------------------- decisions
 
@@ -539,7 +555,7 @@ class PlacementPolicy(Generic[T]):
         with self._lock:
             self._forget_stale_cloud(now)
             local_ms = self.predict_local_ms(ahead, now)
-            cloud_ms = self.cloud.predict(payload_bytes)
+            cloud_ms = self.predict_cloud_ms(payload_bytes)
             budget = None
             if deadline_left_ms is not None:
                 budget = deadline_left_ms - cfg.deadline_margin_ms
@@ -587,7 +603,7 @@ class PlacementPolicy(Generic[T]):
                 )
             # Neither is sure to (90th percentiles): go where the *expected* latency still fits, if any.
             local_exp = self.predict_local_ms(ahead, now, conservative=False)
-            cloud_exp = self.cloud.predict(payload_bytes, 0.5) if ready else math.inf
+            cloud_exp = self.predict_cloud_ms(payload_bytes, 0.5) if ready else math.inf
             if cloud_exp < local_exp and cloud_exp <= budget and self.breaker.allow():
                 return result(Action.OFFLOAD, f"cloud expected {cloud_exp:.0f} ms of {budget:.0f} ms left")
             if local_exp <= budget:
@@ -599,9 +615,10 @@ class PlacementPolicy(Generic[T]):
                 ErrorCode.DEADLINE_EXCEEDED,
             )
 
-    def _observe_cloud(self, payload_bytes: int, rtt_ms: float, service_ms: float, now: float) -> None:
+    def _observe_cloud(self, ticket: Ticket[T], rtt_ms: float, service_ms: float, now: float) -> None:
         self._forget_stale_cloud(now)
-        self.cloud.observe(payload_bytes, rtt_ms, service_ms)
+        self.cloud.observe(ticket.payload_bytes, rtt_ms, service_ms)
+        self.cloud_fit.add(ticket.ahead, rtt_ms)
         self._cloud_seen = now
 
     def _forget_stale_cloud(self, now: float) -> None:
@@ -611,6 +628,7 @@ class PlacementPolicy(Generic[T]):
             self.cloud = CloudLatencyModel(
                 self.config.window, self.config.prior_cloud_ms, self.config.cloud_quantile
             )
+            self.cloud_fit = LinearFit(max(self.config.window, 128))
 
     def _cloud_ready(self) -> bool:
         return (
@@ -638,7 +656,7 @@ class PlacementPolicy(Generic[T]):
         with self._lock:
             if request.deadline_ms is not None:
                 budget = request.deadline_ms - (now - arrived) * 1000.0 - cfg.deadline_margin_ms
-                if self.cloud.predict(payload_bytes) > budget:
+                if self.predict_cloud_ms(payload_bytes) > budget:
                     return False
             if not (self._cloud_ready() and self.breaker.allow()):
                 return False
@@ -662,7 +680,7 @@ class PlacementPolicy(Generic[T]):
         arrived = now if arrived is None else arrived
         cfg = self.config
         with self._lock:
-            cloud_ms = self.cloud.predict(payload_bytes)
+            cloud_ms = self.predict_cloud_ms(payload_bytes)
             if request.deadline_ms is not None:
                 deadline = arrived + request.deadline_ms / 1000.0
                 wait = max(cfg.min_cloud_wait_ms / 1000.0, 2 * cloud_ms / 1000.0)
@@ -682,6 +700,7 @@ class PlacementPolicy(Generic[T]):
                 payload_bytes=payload_bytes,
                 held=held,
                 probe=self.breaker.state is BreakerState.HALF_OPEN,
+                ahead=len(self._tickets),
             )
             self._tickets[wire_id] = ticket
             return ticket
@@ -717,7 +736,7 @@ class PlacementPolicy(Generic[T]):
                         # The cloud is up, only slow: let the latency model learn it, and let the
                         # breaker (which is about failures) close again.
                         rtt_ms = (now - late.sent_at) * 1000.0
-                        self._observe_cloud(late.payload_bytes, rtt_ms, result.latency_ms.total, now)
+                        self._observe_cloud(late, rtt_ms, result.latency_ms.total, now)
                         self.breaker.record_success()
                 return None
             result.id = ticket.request_id
@@ -726,7 +745,7 @@ class PlacementPolicy(Generic[T]):
                 self.breaker.record_success()
                 self.counters["cloud_ok"] += 1
                 rtt_ms = (now - ticket.sent_at) * 1000.0
-                self._observe_cloud(ticket.payload_bytes, rtt_ms, result.latency_ms.total, now)
+                self._observe_cloud(ticket, rtt_ms, result.latency_ms.total, now)
                 return CloudOutcome(ticket, result)
             if code in _REQUEST_FAULTS:
                 self.breaker.record_success()  # the cloud works; the request was bad
@@ -780,7 +799,12 @@ class PlacementPolicy(Generic[T]):
                 "breaker": self.breaker.state.value,
                 "inflight": len(self._tickets),
                 "service_ms": {"a": coef[0], "b": coef[1]} if coef else None,
-                "cloud_ms_p90": self.cloud.predict(0) if self.cloud.samples else None,
+                "cloud_ms_p90": self.predict_cloud_ms(0) if self.cloud.samples else None,
+                "cloud_service_ms_p50_p90": [
+                    round(_quantile(sorted(self.cloud.service), q), 2) for q in (0.5, 0.9)
+                ]
+                if self.cloud.samples
+                else None,
                 **self.counters,
             }
 
