@@ -65,7 +65,10 @@ def register(subparsers: Any) -> None:
         ),
         epilog=(
             "examples:\n"
-            "  edgeinfer sim up --detach\n"
+            "  # the bundle on this project's venv (the installer links it instead of installing)\n"
+            "  edgeinfer sim up --detach \\\n"
+            r'      --config-merge "com.edgeinfer.RuntimeInstaller={\"existingVenv\": \"$VIRTUAL_ENV\"}"'
+            "\n"
             "  edgeinfer sim up --component com.edgeinfer.Telemetry \\\n"
             "      --config-merge 'com.edgeinfer.Telemetry={\"windowSeconds\": 1}'\n"
             "  mosquitto_sub -p PORT -t 'edgeinfer/edgeinfer-sim/#'   (PORT: see 'edgeinfer sim status')"
