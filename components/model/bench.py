@@ -15,11 +15,13 @@ import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from edgeinfer.errors import EdgeinferError
+from edgeinfer.files import write_output
+
+if TYPE_CHECKING:  # numpy loads on first use, so `edgeinfer --help` stays instant
+    import numpy as np
 
 NAIVE = "int8-cpu-naive"
 
@@ -52,10 +54,14 @@ def register_bench(subparsers: Any) -> None:
 
 
 def percentile(values: list[float], q: float) -> float:
+    import numpy as np
+
     return float(np.percentile(np.asarray(values), q)) if values else float("nan")
 
 
 def _inputs(size: int) -> np.ndarray:
+    import numpy as np
+
     """8 real photos (the bundled samples, cycled, with flips) resized to size x size."""
     from edgeinfer.model import images, samples
 
@@ -90,6 +96,7 @@ def run_bench(
     runs: int = 20,
     naive: bool = True,
 ) -> dict[str, Any]:
+    import numpy as np
     import onnxruntime as ort
 
     from edgeinfer.model import gate, infer
@@ -256,8 +263,5 @@ def _run(args: argparse.Namespace) -> int:
     )
     print(table(report))
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.json.with_name(f".{args.json.name}.tmp")
-        tmp.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-        tmp.replace(args.json)
+        write_output(args.json, (json.dumps(report, indent=2) + "\n").encode())
     return 0

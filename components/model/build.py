@@ -285,6 +285,7 @@ def _lock(path: Path) -> Iterator[None]:
 
 def _build_locked(options: BuildOptions, out: Path, quiet: bool) -> Manifest:
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.build-", dir=out.parent))
+    work.chmod(0o755)  # mkdtemp's 0700 would hide the store from the component's user
     try:
         manifest = _build_into(work, options, quiet)
         if out.exists():

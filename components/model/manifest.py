@@ -13,16 +13,15 @@ in-graph crop/resize is cheap).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from edgeinfer import __version__
 from edgeinfer.errors import EdgeinferError
+from edgeinfer.files import atomic_write, sha256_file
 
 __all__ = [
     "COMPONENT",
@@ -57,14 +56,6 @@ def default_store_dir(artifacts: Path | str | None = None, version: str = __vers
     or `./artifacts`."""
     root = Path(artifacts if artifacts is not None else os.environ.get("EDGEINFER_ARTIFACTS", "artifacts"))
     return root / COMPONENT / version
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _from_dict(cls: type[Any], data: dict[str, Any]) -> Any:
@@ -208,17 +199,8 @@ class Manifest:
         target_dir = Path(folder) if folder is not None else self.root
         if target_dir is None:
             raise ValueError("Manifest.save needs a folder")
-        target_dir.mkdir(parents=True, exist_ok=True)
         target = target_dir / MANIFEST_FILE
-        fd, tmp = tempfile.mkstemp(prefix=".manifest.", suffix=".tmp", dir=target_dir)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(self.to_dict(), fh, indent=2, sort_keys=False)
-                fh.write("\n")
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write(target, (json.dumps(self.to_dict(), indent=2) + "\n").encode("utf-8"))
         self.root = target_dir
         return target
 

@@ -15,13 +15,13 @@
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from edgeinfer.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -298,17 +298,8 @@ def sensitivity(
 
 
 def save(model: Any, path: Path) -> None:
-    """Save atomically (temp file in the same folder, then rename)."""
-    import onnx
-
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        onnx.save(model, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Save atomically (temp file in the same folder, then rename), readable by the component user."""
+    atomic_write(path, model.SerializeToString())
 
 
 def equalize_ranges(
