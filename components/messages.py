@@ -463,7 +463,7 @@ class Result:
         return {
             "timestamp": self.timestamp,
             "inference-type": "image-classification",
-            "inference-description": f"Top {len(self.predictions)} predictions with score 0.3 or above ",
+            "inference-description": f"Top {len(self.predictions)} predictions",
             "inference-results": [
                 {"Label": p.label, "Score": str(round(p.score, 6))} for p in self.predictions
             ],
