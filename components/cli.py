@@ -41,7 +41,11 @@ _BENCHES = (
 _EPILOG = """\
 examples:
   edgeinfer model build                 build the INT8 model store into artifacts/
-  edgeinfer sim up --detach             run the bundle on a simulated Greengrass core
+  edgeinfer demo                        the bundle on a simulated core, classifying the sample photos
+  edgeinfer build                       lay out artifacts/ and greengrass-build/ for deployment
+  edgeinfer sim up --detach --recipes greengrass-build/recipes \\
+      --config-merge "com.edgeinfer.RuntimeInstaller={\\"existingVenv\\": \\"$PWD/.venv\\"}"
+                                        run the built bundle on this project's own environment
   edgeinfer bench model --json out.json compare FP32 and INT8 side by side
   edgeinfer watch --thing my-device     live latency dashboard from the broker
 
