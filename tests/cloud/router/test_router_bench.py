@@ -87,10 +87,8 @@ def test_bench_without_a_model_store_is_a_one_line_error(tmp_path: Path) -> None
 @pytest.mark.slow
 def test_bench_offload_short_run_on_a_tiny_model(tiny_store: Path, tmp_path: Path) -> None:
     out = tmp_path / "offload.json"
-    code = main(
-        ["bench", "offload", "--model-dir", str(tiny_store), "--duration", "2", "--rounds", "2", "--loads", "0.5,2",
-         "--json", str(out)]
-    )  # fmt: skip
+    argv = ["bench", "offload", "--model-dir", str(tiny_store), "--duration", "2", "--rounds", "2"]
+    code = main([*argv, "--loads", "0.5,2", "--json", str(out)])
     assert code == 0
     report = json.loads(out.read_text())
     assert [(r["load"], r["policy"]) for r in report["runs"]] == [
