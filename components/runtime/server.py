@@ -263,6 +263,8 @@ class InferenceServer:
         except MessageError as exc:
             self._publish_error(exc.request_id, exc.code, exc.message, target=msg.target, arrived=arrived)
             return
+        if cfg.top_k != 5 and b'"top_k"' not in msg.payload:
+            req.top_k = cfg.top_k  # the request left it out: the configured default (topK)
         default_topic = result_topic(self.thing)
         if req.reply_to is not None and not self._reply_allowed(req.reply_to):
             self._publish_error(

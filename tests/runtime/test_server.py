@@ -457,3 +457,16 @@ def test_apply_config_resubscribes_and_resizes_the_decode_pool(make_engine: Call
         assert len(h.results()) == 1  # nobody listens on IoT Core any more
     finally:
         h.server.stop()
+
+
+def test_configured_top_k_is_the_default(make_engine: Callable[..., Engine]) -> None:
+    cfg = RuntimeConfig(max_batch_size=2, top_k=2)
+    h = Harness(make_engine(cfg), cfg)
+    try:
+        h.send({"id": "default", "image": b64(solid_jpeg((250, 1, 1)))})
+        h.send({"id": "asked", "image": b64(solid_jpeg((250, 1, 1))), "top_k": 4})
+        got = {r.id: r for r in h.wait_results(2)}
+        assert len(got["default"].predictions) == 2
+        assert len(got["asked"].predictions) == 4
+    finally:
+        h.server.stop()
