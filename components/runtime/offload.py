@@ -12,12 +12,17 @@ Predictions
   Requests served here feed back (requests ahead at arrival → latency they really had) into a second
   fit; the prediction is the larger of the two (plus the feedback fit's 98th-percentile residual), so
   work the engine model cannot see — decode and replies sharing the engine's cores — is counted too.
+  Feedback samples age out after `feedback_memory_s` (3 s): a side judged slow gets nothing to serve,
+  so no new sample would ever overturn the verdict; measured in `bench offload`, one overloaded second
+  at the start kept the edge idle for the rest of the run while requests were rejected.
 * **Cloud** latency = network (a fit of `upload + RTT` against payload size over recent offloads, plus
   the 90th percentile of its residuals) + the cloud's own service time (90th percentile of the
   `latency_ms.total` the router reports). Before any offload has come back, `prior_cloud_ms` stands in.
   Offloads also feed back (own offloads in flight when sent → round trip): a burst queues at the
   router, so the prediction grows with what is already in flight (`prior_cloud_item_ms` each before
-  there is data) and the edge never sends the cloud more than it answers in time.
+  there is data) and the edge never sends the cloud more than it answers in time. Once that fit has
+  4 samples it alone predicts (the service times hold the router queue that a burst built up, and
+  would count it again for an offload sent alone).
 
 Decisions (`decide`)
 --------------------
@@ -26,7 +31,9 @@ goes to the cloud while the breaker lets it; a request without a deadline stays 
 local while the local prediction meets the budget (deadline − time already spent − margin), offload
 when only the cloud meets it (both at their certainty quantiles); when neither is sure to, go where
 the *expected* latency still fits, and answer DEADLINE_EXCEEDED at once when not even that does.
-A slow cloud is forgotten after `cloud_memory_s` without a sample, so offloads probe it again.
+A slow cloud is forgotten after `cloud_memory_s` without a sample, so offloads probe it again; before
+that, a request that would be rejected anyway is sent as a probe when the verdict is older than
+`cloud_probe_s` and nothing is in flight (it costs nothing, and keeps the verdict measured).
 
 Wiring
 ------
@@ -116,6 +123,9 @@ class OffloadConfig:
     breaker_max_cooldown_s: float = 30.0
     window: int = 64  # recent samples kept by each model
     cloud_memory_s: float = 20.0  # forget the cloud's latency after this long without a new sample
+    feedback_memory_s: float = 3.0  # feedback samples (local and cloud) older than this are dropped
+    cloud_probe_s: float = 0.5  # cloud predicted too slow and not measured for this long: offload one
+    # request that would be rejected anyway (none in flight), so a pessimistic verdict is tested again
     local_quantile: float = 0.98  # how sure "the edge meets the budget" must be (feedback residuals)
     cloud_quantile: float = 0.9  # how sure "the cloud meets the budget" must be
     local_models: list[str] = field(default_factory=list)  # names served here ([] = the loaded one)
@@ -175,20 +185,41 @@ class LinearFit:
     larger n when the real `b` is positive.
     """
 
-    def __init__(self, window: int = 64) -> None:
+    def __init__(
+        self,
+        window: int = 64,
+        *,
+        memory_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._samples: deque[tuple[float, float]] = deque(maxlen=window)
+        self._times: deque[float] = deque(maxlen=window)
         self._coef: tuple[float, float] | None = None
+        self.memory_s = memory_s  # samples older than this are dropped (None: kept until pushed out)
+        self.clock = clock
 
     def __len__(self) -> int:
+        self._expire()
         return len(self._samples)
 
     def add(self, x: float, y: float) -> None:
         if math.isfinite(x) and math.isfinite(y) and y >= 0:
             self._samples.append((float(x), float(y)))
+            self._times.append(self.clock())
+            self._coef = None
+
+    def _expire(self) -> None:
+        if self.memory_s is None or not self._times:
+            return
+        oldest = self.clock() - self.memory_s
+        while self._times and self._times[0] < oldest:
+            self._times.popleft()
+            self._samples.popleft()
             self._coef = None
 
     @property
     def coef(self) -> tuple[float, float] | None:
+        self._expire()
         if self._coef is None and self._samples:
             self._coef = self._fit()
         return self._coef
@@ -427,9 +458,10 @@ class PlacementPolicy(Generic[T]):
             self.config.window, self.config.prior_cloud_ms, self.config.cloud_quantile
         )
         self._cloud_seen = 0.0  # clock of the last cloud latency sample
+        self._cloud_probed = -math.inf  # clock of the last probe offload (see `cloud_probe_s`)
         # Feedback: (own offloads in flight when sent → round trip it took). A burst of offloads
         # queues at the router; this is what keeps the edge from sending more than it can absorb.
-        self.cloud_fit = LinearFit(max(self.config.window, 128))
+        self.cloud_fit = self._feedback_fit(128)
         self.breaker = CircuitBreaker(
             self.config.breaker_failures,
             self.config.breaker_cooldown_s,
@@ -439,7 +471,7 @@ class PlacementPolicy(Generic[T]):
         self._overhead: deque[float] = deque(maxlen=self.config.window)
         # Feedback: (requests ahead at arrival, latency it really had) of requests served here. It
         # catches what the engine model cannot see: decode and reply work sharing the engine's cores.
-        self.local_fit = LinearFit(max(self.config.window, 256))
+        self.local_fit = self._feedback_fit(256)
         self._lock = threading.RLock()
         self._tickets: dict[str, Ticket[T]] = {}
         # Offloads already served locally, kept a while: a late answer still measures the cloud.
@@ -456,6 +488,12 @@ class PlacementPolicy(Generic[T]):
             "fallbacks": 0,
             "late_cloud_answers": 0,
         }
+
+    def _feedback_fit(self, window: int) -> LinearFit:
+        """A feedback fit whose samples age out after `feedback_memory_s`: a side that looked slow
+        gets no new samples (nothing is sent there), so an old verdict must not outlive its cause."""
+        memory = self.config.feedback_memory_s or None
+        return LinearFit(max(self.config.window, window), memory_s=memory, clock=self.clock)
 
     # --------------------------------------------------------------------------- engine feedback
 
@@ -511,10 +549,13 @@ class PlacementPolicy(Generic[T]):
             q = self.config.cloud_quantile if quantile is None else quantile
             ahead = len(self._tickets)
             base = self.cloud.predict(payload_bytes, q)
-            if len(self.cloud_fit) >= 8:
+            if len(self.cloud_fit) >= 4:
+                # Measured round trips against own offloads in flight: this already holds the queueing
+                # that a burst causes at the router, which `base` (service times that include the
+                # router's queue, at any depth) would count again for a request sent alone.
                 seen = self.cloud_fit.predict(ahead)
                 if seen is not None:
-                    return max(base, seen + self.cloud_fit.residual_quantile(q))
+                    return seen + self.cloud_fit.residual_quantile(q)
             return base + ahead * self.config.prior_cloud_item_ms
 
     # --------------------------------------------------------------------------------- decisions
@@ -609,6 +650,19 @@ class PlacementPolicy(Generic[T]):
             if local_exp <= budget:
                 return result(Action.LOCAL, f"local expected {local_exp:.0f} ms of {budget:.0f} ms left")
             why = f"cloud {cloud_exp:.0f} ms" if ready else "the cloud is unavailable"
+            if (
+                ready
+                and cfg.cloud_probe_s > 0
+                and self.cloud.samples  # a measured verdict (the prior alone is never this slow)
+                and budget >= cfg.min_cloud_wait_ms  # time enough for the router to try it
+                and not self._tickets
+                and now - max(self._cloud_seen, self._cloud_probed) >= cfg.cloud_probe_s
+                and self.breaker.allow()
+            ):
+                # It would fail here anyway: send it, so that a prediction learnt from a burst or a
+                # cold router is measured again instead of keeping the cloud out until it is forgotten.
+                self._cloud_probed = now
+                return result(Action.OFFLOAD, f"probe: neither meets the {budget:.0f} ms left ({why})")
             return result(
                 Action.REJECT,
                 f"neither meets the {budget:.0f} ms left: local {local_exp:.0f} ms, {why} (expected)",
@@ -628,7 +682,7 @@ class PlacementPolicy(Generic[T]):
             self.cloud = CloudLatencyModel(
                 self.config.window, self.config.prior_cloud_ms, self.config.cloud_quantile
             )
-            self.cloud_fit = LinearFit(max(self.config.window, 128))
+            self.cloud_fit = self._feedback_fit(128)
 
     def _cloud_ready(self) -> bool:
         return (

@@ -465,3 +465,49 @@ def test_a_slow_cloud_is_forgotten_after_a_while_so_offloads_probe_it_again() ->
     assert p.decide(req("a", deadline_ms=100), ahead=24, payload_bytes=1000).action is Action.REJECT
     clock.advance(11_000)
     assert p.decide(req("b", deadline_ms=100), ahead=24, payload_bytes=1000).action is Action.OFFLOAD
+
+
+def test_a_slow_verdict_is_probed_with_a_request_that_would_fail_anyway() -> None:
+    clock = Clock()
+    p = policy(clock, cloud_probe_s=0.5)
+    teach_cloud(p, clock, rtt_ms=300, service_ms=5)
+    assert p.decide(req("a", deadline_ms=100), ahead=24, payload_bytes=1000).action is Action.REJECT
+    clock.advance(600)  # the verdict is 0.6 s old: one probe, then none while it is in flight
+    d = p.decide(req("b", deadline_ms=100), ahead=24, payload_bytes=1000)
+    assert d.action is Action.OFFLOAD
+    assert d.reason.startswith("probe")
+    t = p.begin_offload(req("b", deadline_ms=100), "b", payload_bytes=1000)
+    assert p.decide(req("c", deadline_ms=100), ahead=24, payload_bytes=1000).action is Action.REJECT
+    clock.advance(40)  # the probe's answer is a fresh sample: no other probe for a while
+    assert p.on_cloud_result(ok(t.wire_id, 5.0)) is not None
+    clock.advance(100)
+    assert p.decide(req("d", deadline_ms=100), ahead=24, payload_bytes=1000).action is Action.REJECT
+    clock.advance(500)
+    assert p.decide(req("d2", deadline_ms=100), ahead=24, payload_bytes=1000).action is Action.OFFLOAD
+    # no probe for a budget the router could not even try
+    p2 = policy(clock)
+    teach_cloud(p2, clock, rtt_ms=300, service_ms=5)
+    clock.advance(600)
+    assert p2.decide(req("e", deadline_ms=30), ahead=24, payload_bytes=1000).action is Action.REJECT
+
+
+def test_feedback_samples_age_out_so_a_slow_spell_does_not_keep_the_edge_idle() -> None:
+    clock = Clock()
+    p = policy(clock, feedback_memory_s=3.0)
+    for i in range(32):  # an overloaded spell: even requests with nothing ahead took 150 ms
+        p.observe_local(i % 4, 150.0)
+    assert p.decide(req("a", deadline_ms=100), ahead=0, payload_bytes=1000).action is not Action.LOCAL
+    clock.advance(3_500)  # nothing served here since: the engine model (idle) decides again
+    assert p.decide(req("b", deadline_ms=100), ahead=0, payload_bytes=1000).action is Action.LOCAL
+
+
+def test_linear_fit_memory_drops_old_samples() -> None:
+    clock = Clock()
+    fit = LinearFit(16, memory_s=1.0, clock=clock)
+    fit.add(1, 10.0)
+    clock.advance(600)
+    fit.add(2, 20.0)
+    assert len(fit) == 2
+    clock.advance(600)
+    assert len(fit) == 1
+    assert fit.predict(2) == pytest.approx(20.0)
