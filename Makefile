@@ -59,6 +59,9 @@ demo: setup model
 bench: setup model
 	$(BIN)/edgeinfer bench model --json bench/results/model.json
 	$(BIN)/edgeinfer bench runtime --json bench/results/runtime.json
+	$(BIN)/edgeinfer bench sim --json bench/results/sim.json
+	$(BIN)/edgeinfer bench telemetry --json bench/results/telemetry.json
+	$(BIN)/edgeinfer bench offload --json bench/results/offload.json
 
 clean:
-	rm -rf build artifacts greengrass-build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf build artifacts greengrass-build .edgeinfer .pytest_cache .mypy_cache .ruff_cache
