@@ -430,6 +430,59 @@ def shutil_which(name: str) -> str | None:
     return shutil.which(name)
 
 
+# ------------------------------------------------------------------------------------ core usage
+
+
+def _core_ticks() -> dict[int, tuple[int, int]]:
+    """Per core: (busy, total) clock ticks since boot, from /proc/stat ({} where there is none)."""
+    out: dict[int, tuple[int, int]] = {}
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit():
+            ticks = [int(x) for x in fields[:8]]
+            idle = ticks[3] + ticks[4]  # idle + iowait
+            out[int(name[3:])] = (sum(ticks) - idle, sum(ticks))
+    return out
+
+
+def _proc_ticks(pid: int) -> int:
+    """utime + stime of a process, all its threads, in clock ticks (0 when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0
+    return int(fields[11]) + int(fields[12])
+
+
+class CoreUse:
+    """How busy each pinned core was during a load step, and how much of that was the bench's own
+    processes: on a shared machine, the rest is other work taking the edge's or the router's core."""
+
+    def __init__(self, owners: dict[int, list[int]]) -> None:
+        self.owners = owners  # core -> pids pinned there
+        self._cores = _core_ticks()
+        self._procs = {pid: _proc_ticks(pid) for pids in owners.values() for pid in pids}
+
+    def result(self) -> dict[str, Any]:
+        cores, out = _core_ticks(), {}
+        for core, pids in self.owners.items():
+            if core not in cores or core not in self._cores:
+                continue
+            busy = cores[core][0] - self._cores[core][0]
+            total = max(1, cores[core][1] - self._cores[core][1])
+            own = sum(_proc_ticks(pid) - self._procs.get(pid, 0) for pid in pids)
+            out[str(core)] = {
+                "busy": round(busy / total, 3),
+                "bench": round(min(own, busy) / total, 3),
+                "other": round(max(0, busy - own) / total, 3),
+            }
+        return out
+
+
 # --------------------------------------------------------------------------------------------- run
 
 
@@ -536,6 +589,11 @@ def run(args: argparse.Namespace) -> int:
                 f"bench offload: {factor:g}x: {rate:.1f} req/s, {args.rounds} x {segment:g} s off and on",
                 file=sys.stderr,
             )
+            owners: dict[int, list[int]] = {}
+            if edge_cores and cloud_cores:
+                owners[min(edge_cores)] = [os.getpid()]
+                owners[min(cloud_cores)] = [router.pid] + ([broker._proc.pid] if broker._proc else [])
+            use = CoreUse(owners)
             try:
                 for rnd in range(args.rounds):
                     for mode in ("off", "on"):
@@ -552,6 +610,16 @@ def run(args: argparse.Namespace) -> int:
                         )
             finally:
                 placement.stop()
+            core_use = use.result()
+            if core_use:
+                print(
+                    f"bench offload: {factor:g}x core use "
+                    + "; ".join(
+                        f"core {c}: busy {100 * u['busy']:.0f} %, other work {100 * u['other']:.0f} %"
+                        for c, u in core_use.items()
+                    ),
+                    file=sys.stderr,
+                )
             for mode in ("off", "on"):
                 row: dict[str, Any] = {
                     "load": factor,
@@ -559,6 +627,8 @@ def run(args: argparse.Namespace) -> int:
                     "edge_saturated_rps": round(step_sat, 2),
                     "rate_rps": round(rate, 2),
                     **summarize(trackers[mode], args.deadline_ms),
+                    # both modes of a load share one measurement (their segments alternate)
+                    "core_use": core_use,
                 }
                 if mode == "on":
                     row["policy_state"] = placement.policy.snapshot()

@@ -511,3 +511,14 @@ def test_linear_fit_memory_drops_old_samples() -> None:
     clock.advance(600)
     assert len(fit) == 1
     assert fit.predict(2) == pytest.approx(20.0)
+
+
+def test_a_jitter_spike_does_not_offload_what_the_edge_is_expected_to_serve_sooner() -> None:
+    clock = Clock()
+    p = policy(clock)
+    teach_cloud(p, clock, rtt_ms=40, service_ms=5)
+    for i in range(50):  # the edge: mostly 10 ms, now and then a 150 ms spike (another process)
+        p.observe_local(0, 150.0 if i % 25 == 0 else 10.0)
+    assert p.predict_local_ms(0) > 95 > p.predict_cloud_ms(1000)  # only the cloud is "sure"...
+    d = p.decide(req("a", deadline_ms=100), ahead=0, payload_bytes=1000)
+    assert d.action is Action.LOCAL  # ...but the edge is expected to answer in a fraction of its time
