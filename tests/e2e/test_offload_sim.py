@@ -9,11 +9,10 @@ them itself, none lost; with it back, offloading resumes.
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -33,17 +32,6 @@ TELEMETRY = "com.edgeinfer.Telemetry"
 THING = "offload-e2e"
 INFER = f"edgeinfer/{THING}/infer"
 RESULT = f"edgeinfer/{THING}/result"
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _tiny_store(folder: Path) -> Path:
-    pytest.importorskip("onnx")
-    spec = importlib.util.spec_from_file_location("_rt_conftest", ROOT / "tests" / "runtime" / "conftest.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return Path(module.write_tiny_store(folder))
 
 
 class CloudRouter:
@@ -57,8 +45,8 @@ class CloudRouter:
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _tiny_store(tmp_path_factory.mktemp("offload-store"))
+def store(tmp_path_factory: pytest.TempPathFactory, write_tiny_store: Callable[[Path], Path]) -> Path:
+    return write_tiny_store(tmp_path_factory.mktemp("offload-store"))
 
 
 @pytest.fixture(scope="module")

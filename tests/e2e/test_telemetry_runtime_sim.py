@@ -8,11 +8,10 @@ histogram's precision — the same run, seen from both ends.
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 import math
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,24 +31,16 @@ THING = "tele-rt-e2e"
 INFER = f"edgeinfer/{THING}/infer"
 RESULT = f"edgeinfer/{THING}/result"
 WINDOW_S = 4.0
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _tiny_store(folder: Path) -> Path:
-    """The runtime tests' tiny classifier store (needs the `onnx` package of the build extra)."""
-    pytest.importorskip("onnx")
-    spec = importlib.util.spec_from_file_location("_rt_conftest", ROOT / "tests" / "runtime" / "conftest.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return Path(module.write_tiny_store(folder))
 
 
 @pytest.fixture(scope="module")
-def device(sim_broker: MosquittoBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Simulator]:
+def device(
+    sim_broker: MosquittoBroker,
+    tmp_path_factory: pytest.TempPathFactory,
+    write_tiny_store: Callable[[Path], Path],
+) -> Iterator[Simulator]:
     root = tmp_path_factory.mktemp("tele-rt")
-    store = _tiny_store(root / "store")
+    store = write_tiny_store(root / "store")
     recipes, artifacts = prepare_device(root / "device", store)
     shutil.copy(RECIPES / f"{TELEMETRY}.yaml", recipes)
     sim = Simulator(
