@@ -249,6 +249,7 @@ class Component:
             if not changed:
                 return
             log.info("configuration changed: %s", ", ".join(sorted(changed)))
+            swapped = False
             if changed & ENGINE_KEYS:
                 try:
                     engine = self.build_engine(cfg)
@@ -256,6 +257,7 @@ class Component:
                     log.error("new engine not built, keeping the running one: %s", exc)
                 else:
                     self.server.swap_engine(engine)
+                    swapped = True
             self.server.apply_config(cfg)
             if "cpu" in changed:
                 apply_cpu_options(cfg)
@@ -266,7 +268,8 @@ class Component:
                 self.cfg = cfg
                 self._start_source(cfg)
             self.cfg = cfg
-            if "placement" in changed:
+            # A new engine means new local model names and a new a·n + b seed for the policy.
+            if "placement" in changed or (swapped and self.server.offloader is not None):
                 old = self.server.offloader
                 self.server.set_placement(EdgeOnly(), None)
                 if old is not None and hasattr(old, "stop"):

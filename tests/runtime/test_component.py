@@ -148,3 +148,19 @@ def test_placement_change_rewires_the_seam(tiny_store: Path, tmp_path: Path) -> 
         assert ask(bus, "still").status == "ok"
     finally:
         comp.stop()
+
+
+def test_engine_swap_rewires_the_placement_policy(tiny_store: Path, tmp_path: Path) -> None:
+    comp, bus = make(tiny_store, tmp_path, placement={"enabled": True})
+    comp.start()
+    try:
+        offloader, engine = comp.server.offloader, comp.server.engine
+        assert offloader is not None
+        assert bus.propose_configuration(dict(bus.config, maxBatchSize=2)) is None
+        wait_for(lambda: comp.server.engine is not engine and comp.server.offloader is not offloader)
+        # A new policy built for the new engine (batch size 2, not the old engine's 4).
+        assert comp.server.offloader is not None
+        assert comp.server.offloader.policy.max_batch_size == 2
+        assert ask(bus, "after-swap").status == "ok"
+    finally:
+        comp.stop()
