@@ -348,6 +348,7 @@ def choose(info: PlatformInfo, config: InstallerConfig) -> Plan:
             notes.append("no system CUDA runtime/cuDNN found: taking them from the nvidia-* wheels")
         ort_req = f"{spec}=={version}" if version else spec
         expected = [CUDA, CPU]
+        extras_pkgs.append("nvidia-ml-py")  # NVML: the telemetry component's GPU figures
     else:  # jetson
         package = "onnxruntime-gpu"
         if config.jetsonWheelUrl:

@@ -82,6 +82,7 @@ def test_plan_cuda_takes_cuda_libraries_from_wheels_when_absent() -> None:
     assert plan.accelerator == "cuda"
     assert ort_requirements(plan.requirements) == ["onnxruntime-gpu[cuda,cudnn]==1.32.0"]
     assert plan.expected_providers == [CUDA, CPU]
+    assert "nvidia-ml-py" in plan.requirements  # NVML for the telemetry's GPU figures
 
 
 def test_plan_cuda_tensorrt_only_when_asked() -> None:
