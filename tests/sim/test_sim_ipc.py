@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -249,3 +250,20 @@ def test_pipelined_iot_core_publishes_keep_their_order(sim: Simulator, ipc_clien
     for future in futures:
         future.result(10)
     assert [int(m.payload) for m in inbox.wait_for(200)] == list(range(200))
+
+
+@pytest.mark.parametrize("message", [b"", b"\x00\xff binary", bytes(range(256)) * 400])
+@pytest.mark.parametrize("topic", ["a/b", 'odd "topic"/\u00e9'])
+def test_binary_event_payload_is_what_the_sdk_model_writes(message: bytes, topic: str) -> None:
+    from awsiot.greengrasscoreipc import model
+
+    from edgeinfer.sim.core import binary_event_payload
+
+    event = model.SubscriptionResponseMessage(
+        binary_message=model.BinaryMessage(message=message, context=model.MessageContext(topic=topic))
+    )
+    spliced = json.loads(binary_event_payload(topic, message))
+    assert spliced == event._to_payload()
+    decoded = model.SubscriptionResponseMessage._from_payload(spliced)
+    assert decoded.binary_message.message == message
+    assert decoded.binary_message.context.topic == topic
