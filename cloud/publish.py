@@ -30,7 +30,7 @@ from typing import Any
 from edgeinfer.bundle.build import PLACEHOLDER_PREFIX, Bundle, Component
 from edgeinfer.cloud.policies import partition_for
 from edgeinfer.errors import EdgeinferError
-from edgeinfer.sim.recipe import cget
+from edgeinfer.sim.recipe import artifact_filename, cget
 
 __all__ = [
     "Clients",
@@ -87,7 +87,7 @@ def recipe_for_cloud(comp: Component, bucket: str) -> dict[str, Any]:
         for art in cget(manifest, "Artifacts") or []:
             key = next(k for k in art if k.lower() == "uri")
             uri = str(art[key])
-            filename = uri.rstrip("/").rsplit("/", 1)[-1]
+            filename = artifact_filename(uri)
             if uri.startswith((PLACEHOLDER_PREFIX, "s3://BUCKET_NAME/")):
                 art[key] = f"s3://{bucket}/{_key(comp, filename)}"
     return recipe
@@ -146,7 +146,7 @@ def _existing_digests(clients: Clients, arn: str) -> dict[str, str] | None:
     digests: dict[str, str] = {}
     for manifest in cget(recipe, "Manifests") or []:
         for art in cget(manifest, "Artifacts") or []:
-            filename = str(cget(art, "Uri") or "").rstrip("/").rsplit("/", 1)[-1]
+            filename = artifact_filename(str(cget(art, "Uri") or ""))
             digests[filename] = str(cget(art, "Digest") or "")
     return digests
 

@@ -44,7 +44,7 @@ import yaml
 from edgeinfer.bundle.wheel import build_wheel
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.files import atomic_write, sha256_file
-from edgeinfer.sim.recipe import cget
+from edgeinfer.sim.recipe import RecipeError, artifact_filename, cget, read_recipe, recipe_files
 
 __all__ = [
     "MODEL_STORE",
@@ -107,7 +107,7 @@ class Component:
             listed = _artifact_list(manifest)
             seen = set()
             for art in listed:
-                name = _filename(str(cget(art, "URI")))
+                name = artifact_filename(str(cget(art, "URI")))
                 seen.add(name)
                 if name in by_name:
                     _cset(art, "Digest", by_name[name].digest)
@@ -165,10 +165,6 @@ def _artifact_list(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     return arts  # type: ignore[no-any-return]
 
 
-def _filename(uri: str) -> str:
-    return uri.rstrip("/").rsplit("/", 1)[-1]
-
-
 def lower_keys(value: Any) -> Any:
     """Lower-case every mapping key, recursively, as the GDK does before validating a recipe."""
     if isinstance(value, Mapping):
@@ -207,19 +203,14 @@ def find_project(start: Path | None = None) -> Path:
 
 
 def load_recipes(root: Path) -> dict[str, Component]:
-    folder = root / "recipes"
-    files = sorted(p for p in folder.glob("*") if p.suffix.lower() in (".yaml", ".yml", ".json"))
-    if not files:
-        raise BuildError(f"no recipes in {folder}")
+    """The source recipes of `<root>/recipes/` as written (every manifest, any platform), read with
+    the simulated core's reader: name → Component."""
+    try:
+        sources = [(path, read_recipe(path)) for path in recipe_files(root / "recipes")]
+    except RecipeError as exc:
+        raise BuildError(str(exc)) from None
     components: dict[str, Component] = {}
-    for path in files:
-        try:
-            text = path.read_text(encoding="utf-8")
-            raw = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
-        except (OSError, ValueError, yaml.YAMLError) as exc:
-            raise BuildError(f"{path}: cannot read recipe: {exc}") from None
-        if not isinstance(raw, dict):
-            raise BuildError(f"{path}: a recipe must be a mapping")
+    for path, raw in sources:
         name, version = cget(raw, "ComponentName"), cget(raw, "ComponentVersion")
         if not name or not version:
             raise BuildError(f"{path}: ComponentName and ComponentVersion are required")
@@ -312,7 +303,7 @@ def _artifacts_for(
             if not uri:
                 raise BuildError(f"{comp.recipe_file}: an artifact has no URI")
             unarchive = str(cget(art, "Unarchive") or "NONE").upper()
-            name = _filename(str(uri))
+            name = artifact_filename(str(uri))
             if name not in {n for n, _ in listed}:
                 listed.append((name, unarchive))
     if comp.name == MODEL_STORE and listed:
@@ -406,7 +397,7 @@ def build_bundle(
                 raise BuildError(f"{comp.recipe_file}: depends on {dep}, which has no recipe in recipes/")
     order = [n for n in dependency_order(recipes) if not wanted or n in wanted]
     needs_wheel = any(
-        _filename(str(cget(a, "URI") or "")).startswith("edgeinfer-")
+        artifact_filename(str(cget(a, "URI") or "")).startswith("edgeinfer-")
         for n in order
         for m in (cget(recipes[n].recipe, "Manifests") or [])
         for a in (cget(m, "Artifacts") or [])

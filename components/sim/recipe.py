@@ -243,8 +243,23 @@ def _fail(path: Path, field_name: str, problem: str) -> RecipeError:
     return RecipeError(f"{path}: {field_name}: {problem}")
 
 
-def load_recipe_file(path: Path, host: Mapping[str, str] | None = None) -> Recipe:
-    host = host or host_platform()
+RECIPE_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def recipe_files(recipes_dir: Path) -> list[Path]:
+    """The recipe files of a folder (`*.yaml`, `*.yml`, `*.json`), sorted; RecipeError when none."""
+    recipes_dir = Path(recipes_dir)
+    if not recipes_dir.is_dir():
+        raise RecipeError(f"{recipes_dir}: recipe folder not found")
+    files = sorted(p for p in recipes_dir.iterdir() if p.suffix.lower() in RECIPE_SUFFIXES)
+    if not files:
+        raise RecipeError(f"{recipes_dir}: no recipes in this folder (*.yaml, *.yml or *.json)")
+    return files
+
+
+def read_recipe(path: Path) -> dict[str, Any]:
+    """A recipe file's top-level mapping as written (JSON by suffix, else YAML), nothing checked
+    beyond that; RecipeError naming the file when it cannot be read or is not a mapping."""
     try:
         text = path.read_text(encoding="utf-8")
         raw = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
@@ -253,6 +268,17 @@ def load_recipe_file(path: Path, host: Mapping[str, str] | None = None) -> Recip
         raise RecipeError(f"{path}: not a readable recipe: {first}") from exc
     if not isinstance(raw, dict):
         raise RecipeError(f"{path}: not a recipe (expected a mapping at the top level)")
+    return raw
+
+
+def artifact_filename(uri: str) -> str:
+    """The file name an artifact URI names (its last path segment)."""
+    return str(uri).rstrip("/").rsplit("/", 1)[-1]
+
+
+def load_recipe_file(path: Path, host: Mapping[str, str] | None = None) -> Recipe:
+    host = host or host_platform()
+    raw = read_recipe(path)
     for key in ("RecipeFormatVersion", "ComponentName", "ComponentVersion"):
         if cget(raw, key) in (None, ""):
             raise _fail(path, key, "required field is missing")
@@ -335,8 +361,7 @@ def load_recipe_file(path: Path, host: Mapping[str, str] | None = None) -> Recip
         unarchive = str(cget(art, "Unarchive", "NONE")).upper()
         if unarchive not in ("NONE", "ZIP"):
             raise _fail(path, f"{fld}.Unarchive", f"must be NONE or ZIP, not {unarchive}")
-        filename = str(uri).rstrip("/").rsplit("/", 1)[-1]
-        artifacts.append(Artifact(str(uri), filename, unarchive, f"{fld}.URI"))
+        artifacts.append(Artifact(str(uri), artifact_filename(uri), unarchive, f"{fld}.URI"))
 
     return Recipe(
         name=name,
@@ -354,14 +379,8 @@ def load_recipe_file(path: Path, host: Mapping[str, str] | None = None) -> Recip
 
 def load_recipes(recipes_dir: Path, host: Mapping[str, str] | None = None) -> dict[str, dict[str, Recipe]]:
     """All recipes in a folder: name → version → Recipe. Duplicates are reported by file."""
-    recipes_dir = Path(recipes_dir)
-    if not recipes_dir.is_dir():
-        raise RecipeError(f"{recipes_dir}: recipe folder not found")
     index: dict[str, dict[str, Recipe]] = {}
-    files = sorted(p for p in recipes_dir.iterdir() if p.suffix.lower() in (".yaml", ".yml", ".json"))
-    if not files:
-        raise RecipeError(f"{recipes_dir}: no recipes in this folder (*.yaml, *.yml or *.json)")
-    for path in files:
+    for path in recipe_files(recipes_dir):
         recipe = load_recipe_file(path, host)
         other = index.get(recipe.name, {}).get(recipe.version)
         if other is not None:

@@ -17,7 +17,7 @@ import yaml
 from bundle_fixtures import ROOT, write_model_store
 
 from edgeinfer import cli
-from edgeinfer.bundle.build import BuildError, build_bundle, lower_keys, schema
+from edgeinfer.bundle.build import BuildError, build_bundle, load_recipes, lower_keys, schema
 
 WHEEL = "edgeinfer-0.1.0-py3-none-any.whl"
 
@@ -84,6 +84,27 @@ def test_a_model_file_that_does_not_match_its_manifest_is_refused(artifacts: Pat
     (artifacts / "com.edgeinfer.ModelStore" / "0.1.0" / "model_int8_cpu.onnx").write_bytes(b"tampered")
     with pytest.raises(BuildError, match=r"model_int8_cpu\.onnx"):
         build_bundle(ROOT, artifacts_dir=artifacts, out_dir=tmp_path / "gb")
+
+
+def test_recipe_problems_name_the_file_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(BuildError, match=r"recipes: recipe folder not found"):
+        load_recipes(tmp_path)
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "README.md").write_text("not a recipe")
+    with pytest.raises(BuildError, match=r"recipes: no recipes in this folder"):
+        load_recipes(tmp_path)
+    bad = tmp_path / "recipes" / "com.example.A.yaml"
+    bad.write_text("ComponentName: [unclosed\n")
+    with pytest.raises(BuildError, match=r"com\.example\.A\.yaml: not a readable recipe") as err:
+        load_recipes(tmp_path)
+    assert "\n" not in str(err.value)
+    bad.write_text("- a list\n")
+    with pytest.raises(BuildError, match=r"com\.example\.A\.yaml: not a recipe"):
+        load_recipes(tmp_path)
+    bad.write_text(
+        "ComponentName: com.example.A\nComponentVersion: 1.0.0\nManifests:\n  - Platform: {os: windows}\n"
+    )
+    assert load_recipes(tmp_path)["com.example.A"].version == "1.0.0"  # any platform's manifests
 
 
 def test_gdk_build_of_one_component(artifacts: Path, tmp_path: Path) -> None:
