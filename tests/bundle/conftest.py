@@ -1,11 +1,11 @@
-"""Fixtures of the bundle tests (helpers in bundle_fixtures.py)."""
+"""Fixtures of the bundle tests (the fake model store: tests/model_store_fixtures.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from bundle_fixtures import write_model_store
+from model_store_fixtures import write_model_store
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from bundle_fixtures import ROOT, write_model_store
+from model_store_fixtures import ROOT, write_model_store
 
 from edgeinfer import cli
 from edgeinfer.bundle.build import BuildError, build_bundle, load_recipes, lower_keys, schema

@@ -11,42 +11,15 @@ from typing import Any
 import boto3
 import pytest
 from botocore.stub import Stubber
+from model_store_fixtures import ROOT, write_model_store
 from moto import mock_aws
 
 from edgeinfer.bundle.build import Bundle, build_bundle
 from edgeinfer.cloud.publish import Clients, component_arn
-from edgeinfer.model import build as model_build
-from edgeinfer.model.manifest import CPU, TENSORRT, Manifest, Preprocessing, TensorSpec, Variant, sha256_file
-
-ROOT = Path(__file__).resolve().parents[2]
 
 REGION = "eu-central-1"
 BUCKET = "my-edge-artifacts"  # exactly what a user would type
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
-
-
-def write_model_store(folder: Path) -> None:
-    """A model store with tiny stand-in files and a real manifest (the bundle checks it)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / model_build.LABELS_FILE).write_text(json.dumps(["cat", "dog"]))
-    variants = []
-    for file, providers in (
-        (model_build.FP32_FILE, [CPU]),
-        (model_build.INT8_CPU_FILE, [CPU]),
-        (model_build.INT8_TRT_FILE, [TENSORRT]),
-    ):
-        path = folder / file
-        path.write_bytes(f"stand-in for {file}".encode())
-        variants.append(Variant(file, "int8", providers, sha256_file(path), path.stat().st_size, file))
-    Manifest(
-        name="test-model",
-        version="0.1.0",
-        inputs=[TensorSpec("image", "uint8", ["N", "H", "W", 3])],
-        outputs=[TensorSpec("logits", "float32", ["N", 2])],
-        preprocessing=Preprocessing(),
-        labels_file=model_build.LABELS_FILE,
-        variants=variants,
-    ).save(folder)
 
 
 class Capture:

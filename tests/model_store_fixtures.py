@@ -1,4 +1,7 @@
-"""A fake model store (tiny files, a real manifest) so the bundle builds without `edgeinfer model build`."""
+"""A fake model store (tiny files, a real manifest) so the bundle builds without `edgeinfer model build`.
+
+Shared by the bundle and the publish/deploy tests: `from model_store_fixtures import write_model_store`
+(tests/ is on sys.path through tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +11,12 @@ from pathlib import Path
 from edgeinfer.model import build as model_build
 from edgeinfer.model.manifest import CPU, TENSORRT, Manifest, Preprocessing, TensorSpec, Variant, sha256_file
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]  # the project
 
 
 def write_model_store(folder: Path, salt: str = "") -> Manifest:
+    """A model store in `folder` with stand-in model files (`salt` changes their content) and a real
+    manifest that lists them, so the bundle's manifest check passes."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / model_build.LABELS_FILE).write_text(json.dumps(["cat", "dog"]))
     variants = []
