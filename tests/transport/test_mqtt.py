@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pytest
 
+from edgeinfer.sim.broker import Inbox
 from edgeinfer.transport import Message, TransportError
 from edgeinfer.transport.mqtt import MqttPubSub, parse_broker, subscription_topic_filter
 
@@ -22,18 +22,8 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
     return predicate()
 
 
-class Inbox:
-    def __init__(self) -> None:
-        self.messages: list[Message] = []
-        self.lock = threading.Lock()
-
-    def __call__(self, message: Message) -> None:
-        with self.lock:
-            self.messages.append(message)
-
-    def payloads(self) -> list[bytes]:
-        with self.lock:
-            return [m.payload for m in self.messages]
+def payloads(messages: Iterable[Message]) -> list[bytes]:
+    return [m.payload for m in messages]
 
 
 @pytest.fixture
@@ -53,36 +43,36 @@ def connect(broker: Any) -> Iterator[Callable[..., MqttPubSub]]:
 def test_publish_subscribe_roundtrip_qos0_and_qos1(connect: Callable[..., MqttPubSub]) -> None:
     a, b = connect(), connect()
     inbox = Inbox()
-    b.subscribe("edgeinfer/+/result", inbox, qos=1)
+    b.subscribe("edgeinfer/+/result", inbox.put, qos=1)
     a.publish("edgeinfer/dev-1/result", b'{"id":"1"}', qos=0)
     a.publish("edgeinfer/dev-2/result", b'{"id":"2"}', qos=1)
     a.publish("edgeinfer/dev-2/other", b"not for b", qos=1)
-    assert wait_for(lambda: len(inbox.payloads()) == 2)
-    assert sorted(inbox.payloads()) == [b'{"id":"1"}', b'{"id":"2"}']
-    assert {m.topic for m in inbox.messages} == {"edgeinfer/dev-1/result", "edgeinfer/dev-2/result"}
-    assert all(m.target == "iot" for m in inbox.messages)
+    got = inbox.wait_for(2)
+    assert sorted(payloads(got)) == [b'{"id":"1"}', b'{"id":"2"}']
+    assert {m.topic for m in got} == {"edgeinfer/dev-1/result", "edgeinfer/dev-2/result"}
+    assert all(m.target == "iot" for m in got)
 
 
 def test_shared_subscription_splits_messages_without_duplicates(connect: Callable[..., MqttPubSub]) -> None:
     w1, w2, pub = connect(), connect(), connect()
     in1, in2 = Inbox(), Inbox()
-    w1.subscribe("$share/workers/jobs/+/offload", in1, qos=1)
-    w2.subscribe("$share/workers/jobs/+/offload", in2, qos=1)
+    w1.subscribe("$share/workers/jobs/+/offload", in1.put, qos=1)
+    w2.subscribe("$share/workers/jobs/+/offload", in2.put, qos=1)
     sent = [f"{i}".encode() for i in range(40)]
     for i, payload in enumerate(sent):
         pub.publish(f"jobs/dev-{i % 3}/offload", payload, qos=1)
-    assert wait_for(lambda: len(in1.payloads()) + len(in2.payloads()) == len(sent))
+    assert wait_for(lambda: len(in1) + len(in2) == len(sent))
     time.sleep(0.2)  # any duplicate would have arrived by now
-    got = in1.payloads() + in2.payloads()
+    got = payloads(in1.messages + in2.messages)
     assert sorted(got) == sorted(sent)  # every message once, none twice
-    assert in1.payloads()  # both members of the group got work
-    assert in2.payloads()
+    assert len(in1)  # both members of the group got work
+    assert len(in2)
 
 
 def test_handler_may_publish_and_wait_for_puback(connect: Callable[..., MqttPubSub]) -> None:
     server, client = connect(), connect()
     replies = Inbox()
-    client.subscribe("rpc/reply", replies, qos=1)
+    client.subscribe("rpc/reply", replies.put, qos=1)
 
     def echo(message: Message) -> None:
         server.publish("rpc/reply", message.payload.upper(), qos=1)  # QoS 1 waits for the PUBACK
@@ -90,23 +80,23 @@ def test_handler_may_publish_and_wait_for_puback(connect: Callable[..., MqttPubS
     server.subscribe("rpc/call", echo, qos=1)
     for i in range(5):
         client.publish("rpc/call", f"hello {i}".encode(), qos=1)
-    assert wait_for(lambda: len(replies.payloads()) == 5)
-    assert sorted(replies.payloads()) == [f"HELLO {i}".encode() for i in range(5)]
+    assert sorted(payloads(replies.wait_for(5))) == [f"HELLO {i}".encode() for i in range(5)]
 
 
 def test_subscription_close_stops_delivery(connect: Callable[..., MqttPubSub]) -> None:
     a = connect()
     inbox, other = Inbox(), Inbox()
-    sub = a.subscribe("t/x", inbox, qos=1)
-    a.subscribe("t/#", other, qos=1)
+    sub = a.subscribe("t/x", inbox.put, qos=1)
+    a.subscribe("t/#", other.put, qos=1)
     a.publish("t/x", b"1", qos=1)
-    assert wait_for(lambda: len(inbox.payloads()) == 1 and len(other.payloads()) >= 1)
+    inbox.wait_for(1)
+    other.wait_for(1)
     sub.close()
     sub.close()
     a.publish("t/x", b"2", qos=1)
-    assert wait_for(lambda: b"2" in other.payloads())
+    assert b"2" in payloads(other.wait_for(2))
     time.sleep(0.1)
-    assert inbox.payloads() == [b"1"]
+    assert payloads(inbox.messages) == [b"1"]
 
 
 def test_handler_exception_does_not_kill_the_client(connect: Callable[..., MqttPubSub]) -> None:
@@ -117,10 +107,10 @@ def test_handler_exception_does_not_kill_the_client(connect: Callable[..., MqttP
         raise RuntimeError("handler bug")
 
     a.subscribe("t/boom", boom, qos=1)
-    a.subscribe("t/ok", inbox, qos=1)
+    a.subscribe("t/ok", inbox.put, qos=1)
     a.publish("t/boom", b"x", qos=1)
     a.publish("t/ok", b"y", qos=1)
-    assert wait_for(lambda: inbox.payloads() == [b"y"])
+    assert payloads(inbox.wait_for(1)) == [b"y"]
 
 
 def test_connect_to_closed_port_raises_transport_error(broker: Any) -> None:
@@ -136,7 +126,7 @@ def test_outage_publish_fails_then_reconnects_and_resubscribes(
     inbox = Inbox()
     states: list[bool] = []
     b.on_connection_change(states.append)
-    b.subscribe("t/outage", inbox, qos=1)
+    b.subscribe("t/outage", inbox.put, qos=1)
     broker.stop()
     assert wait_for(lambda: not a.is_connected and not b.is_connected)
     with pytest.raises(TransportError, match="not connected"):
@@ -145,8 +135,8 @@ def test_outage_publish_fails_then_reconnects_and_resubscribes(
     assert a.wait_connected(15)
     assert b.wait_connected(15)
     # the subscription was renewed after the reconnect (clean session): delivery works again
-    assert wait_for(lambda: _publish_ok(a, "t/outage", b"back") and bool(inbox.payloads()))
-    assert set(inbox.payloads()) == {b"back"}
+    assert wait_for(lambda: _publish_ok(a, "t/outage", b"back") and len(inbox) > 0)
+    assert set(payloads(inbox.messages)) == {b"back"}
     assert wait_for(lambda: False in states and states[-1] is True)
     assert states.index(False) < len(states) - 1  # a loss, then a reconnect
 
