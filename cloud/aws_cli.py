@@ -24,7 +24,8 @@ def register(subparsers: Any) -> None:
             "Build the bundle (quick, idempotent), upload every artifact to "
             "s3://BUCKET/<component>/<version>/ and create the component versions in dependency "
             "order. The bucket name is used exactly as given. Versions already published with "
-            "identical artifacts are skipped; different artifacts under an existing version are refused."
+            "identical artifacts are skipped; different artifacts under an existing version are refused. "
+            "On a terminal, a progress bar shows each upload."
         ),
     )
     pub.add_argument("--bucket", required=True, help="S3 bucket in --region (used exactly as typed)")
@@ -109,6 +110,7 @@ def _stderr(line: str) -> None:
 def run_publish(args: argparse.Namespace, session_factory: Callable[..., Any] | None = None) -> int:
     from edgeinfer.bundle.build import build_bundle
     from edgeinfer.cloud.publish import Clients, publish
+    from edgeinfer.progress import Progress
 
     bundle = build_bundle(args.project, artifacts_dir=args.artifacts, out_dir=args.out)
     with aws_errors():
@@ -116,7 +118,15 @@ def run_publish(args: argparse.Namespace, session_factory: Callable[..., Any] | 
         clients = Clients(
             sts=session.client("sts"), s3=session.client("s3"), greengrassv2=session.client("greengrassv2")
         )
-        report = publish(bundle, args.bucket, args.region, clients, dry_run=args.dry_run, say=_stderr)
+        report = publish(
+            bundle,
+            args.bucket,
+            args.region,
+            clients,
+            dry_run=args.dry_run,
+            say=_stderr,
+            progress=Progress(quiet=True) if args.dry_run else Progress.on_terminal(unit="bytes"),
+        )
     verb = "would create" if report.dry_run else "created"
     print(
         f"{verb} {len(report.created)} component version(s), skipped {len(report.skipped)} "

@@ -6,7 +6,8 @@
    ours is skipped; one with different digests is refused (a published version is immutable: bump
    `ComponentVersion`).
 2. Uploads every artifact to `s3://<bucket>/<component>/<version>/<file>`: the bucket is exactly the
-   name given (the GDK appends region and account to its configured prefix; this does not).
+   name given (the GDK appends region and account to its configured prefix; this does not). Pass an
+   `edgeinfer.progress.Progress` (bytes) to show a bar per upload.
 3. Creates the component versions in dependency order, with the artifact URIs rewritten and digests
    set, and waits until each is DEPLOYABLE.
 
@@ -30,6 +31,7 @@ from typing import Any
 from edgeinfer.bundle.build import PLACEHOLDER_PREFIX, Bundle, Component
 from edgeinfer.cloud.policies import partition_for
 from edgeinfer.errors import EdgeinferError
+from edgeinfer.progress import Progress
 from edgeinfer.sim.recipe import artifact_filename, cget
 
 __all__ = [
@@ -151,7 +153,9 @@ def _existing_digests(clients: Clients, arn: str) -> dict[str, str] | None:
     return digests
 
 
-def _upload(clients: Clients, comp: Component, bucket: str, report: PublishReport, say: Say) -> None:
+def _upload(
+    clients: Clients, comp: Component, bucket: str, report: PublishReport, say: Say, *, progress: Progress
+) -> None:
     for art in comp.artifacts:
         key = _key(comp, art.filename)
         try:
@@ -162,7 +166,10 @@ def _upload(clients: Clients, comp: Component, bucket: str, report: PublishRepor
             if _error_code(exc) not in ("404", "NoSuchKey", "NotFound"):
                 raise
         say(f"  uploading s3://{bucket}/{key} ({art.size / 1e6:.1f} MB)")
-        clients.s3.upload_file(str(art.path), bucket, key, ExtraArgs={"Metadata": {"sha256": art.sha256}})
+        with progress.step(art.filename, art.size) as tick:
+            clients.s3.upload_file(
+                str(art.path), bucket, key, ExtraArgs={"Metadata": {"sha256": art.sha256}}, Callback=tick
+            )
         report.uploaded.append(key)
 
 
@@ -204,8 +211,11 @@ def publish(
     wait_timeout_s: float = 300.0,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    progress: Progress | None = None,
 ) -> PublishReport:
-    """Publish every component of `bundle` (dependencies first). See the module docstring."""
+    """Publish every component of `bundle` (dependencies first). See the module docstring.
+
+    `progress` shows the uploads (e.g. `Progress.on_terminal(unit="bytes")`); none by default."""
     if not _BUCKET_RE.fullmatch(bucket) or ".." in bucket:
         raise PublishError(
             f"invalid S3 bucket name {bucket!r}: 3-63 lower-case letters, digits, dots and hyphens "
@@ -235,20 +245,22 @@ def publish(
             "immutable, bump ComponentVersion in the recipe (and the project version) and build again"
         )
 
-    for comp in todo:
-        arn = component_arn(region, account, comp.name, comp.version)
-        if dry_run:
-            say(
-                f"{comp.name} {comp.version}: would upload {len(comp.artifacts)} artifact(s) and create {arn}"
-            )
+    with progress or Progress(quiet=True) as bars:
+        for comp in todo:
+            arn = component_arn(region, account, comp.name, comp.version)
+            if dry_run:
+                say(
+                    f"{comp.name} {comp.version}: would upload {len(comp.artifacts)} artifact(s) "
+                    f"and create {arn}"
+                )
+                report.created.append(f"{comp.name} {comp.version}")
+                continue
+            say(f"{comp.name} {comp.version}: publishing")
+            _upload(clients, comp, bucket, report, say, progress=bars)
+            recipe = json.dumps(recipe_for_cloud(comp, bucket), indent=2).encode()
+            token = str(uuid.UUID(bytes=hashlib.sha256(recipe).digest()[:16]))
+            clients.greengrassv2.create_component_version(inlineRecipe=recipe, clientToken=token)
+            _wait_deployable(clients, arn, name=comp.name, timeout_s=wait_timeout_s, clock=clock, sleep=sleep)
             report.created.append(f"{comp.name} {comp.version}")
-            continue
-        say(f"{comp.name} {comp.version}: publishing")
-        _upload(clients, comp, bucket, report, say)
-        recipe = json.dumps(recipe_for_cloud(comp, bucket), indent=2).encode()
-        token = str(uuid.UUID(bytes=hashlib.sha256(recipe).digest()[:16]))
-        clients.greengrassv2.create_component_version(inlineRecipe=recipe, clientToken=token)
-        _wait_deployable(clients, arn, name=comp.name, timeout_s=wait_timeout_s, clock=clock, sleep=sleep)
-        report.created.append(f"{comp.name} {comp.version}")
-        say(f"{comp.name} {comp.version}: created {arn}")
+            say(f"{comp.name} {comp.version}: created {arn}")
     return report

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +30,14 @@ from botocore.stub import Stubber
 from edgeinfer import cli
 from edgeinfer.bundle.build import Bundle
 from edgeinfer.cloud.publish import Clients, PublishError, publish
+from edgeinfer.progress import Progress
 
 __all__ = ["aws_env", "bundle", "clients"]  # fixtures
 
 
-def run_first_publish(c: Clients, stub: Stubber, bundle: Bundle) -> list[dict[str, Any]]:
+def run_first_publish(
+    c: Clients, stub: Stubber, bundle: Bundle, progress: Progress | None = None
+) -> list[dict[str, Any]]:
     """Queue the calls of a publish into an empty account; returns the recipes it created."""
     captures = []
     for arn in arns(c, bundle):
@@ -40,7 +46,7 @@ def run_first_publish(c: Clients, stub: Stubber, bundle: Bundle) -> list[dict[st
         capture = Capture()
         expect_create(stub, arn, comp.name, comp.version, capture)
         captures.append(capture)
-    report = publish(bundle, BUCKET, REGION, c, sleep=lambda s: None)
+    report = publish(bundle, BUCKET, REGION, c, sleep=lambda s: None, progress=progress)
     assert report.created == [f"{comp.name} {comp.version}" for comp in bundle.components]
     return [json.loads(cap.values[0]) for cap in captures]
 
@@ -66,6 +72,37 @@ def test_publish_uploads_and_creates_in_dependency_order(
                 local = next(a for a in comp.artifacts if a.filename == filename)
                 assert body.read() == local.path.read_bytes()
                 assert art["Digest"] == local.digest
+
+
+class CountingProgress(Progress):
+    """Quiet, but counts what each upload step was told (boto3 calls back from its transfer threads)."""
+
+    def __init__(self) -> None:
+        super().__init__(quiet=True)
+        self.steps: list[tuple[str, int, list[int]]] = []
+        self.lock = threading.Lock()
+
+    @contextmanager
+    def step(self, description: str, total: int) -> Iterator[Callable[[int], None]]:
+        sent: list[int] = []
+        self.steps.append((description, total, sent))
+
+        def tick(n: int) -> None:
+            with self.lock:
+                sent.append(n)
+
+        yield tick
+
+
+def test_each_upload_reports_its_bytes_to_the_progress_bar(
+    clients: tuple[Clients, Stubber], bundle: Bundle
+) -> None:
+    c, stub = clients
+    progress = CountingProgress()
+    run_first_publish(c, stub, bundle, progress)
+    uploaded = [a for comp in bundle.components for a in comp.artifacts]
+    assert [(d, t) for d, t, _ in progress.steps] == [(a.filename, a.size) for a in uploaded]
+    assert [sum(sent) for _, _, sent in progress.steps] == [a.size for a in uploaded]
 
 
 def test_publish_twice_is_idempotent(clients: tuple[Clients, Stubber], bundle: Bundle) -> None:
