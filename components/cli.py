@@ -26,6 +26,7 @@ _COMMANDS = (
     "edgeinfer.sim.cli",  # sim up / status / logs / down
     "edgeinfer.cloud.aws_cli",  # publish / deploy
     "edgeinfer.cloud.router.cli",  # cloud router
+    "edgeinfer.cloud.policies.cli",  # cloud policy (after the router's CLI, which adds `cloud`)
     "edgeinfer.telemetry.cli",  # watch / report
     "edgeinfer.demo",  # demo
 )

@@ -9,7 +9,8 @@ variable `${iot:Connection.Thing.ThingName}` (one policy serves the whole fleet)
 offloaded requests from any device and publishing `edgeinfer/+/offload/result`.
 
 Placeholders `<REGION>`, `<ACCOUNT_ID>`, `<TOKEN_EXCHANGE_ROLE_ALIAS>` and `<ROUTER_GROUP>` are filled
-by `render()`; no account id is stored here. Attach with, e.g.
+by `render()`; no account id is stored here. `render(..., thing=NAME)` pins a policy to one thing
+instead of the policy variable. `edgeinfer cloud policy` prints one; attach it with, e.g.
 `aws iot create-policy --policy-name edgeinfer-core --policy-document file://core.json`.
 """
 
@@ -22,9 +23,21 @@ from typing import Any
 
 from edgeinfer.errors import EdgeinferError
 
-__all__ = ["TEMPLATES", "PolicyError", "partition_for", "render", "template"]
+__all__ = [
+    "DEFAULT_ROLE_ALIAS",
+    "DEFAULT_ROUTER_GROUP",
+    "TEMPLATES",
+    "THING_VARIABLE",
+    "PolicyError",
+    "partition_for",
+    "render",
+    "template",
+]
 
 TEMPLATES = {"core-device": "core-device.json", "cloud-router": "cloud-router.json"}
+THING_VARIABLE = "${iot:Connection.Thing.ThingName}"
+DEFAULT_ROLE_ALIAS = "GreengrassV2TokenExchangeRoleAlias"  # what the Greengrass installer creates
+DEFAULT_ROUTER_GROUP = "edgeinfer-router"  # the router's default --group
 _HERE = Path(__file__).parent
 _PLACEHOLDER = re.compile(r"<[A-Z_]+>")
 
@@ -54,10 +67,12 @@ def render(
     *,
     region: str,
     account: str,
-    role_alias: str = "GreengrassV2TokenExchangeRoleAlias",
-    router_group: str = "edgeinfer-router",
+    role_alias: str = DEFAULT_ROLE_ALIAS,
+    router_group: str = DEFAULT_ROUTER_GROUP,
+    thing: str | None = None,
 ) -> dict[str, Any]:
-    """The policy document with every placeholder filled (policy variables stay for AWS IoT)."""
+    """The policy document with every placeholder filled. The thing-name policy variable stays for
+    AWS IoT to resolve (one policy for the fleet) unless `thing` pins the policy to that one thing."""
     if not re.fullmatch(r"[a-z]{2}(-gov)?-[a-z]+-\d", region):
         raise PolicyError(f"not an AWS region: {region!r}")
     if not re.fullmatch(r"\d{12}", account):
@@ -66,6 +81,8 @@ def render(
         raise PolicyError(f"not a role alias name: {role_alias!r}")
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,128}", router_group):
         raise PolicyError(f"not a shared-subscription group name: {router_group!r}")
+    if thing is not None and not re.fullmatch(r"[A-Za-z0-9:_-]{1,128}", thing):
+        raise PolicyError(f"not an AWS IoT thing name (letters, digits, : _ -): {thing!r}")
     text = json.dumps(template(name))
     for key, value in {
         "<REGION>": region,
@@ -75,6 +92,8 @@ def render(
     }.items():
         text = text.replace(key, value)
     text = text.replace("arn:aws:", f"arn:{partition_for(region)}:")
+    if thing is not None:
+        text = text.replace(THING_VARIABLE, thing)
     left = _PLACEHOLDER.findall(text)
     if left:
         raise PolicyError(f"policy {name} still has placeholders: {', '.join(sorted(set(left)))}")

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from edgeinfer import messages
+from edgeinfer import cli, messages
 from edgeinfer.cloud.policies import TEMPLATES, PolicyError, render, template
 from edgeinfer.cloud.router.router import RouterConfig, offload_filter
 
@@ -117,8 +117,55 @@ def test_render_fills_every_placeholder() -> None:
         ({"region": "europe", "account": ACCOUNT}, "not an AWS region"),
         ({"region": REGION, "account": "12345"}, "not an AWS account id"),
         ({"region": REGION, "account": ACCOUNT, "router_group": "a/b"}, "group"),
+        ({"region": REGION, "account": ACCOUNT, "thing": "cam/1"}, "not an AWS IoT thing name"),
     ],
 )
 def test_render_refuses_bad_values(kwargs: dict[str, str], match: str) -> None:
     with pytest.raises(PolicyError, match=match):
         render("cloud-router", **kwargs)
+
+
+def test_a_policy_pinned_to_one_thing_allows_only_that_thing() -> None:
+    pinned = render("core-device", region=REGION, account=ACCOUNT, thing="cam-1")
+    assert THING_VAR not in json.dumps(pinned)
+    assert allowed(pinned, "iot:Connect", f"{ARN}:client/cam-1", "cam-1")
+    assert allowed(pinned, "iot:Publish", f"{ARN}:topic/{messages.telemetry_topic('cam-1')}", "cam-1")
+    # attached to another thing by mistake, it still grants only cam-1's resources
+    assert not allowed(pinned, "iot:Connect", f"{ARN}:client/cam-2", "cam-2")
+    assert not allowed(pinned, "iot:Publish", f"{ARN}:topic/{messages.telemetry_topic('cam-2')}", "cam-2")
+
+
+def test_cli_prints_the_rendered_policy(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    argv = ["cloud", "policy", "core-device", "--region", REGION, "--account", ACCOUNT]
+    assert cli.main(argv) == 0
+    assert json.loads(capsys.readouterr().out) == render("core-device", region=REGION, account=ACCOUNT)
+
+    argv = ["cloud", "policy", "cloud-router", "--region", "cn-north-1", "--account", ACCOUNT]
+    argv += ["--router-group", "g1", "--thing", "router-1", "--out", str(tmp_path / "router.json")]
+    assert cli.main(argv) == 0
+    assert capsys.readouterr().out == ""
+    assert json.loads((tmp_path / "router.json").read_text()) == render(
+        "cloud-router", region="cn-north-1", account=ACCOUNT, router_group="g1", thing="router-1"
+    )
+
+
+def test_cli_bad_value_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["cloud", "policy", "core-device", "--region", REGION, "--account", "12345"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == "edgeinfer: error: not an AWS account id (12 digits): '12345'\n"
+
+
+def test_cli_help_names_the_templates_and_an_example(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["cloud", "policy", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for name in TEMPLATES:
+        assert f"  {name} " in out
+    assert "aws iot create-policy" in out
+    with pytest.raises(SystemExit):
+        cli.main(["cloud", "--help"])
+    listed = capsys.readouterr().out
+    assert "    router " in listed  # beside the router's own command
+    assert "    policy " in listed
