@@ -10,7 +10,6 @@ payload had one, the request id, so that the caller can always answer with exact
 
 from __future__ import annotations
 
-import base64
 import binascii
 import contextlib
 import datetime as _dt
@@ -21,6 +20,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
+
+from edgeinfer import codec
 
 __all__ = [
     "TIMINGS_TOPIC",
@@ -179,7 +180,7 @@ class Request:
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id}
         if self.image is not None:
-            out["image"] = base64.b64encode(self.image).decode("ascii")
+            out["image"] = codec.b64encode(self.image).decode("ascii")
         if self.image_path is not None:
             out["image_path"] = self.image_path
         for key in ("reply_to", "deadline_ms", "model"):
@@ -210,7 +211,7 @@ def _load_object(payload: bytes | str | Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(payload, Mapping):
         return dict(payload)
     try:
-        doc = json.loads(payload)
+        doc = codec.loads(payload)
     except (UnicodeDecodeError, ValueError) as exc:
         raise MessageError(ErrorCode.BAD_REQUEST, f"payload is not valid UTF-8 JSON: {exc}") from None
     if not isinstance(doc, dict):
@@ -256,7 +257,7 @@ def parse_request(
         if not isinstance(raw_image, str) or not raw_image:
             raise bad("'image' must be a non-empty base64 string", ErrorCode.BAD_IMAGE)
         try:
-            image = base64.b64decode(raw_image, validate=True)
+            image = codec.b64decode(raw_image, validate=True)
         except (binascii.Error, ValueError):
             raise bad("'image' is not valid base64", ErrorCode.BAD_IMAGE) from None
         if not image:

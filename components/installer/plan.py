@@ -51,7 +51,7 @@ ORT_PACKAGES = frozenset(
 )
 
 # The rest of the stack the device side imports (the project's own runtime dependencies).
-DEFAULT_PACKAGES = ["numpy", "opencv-python-headless", "awsiotsdk", "PyYAML", "rich"]
+DEFAULT_PACKAGES = ["numpy", "opencv-python-headless", "awsiotsdk", "PyYAML", "rich", "orjson", "pybase64"]
 # Pins: a set known to work together (the project's CI environment). Override per fleet in the
 # deployment's configuration (`packageVersions`), e.g. for Python 3.10 devices.
 DEFAULT_ONNXRUNTIME_VERSION = "1.32.0"
@@ -62,6 +62,8 @@ DEFAULT_PACKAGE_VERSIONS = {
     "awscrt": "0.36.1",
     "PyYAML": "6.0.4",
     "rich": "15.0.0",
+    "orjson": "3.13.0",
+    "pybase64": "1.5.1",
 }
 
 DEFAULT_ALLOW_LIST: list[dict[str, Any]] = [

@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from awsiot.greengrasscoreipc import model
 
+from edgeinfer import codec
 from edgeinfer.sim import eventstream as es
+from edgeinfer.transport import _sdk_codec
 
 if TYPE_CHECKING:
     from edgeinfer.sim.core import Nucleus
@@ -237,7 +239,7 @@ class Connection:
             self._reply_unsupported(sid, operation)
             return
         try:
-            body = json.loads(frame.payload.decode() or "{}") if frame.payload else {}
+            body = codec.loads(frame.payload) if frame.payload else {}
             request = op_type._request_type()._from_payload(body)
         except Exception as exc:
             self._reply_error(
@@ -296,6 +298,7 @@ class IpcServer:
         self._server: asyncio.base_events.Server | None = None
 
     async def start(self) -> None:
+        _sdk_codec.install()  # the model classes decode every request's binary payload
         self._server = await asyncio.start_unix_server(self._accept, path=self.path, limit=2**20)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime as dt
-import json
 import logging
 import os
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
+from edgeinfer import codec
+from edgeinfer.transport import _sdk_codec
 from edgeinfer.transport.base import (
     ConfigUpdateHandler,
     ConfigValidator,
@@ -98,6 +99,7 @@ class GreengrassIpcBus:
             raise TransportError(
                 f"cannot connect to Greengrass IPC at {socket_path}: {_describe(exc)}"
             ) from exc
+        _sdk_codec.install()
         executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ipc-handler")
         return cls(GreengrassCoreIPCClientV2(client=raw, executor=executor), timeout)
 
@@ -188,7 +190,7 @@ class GreengrassIpcBus:
         def on_local(event: Any) -> None:
             if event.json_message is not None:
                 ctx = event.json_message.context
-                payload = json.dumps(event.json_message.message).encode()
+                payload = codec.dumps(event.json_message.message).encode()
             elif event.binary_message is not None:
                 ctx = event.binary_message.context
                 payload = bytes(event.binary_message.message or b"")

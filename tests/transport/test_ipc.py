@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -123,7 +124,7 @@ def test_json_from_another_component_arrives_as_json_bytes(bus_for: Any, sim: Si
     finally:
         peer.close()
     assert message.topic == "peer/1/json"
-    assert message.payload == b'{"x": [1, 2]}'
+    assert json.loads(message.payload) == {"x": [1, 2]}
     assert all(name.startswith("ipc-handler") for name in got.threads)
 
 
