@@ -173,7 +173,13 @@ class EdgeBus(MemoryBus):
             super().publish(topic, payload, target=target, qos=qos)
 
     def subscribe(  # type: ignore[override]  # MemoryBus's own subscription type is narrower
-        self, topic: str, handler: MessageHandler, *, target: Target = "local", qos: int = 0
+        self,
+        topic: str,
+        handler: MessageHandler,
+        *,
+        target: Target = "local",
+        qos: int = 0,
+        inline: bool = False,
     ) -> Subscription:
         if target == "iot":
             sub: Subscription = self.iot.subscribe(topic, handler, target="iot", qos=qos)

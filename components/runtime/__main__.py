@@ -66,9 +66,9 @@ class EarlyInbox:
 
     def subscribe(self, bus: Any, topic: str, *, local: bool, iot: bool) -> None:
         if local:
-            self.subs.append(bus.subscribe(topic, self, target="local"))
+            self.subs.append(bus.subscribe(topic, self, target="local", inline=True))
         if iot:
-            self.subs.append(bus.subscribe(topic, self, target="iot", qos=1))
+            self.subs.append(bus.subscribe(topic, self, target="iot", qos=1, inline=True))
 
     def __call__(self, message: Any) -> None:
         with self._lock:

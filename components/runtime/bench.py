@@ -235,7 +235,9 @@ class Driver:
         self.cond = threading.Condition()
         self.seq = 0
         self.prefix = f"{self.target}-{os.getpid()}-"
-        self.sub = self.bus.subscribe(f"edgeinfer/{self.thing}/result", self._on, target=self.target)
+        self.sub = self.bus.subscribe(
+            f"edgeinfer/{self.thing}/result", self._on, target=self.target, inline=True
+        )
 
     def _on(self, msg: Any) -> None:
         now = time.perf_counter()

@@ -999,11 +999,17 @@ class HybridPlacement:
         )
         wire = dataclasses.replace(request, id=ticket.wire_id, reply_to=None)
         payload = OffloadRequest(wire, OffloadOrigin(self.thing, left, iso_utc(self.wall()))).to_json()
+        # Not waiting for the nucleus: `offload` runs on the transport's thread (inline handlers).
         try:
-            self.bus.publish(offload_topic(self.thing), payload, target=self.target, qos=1)
+            self.bus.publish_nowait(
+                offload_topic(self.thing),
+                payload,
+                target=self.target,
+                qos=1,
+                on_done=lambda exc: self._publish_failed(ticket, "offload", exc),
+            )
         except TransportError as exc:
-            if self.policy.on_publish_failed(ticket):
-                self._fallback(ticket, f"offload publish failed: {exc}")
+            self._publish_failed(ticket, "offload", exc)
             return
         with self._wake:
             self._wake.notify_all()
@@ -1033,10 +1039,15 @@ class HybridPlacement:
         )
         payload = OffloadRequest(wire, OffloadOrigin(self.thing, left, iso_utc(self.wall()))).to_json()
         try:
-            self.bus.publish(offload_topic(self.thing), payload, target=self.target, qos=1)
+            self.bus.publish_nowait(
+                offload_topic(self.thing),
+                payload,
+                target=self.target,
+                qos=1,
+                on_done=lambda exc: self._publish_failed(ticket, "cascade", exc),
+            )
         except TransportError as exc:
-            if self.policy.on_publish_failed(ticket):
-                self._fallback(ticket, f"cascade publish failed: {exc}")
+            self._publish_failed(ticket, "cascade", exc)
             return True
         with self._wake:
             self._wake.notify_all()
@@ -1072,6 +1083,11 @@ class HybridPlacement:
             self._fallback(outcome.ticket, "the cloud could not serve it")
         else:
             outcome.ticket.item.reply(outcome.result)
+
+    def _publish_failed(self, ticket: Ticket[_Pending], what: str, exc: Exception | None) -> None:
+        """The offload never left (or the nucleus refused it): serve it as the policy says."""
+        if exc is not None and self.policy.on_publish_failed(ticket):
+            self._fallback(ticket, f"{what} publish failed: {exc}")
 
     def _fallback(self, ticket: Ticket[_Pending], reason: str) -> None:
         pending = ticket.item

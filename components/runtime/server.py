@@ -93,9 +93,6 @@ class Stats:
     offloaded: int = 0
     publish_failures: int = 0
 
-    def error(self, code: ErrorCode) -> None:
-        self.errors[code.value] = self.errors.get(code.value, 0) + 1
-
 
 class InferenceServer:
     def __init__(
@@ -174,9 +171,11 @@ class InferenceServer:
     def _subscribe(self) -> None:
         topic = infer_topic(self.thing)
         if self.cfg.subscribe_local:
-            self._subs.append(self.bus.subscribe(topic, self.handle_message, target="local"))
+            self._subs.append(self.bus.subscribe(topic, self.handle_message, target="local", inline=True))
         if self.cfg.subscribe_iot:
-            self._subs.append(self.bus.subscribe(topic, self.handle_message, target="iot", qos=1))
+            self._subs.append(
+                self.bus.subscribe(topic, self.handle_message, target="iot", qos=1, inline=True)
+            )
 
     def adopt_subscriptions(self, subs: list[Subscription]) -> None:
         """Subscriptions the caller made (that deliver to `handle_message`) become the server's own:
@@ -523,36 +522,20 @@ class InferenceServer:
         else:
             payload = result.to_json()
         topic = job.reply_topic
+        # Not waiting for the nucleus: the reply thread (or the transport thread that answers a bad
+        # request inline) goes on at once; a refusal comes back through `_published`.
         try:
-            self.bus.publish(topic, payload, target=job.target, qos=1 if job.target == "iot" else 0)
-        except UnauthorizedError as exc:
-            default = result_topic(self.thing)
-            if topic == default:
-                self._publish_failed(job, exc)
-            else:
-                log.warning("reply_to %s refused by the nucleus: %s", topic, exc)
-                err = error_result(
-                    result.id,
-                    ErrorCode.BAD_REQUEST,
-                    f"'reply_to' {topic!r} is not a topic this component may publish to",
-                    timestamp=result.timestamp,
-                    latency=Latency(total=lat.total),
-                    model=result.model,
-                    provider=result.provider,
-                )
-                result = err
-                try:
-                    self.bus.publish(default, err.to_json(), target=job.target)
-                except TransportError as exc2:
-                    self._publish_failed(job, exc2)
+            self.bus.publish_nowait(
+                topic,
+                payload,
+                target=job.target,
+                qos=1 if job.target == "iot" else 0,
+                on_done=lambda exc: self._published(job, result, exc),
+            )
         except TransportError as exc:
             self._publish_failed(job, exc)
         self._placement_hook("on_result", job.request.id, result)
-        with self._stats_lock:
-            if result.status == "ok":
-                self.stats.ok += 1
-            elif result.error is not None:
-                self.stats.error(result.error.code)
+        self._count(result, +1)
         self.timings.record(
             TimingRecord(
                 id=result.id,
@@ -568,7 +551,49 @@ class InferenceServer:
             )
         )
 
-    def _publish_failed(self, job: Job, exc: Exception) -> None:
+    def _count(self, result: Result, n: int) -> None:
+        with self._stats_lock:
+            if result.status == "ok":
+                self.stats.ok += n
+            elif result.error is not None:
+                self.stats.errors[result.error.code.value] = (
+                    self.stats.errors.get(result.error.code.value, 0) + n
+                )
+
+    def _published(self, job: Job, result: Result, exc: TransportError | None) -> None:
+        """The nucleus's answer to a result's publish (on a transport thread). A `reply_to` it refuses
+        still gets its one answer: BAD_REQUEST on the default topic, which the recipe grants."""
+        if exc is None:
+            return
+        default = result_topic(self.thing)
+        if not isinstance(exc, UnauthorizedError) or job.reply_topic == default:
+            self._publish_failed(job, exc)
+            return
+        log.warning("reply_to %s refused by the nucleus: %s", job.reply_topic, exc)
+        err = error_result(
+            result.id,
+            ErrorCode.BAD_REQUEST,
+            f"'reply_to' {job.reply_topic!r} is not a topic this component may publish to",
+            timestamp=result.timestamp,
+            latency=Latency(total=result.latency_ms.total),
+            model=result.model,
+            provider=result.provider,
+        )
+        self._count(result, -1)
+        self._count(err, +1)
+        try:
+            self.bus.publish_nowait(
+                default,
+                err.to_json(),
+                target=job.target,
+                on_done=lambda exc2: self._publish_failed(job, exc2),
+            )
+        except TransportError as exc2:
+            self._publish_failed(job, exc2)
+
+    def _publish_failed(self, job: Job, exc: Exception | None) -> None:
+        if exc is None:
+            return
         with self._stats_lock:
             self.stats.publish_failures += 1
         log.warning("result of %s not published on %s: %s", job.request.id, job.reply_topic, exc)

@@ -80,9 +80,9 @@ def encode(headers: dict[str, Any], payload: bytes = b"") -> bytes:
     raw_headers = b"".join(_encode_header(k, v) for k, v in headers.items())
     total = PRELUDE_LEN + len(raw_headers) + len(payload) + 4
     prelude = struct.pack(">II", total, len(raw_headers))
-    prelude += struct.pack(">I", zlib.crc32(prelude))
-    body = prelude + raw_headers + payload
-    return body + struct.pack(">I", zlib.crc32(body))
+    head = prelude + struct.pack(">I", zlib.crc32(prelude)) + raw_headers
+    # One copy of the payload (an image request is ~120 KB), the CRC chained over both parts.
+    return b"".join((head, payload, struct.pack(">I", zlib.crc32(payload, zlib.crc32(head)))))
 
 
 def _decode_headers(raw: bytes) -> dict[str, Any]:
@@ -145,11 +145,13 @@ class Decoder:
                 raise FrameError(f"bad frame length {total}")
             if len(buf) < total:
                 break
-            frame = bytes(buf[:total])
+            (message_crc,) = struct.unpack_from(">I", buf, total - 4)
+            with memoryview(buf) as view:  # one copy of the payload; released before `buf` shrinks
+                if zlib.crc32(view[: total - 4]) != message_crc:
+                    raise FrameError("message CRC mismatch")
+                raw_headers = view[PRELUDE_LEN : PRELUDE_LEN + headers_len].tobytes()
+                payload = view[PRELUDE_LEN + headers_len : total - 4].tobytes()
+            headers = _decode_headers(raw_headers)
             del buf[:total]
-            (message_crc,) = struct.unpack_from(">I", frame, total - 4)
-            if zlib.crc32(frame[: total - 4]) != message_crc:
-                raise FrameError("message CRC mismatch")
-            headers = _decode_headers(frame[PRELUDE_LEN : PRELUDE_LEN + headers_len])
-            frames.append(Frame(headers, frame[PRELUDE_LEN + headers_len : total - 4]))
+            frames.append(Frame(headers, payload))
         return frames

@@ -132,7 +132,7 @@ class Connection:
         decoder = es.Decoder()
         try:
             while True:
-                data = await self.reader.read(65536)
+                data = await self.reader.read(1 << 20)  # a whole image request in one go
                 if not data:
                     break
                 for frame in decoder.feed(data):

@@ -37,25 +37,53 @@ class Subscription(Protocol):
 
 
 MessageHandler = Callable[[Message], None]
+PublishDone = Callable[["TransportError | None"], None]
+"""Called once the nucleus has taken a `publish_nowait` (None) or refused it (the error)."""
 ConfigUpdateHandler = Callable[[list[str]], None]
 ConfigValidator = Callable[[dict[str, Any]], "str | None"]
 """Returns None to accept the proposed configuration, or the reason for refusing it."""
 
 
 class PubSub(Protocol):
-    """Publish and subscribe, the part every side (device and cloud) needs."""
+    """Publish and subscribe, the part every side (device and cloud) needs.
+
+    `subscribe(..., inline=True)` runs the handler on the transport's I/O thread instead of handing it
+    to a callback thread: the lowest latency for a hot path, but such a handler must not call any
+    blocking method of the transport (the I/O thread would wait on itself).
+    """
 
     def publish(self, topic: str, payload: bytes, *, target: Target = "local", qos: int = 0) -> None: ...
 
     def subscribe(
-        self, topic: str, handler: MessageHandler, *, target: Target = "local", qos: int = 0
+        self,
+        topic: str,
+        handler: MessageHandler,
+        *,
+        target: Target = "local",
+        qos: int = 0,
+        inline: bool = False,
     ) -> Subscription: ...
 
     def close(self) -> None: ...
 
 
 class Bus(PubSub, Protocol):
-    """What a Greengrass component sees of its nucleus."""
+    """What a Greengrass component sees of its nucleus.
+
+    `publish_nowait` sends without waiting for the nucleus (safe in an inline handler); `on_done`, on
+    a transport thread, learns the outcome. It raises `TransportError` at once when the message
+    cannot even be sent.
+    """
+
+    def publish_nowait(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        target: Target = "local",
+        qos: int = 0,
+        on_done: PublishDone | None = None,
+    ) -> None: ...
 
     def get_configuration(self, key_path: Sequence[str] = (), component: str | None = None) -> Any: ...
 

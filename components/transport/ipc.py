@@ -7,7 +7,9 @@
 
 Publishes go out as binary messages; JSON messages other components send arrive as their UTF-8 JSON
 bytes. Handlers run on one SDK callback thread per bus, in arrival order (so a handler may call the
-bus synchronously). SDK errors become `TransportError`; the nucleus's refusals `UnauthorizedError`.
+bus synchronously); `inline=True` handlers run on the connection's event-loop thread itself, one
+thread hand-off sooner, and may only use `publish_nowait`. SDK errors become `TransportError`; the
+nucleus's refusals `UnauthorizedError`.
 `update_configuration(path, value)` is Greengrass's MERGE at `path[:-1]`: a mapping value merges into
 an existing mapping, and the nucleus refuses to replace a mapping with a leaf value.
 """
@@ -28,6 +30,7 @@ from edgeinfer.transport.base import (
     ConfigValidator,
     Message,
     MessageHandler,
+    PublishDone,
     Target,
     TransportError,
     UnauthorizedError,
@@ -42,6 +45,26 @@ TOKEN_ENV = "SVCUID"
 def _describe(exc: BaseException) -> str:
     message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
     return f"{type(exc).__name__}: {message}"
+
+
+def _error(what: str, exc: BaseException) -> TransportError:
+    """The SDK's exception as ours: the nucleus's refusal is `UnauthorizedError`."""
+    from awsiot.greengrasscoreipc import model
+
+    if isinstance(exc, model.UnauthorizedError):
+        return UnauthorizedError(f"{what}: {exc.message or 'not authorized'}")
+    return TransportError(f"{what}: {_describe(exc)}")
+
+
+class _InlineHandler:
+    """An SDK stream handler called on the client's event-loop thread (no executor hand-off)."""
+
+    def __init__(self, on_event: Callable[[Any], None], on_error: Callable[[Exception], bool]) -> None:
+        self.on_stream_event = on_event
+        self.on_stream_error = on_error
+
+    def on_stream_closed(self) -> None:
+        pass
 
 
 def _start(what: str, fn: Callable[[], Any]) -> Any:
@@ -106,16 +129,12 @@ class GreengrassIpcBus:
     # ------------------------------------------------------------ plumbing
 
     def _wait(self, future: concurrent.futures.Future[Any], what: str) -> Any:
-        from awsiot.greengrasscoreipc import model
-
         try:
             return future.result(self.timeout)
-        except model.UnauthorizedError as exc:
-            raise UnauthorizedError(f"{what}: {exc.message or 'not authorized'}") from exc
         except concurrent.futures.TimeoutError as exc:
             raise TransportError(f"{what}: no answer from the nucleus in {self.timeout}s") from exc
         except Exception as exc:
-            raise TransportError(f"{what}: {_describe(exc)}") from exc
+            raise _error(what, exc) from exc
 
     def _call(self, what: str, fn: Callable[[], concurrent.futures.Future[Any]]) -> Any:
         return self._wait(_start(what, fn), what)
@@ -146,30 +165,61 @@ class GreengrassIpcBus:
     # ------------------------------------------------------------ pub/sub
 
     def publish(self, topic: str, payload: bytes, *, target: Target = "local", qos: int = 0) -> None:
+        what, future = self._publish(topic, payload, target, qos)
+        self._wait(future, what)
+
+    def publish_nowait(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        target: Target = "local",
+        qos: int = 0,
+        on_done: PublishDone | None = None,
+    ) -> None:
+        what, future = self._publish(topic, payload, target, qos)
+        if on_done is not None:
+
+            def done(f: concurrent.futures.Future[Any]) -> None:
+                exc = f.exception()
+                on_done(None if exc is None else _error(what, exc))
+
+            future.add_done_callback(done)
+
+    def _publish(
+        self, topic: str, payload: bytes, target: Target, qos: int
+    ) -> tuple[str, concurrent.futures.Future[Any]]:
         from awsiot.greengrasscoreipc import model
 
         if target == "iot":
-            self._call(
-                f"PublishToIoTCore {topic}",
+            what = f"PublishToIoTCore {topic}"
+            return what, _start(
+                what,
                 lambda: self._client.publish_to_iot_core_async(
                     topic_name=topic,
                     qos=model.QOS.AT_LEAST_ONCE if qos else model.QOS.AT_MOST_ONCE,
                     payload=payload,
                 ),
             )
-            return
+        what = f"PublishToTopic {topic}"
         message = model.PublishMessage(binary_message=model.BinaryMessage(message=bytes(payload)))
-        self._call(
-            f"PublishToTopic {topic}",
-            lambda: self._client.publish_to_topic_async(topic=topic, publish_message=message),
+        return what, _start(
+            what, lambda: self._client.publish_to_topic_async(topic=topic, publish_message=message)
         )
 
     def subscribe(
-        self, topic: str, handler: MessageHandler, *, target: Target = "local", qos: int = 0
+        self,
+        topic: str,
+        handler: MessageHandler,
+        *,
+        target: Target = "local",
+        qos: int = 0,
+        inline: bool = False,
     ) -> _Sub:
         from awsiot.greengrasscoreipc import model
 
         safe = self._guard(handler, topic)
+        on_error: Callable[[Exception], bool] = lambda exc: self._stream_error(topic, exc)  # noqa: E731
         if target == "iot":
 
             def on_iot(event: Any) -> None:
@@ -177,13 +227,17 @@ class GreengrassIpcBus:
                 payload = msg.payload.encode() if isinstance(msg.payload, str) else bytes(msg.payload or b"")
                 safe(Message(msg.topic_name or topic, payload, "iot"))
 
+            iot_qos = model.QOS.AT_LEAST_ONCE if qos else model.QOS.AT_MOST_ONCE
+            if inline:
+                return self._inline(
+                    f"SubscribeToIoTCore {topic}",
+                    lambda: self._client.client.new_subscribe_to_iot_core(_InlineHandler(on_iot, on_error)),
+                    model.SubscribeToIoTCoreRequest(topic_name=topic, qos=iot_qos),
+                )
             return self._stream(
                 f"SubscribeToIoTCore {topic}",
                 lambda: self._client.subscribe_to_iot_core_async(
-                    topic_name=topic,
-                    qos=model.QOS.AT_LEAST_ONCE if qos else model.QOS.AT_MOST_ONCE,
-                    on_stream_event=on_iot,
-                    on_stream_error=lambda exc: self._stream_error(topic, exc),
+                    topic_name=topic, qos=iot_qos, on_stream_event=on_iot, on_stream_error=on_error
                 ),
             )
 
@@ -198,14 +252,29 @@ class GreengrassIpcBus:
                 return
             safe(Message(ctx.topic if ctx is not None and ctx.topic else topic, payload, "local"))
 
+        if inline:
+            return self._inline(
+                f"SubscribeToTopic {topic}",
+                lambda: self._client.client.new_subscribe_to_topic(_InlineHandler(on_local, on_error)),
+                model.SubscribeToTopicRequest(topic=topic),
+            )
         return self._stream(
             f"SubscribeToTopic {topic}",
             lambda: self._client.subscribe_to_topic_async(
-                topic=topic,
-                on_stream_event=on_local,
-                on_stream_error=lambda exc: self._stream_error(topic, exc),
+                topic=topic, on_stream_event=on_local, on_stream_error=on_error
             ),
         )
+
+    def _inline(self, what: str, new_operation: Callable[[], Any], request: Any) -> _Sub:
+        """Open a stream on the SDK's own client (ClientV2 would hand every event to its executor): the
+        handler runs on the connection's event-loop thread."""
+
+        def activate() -> tuple[Any, Any]:
+            operation = new_operation()
+            operation.activate(request)
+            return operation.get_response(), operation
+
+        return self._stream(what, activate)
 
     @staticmethod
     def _stream_error(topic: str, exc: Exception) -> bool:

@@ -13,6 +13,7 @@ from edgeinfer.transport.base import (
     ConfigValidator,
     Message,
     MessageHandler,
+    PublishDone,
     Target,
     TransportError,
     topic_matches,
@@ -59,8 +60,35 @@ class MemoryBus:
         for handler in handlers:
             handler(message)
 
+    def publish_nowait(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        target: Target = "local",
+        qos: int = 0,
+        on_done: PublishDone | None = None,
+    ) -> None:
+        """`publish`, then `on_done` with its outcome: in memory the refusal a nucleus would send back
+        (e.g. a subclass's `UnauthorizedError`) arrives through `on_done` as well."""
+        try:
+            self.publish(topic, payload, target=target, qos=qos)
+        except TransportError as exc:
+            if on_done is None:
+                raise
+            on_done(exc)
+            return
+        if on_done is not None:
+            on_done(None)
+
     def subscribe(
-        self, topic: str, handler: MessageHandler, *, target: Target = "local", qos: int = 0
+        self,
+        topic: str,
+        handler: MessageHandler,
+        *,
+        target: Target = "local",
+        qos: int = 0,
+        inline: bool = False,  # handlers always run on the publisher's thread here
     ) -> _Sub:
         entry = (topic, target, handler)
         with self._lock:

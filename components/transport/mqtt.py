@@ -19,7 +19,9 @@ client therefore sets TCP_NODELAY on its own connection after every (re)connect 
 
 Received messages are handed to handlers on one dispatcher thread per client, never on the CRT's
 event-loop thread: a handler may publish (and wait for the PUBACK) without deadlocking the client.
-Handlers should still return quickly; long work belongs on the caller's own workers. The client
+Handlers should still return quickly; long work belongs on the caller's own workers. A handler
+subscribed with `inline=True` runs on the event-loop thread itself (no hand-off) and must not wait
+on the client. The client
 reconnects by itself (exponential back-off); after a reconnect without a resumed session it
 subscribes again to everything it had subscribed to.
 
@@ -102,6 +104,15 @@ class _Entry:
     match_filter: str  # what incoming topics are matched against
     qos: int
     handler: MessageHandler
+    inline: bool = False
+
+
+def _run(message: Message, handlers: list[MessageHandler]) -> None:
+    for handler in handlers:
+        try:
+            handler(message)
+        except Exception:
+            log.exception("handler for %s failed", message.topic)
 
 
 class MqttSubscription:
@@ -334,12 +345,18 @@ class MqttPubSub:
             raise err(f"publish to {topic} refused by {self.describe}: {_name(code)}")
 
     def subscribe(
-        self, topic: str, handler: MessageHandler, *, target: Target = "iot", qos: int = 0
+        self,
+        topic: str,
+        handler: MessageHandler,
+        *,
+        target: Target = "iot",
+        qos: int = 0,
+        inline: bool = False,
     ) -> MqttSubscription:
         """Subscribe `handler` to an MQTT filter (`a/+/b`, `a/#`, `$share/group/a/+`)."""
         if self._closed:
             raise TransportError(f"subscribe to {topic} failed: client is closed")
-        entry = _Entry(next(_ids), topic, subscription_topic_filter(topic), _qos(qos), handler)
+        entry = _Entry(next(_ids), topic, subscription_topic_filter(topic), _qos(qos), handler, inline)
         with self._lock:
             already = any(e.topic_filter == topic for e in self._entries)
             self._entries.append(entry)
@@ -446,7 +463,11 @@ class MqttPubSub:
         if isinstance(payload, str):
             payload = payload.encode("utf-8")
         ids = tuple(packet.subscription_identifiers or ())
-        self._inbox.put((Message(packet.topic, bytes(payload or b""), "iot"), ids))
+        message = Message(packet.topic, bytes(payload or b""), "iot")
+        entries = self._matching(message, ids)
+        _run(message, [e.handler for e in entries if e.inline])
+        if any(not e.inline for e in entries):
+            self._inbox.put((message, ids))
 
     def _on_connection_success(self, data: Any) -> None:
         session_present = bool(getattr(getattr(data, "connack_packet", None), "session_present", False))
@@ -495,18 +516,13 @@ class MqttPubSub:
                         log.exception("connection handler failed")
                 continue
             message, ids = item
-            with self._lock:
-                if ids:
-                    handlers = [e.handler for e in self._entries if self._sub_ids.get(e.topic_filter) in ids]
-                else:
-                    handlers = [
-                        e.handler for e in self._entries if topic_matches(e.match_filter, message.topic)
-                    ]
-            for handler in handlers:
-                try:
-                    handler(message)
-                except Exception:
-                    log.exception("handler for %s failed", message.topic)
+            _run(message, [e.handler for e in self._matching(message, ids) if not e.inline])
+
+    def _matching(self, message: Message, ids: tuple[int, ...]) -> list[_Entry]:
+        with self._lock:
+            if ids:
+                return [e for e in self._entries if self._sub_ids.get(e.topic_filter) in ids]
+            return [e for e in self._entries if topic_matches(e.match_filter, message.topic)]
 
 
 def _resolve(peer: tuple[str, int]) -> tuple[frozenset[str], int] | None:

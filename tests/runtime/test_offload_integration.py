@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from edgeinfer.cloud.router.backends import OnnxBackend
+from edgeinfer.cloud.router.bench import EdgeBus
 from edgeinfer.cloud.router.router import Router, RouterConfig
 from edgeinfer.messages import Result, infer_topic, result_topic
 from edgeinfer.runtime.config import RuntimeConfig
@@ -24,7 +25,7 @@ from edgeinfer.runtime.engine import Engine
 from edgeinfer.runtime.offload import BreakerState, HybridPlacement, OffloadConfig, PlacementPolicy
 from edgeinfer.runtime.server import InferenceServer
 from edgeinfer.sim.broker import MosquittoBroker
-from edgeinfer.transport import MemoryBus, Message, MessageHandler, Subscription, Target
+from edgeinfer.transport import MemoryBus, Message
 from edgeinfer.transport.mqtt import MqttPubSub
 
 from .conftest import solid_jpeg
@@ -32,25 +33,8 @@ from .conftest import solid_jpeg
 THING = "edge-1"
 
 
-class SplitBus(MemoryBus):
-    """Local pub/sub in memory; `iot` goes to the real broker (what the nucleus's IoT Core bridge does)."""
-
-    def __init__(self, iot: MqttPubSub) -> None:
-        super().__init__()
-        self.iot = iot
-
-    def publish(self, topic: str, payload: bytes, *, target: Target = "local", qos: int = 0) -> None:
-        if target == "iot":
-            self.iot.publish(topic, payload, qos=qos)
-        else:
-            super().publish(topic, payload, target=target, qos=qos)
-
-    def subscribe(
-        self, topic: str, handler: MessageHandler, *, target: Target = "local", qos: int = 0
-    ) -> Subscription:
-        if target == "iot":
-            return self.iot.subscribe(topic, handler, qos=qos)
-        return super().subscribe(topic, handler, target=target, qos=qos)
+# Local pub/sub in memory; `iot` goes to the real broker (what the nucleus's IoT Core bridge does).
+SplitBus = EdgeBus
 
 
 def wait_for(pred: Callable[[], bool], timeout: float = 30.0) -> bool:

@@ -215,3 +215,36 @@ def test_iot_outage_fails_publishes_and_subscriptions_come_back(bus_for: Any, si
     assert [m.payload for m in inbox.wait_for(1)] == [b"back"]
     cloud.publish("things/ipc-thing/down", b"after", qos=1)
     assert [m.payload for m in got.wait(1)] == [b"after"]
+
+
+def test_inline_handlers_run_on_the_event_loop_thread_and_may_publish_nowait(
+    bus_for: Any, sim: Simulator
+) -> None:
+    bus = bus_for(APP)
+    echoed = Collector()
+    bus.subscribe("app/echo", echoed, inline=True)
+    outcomes = Collector()
+
+    def echo(message: Message) -> None:  # an inline handler answers without waiting on the bus
+        bus.publish_nowait("app/echo", message.payload, on_done=outcomes)
+
+    bus.subscribe("app/ask", echo, inline=True)
+    iot = Collector()
+    bus.subscribe("things/ipc-thing/down/+", iot, target="iot", qos=1, inline=True)
+    bus.publish("app/ask", b"ping")
+    assert echoed.wait(1) == [Message("app/echo", b"ping", "local")]
+    assert outcomes.wait(1) == [None]
+    sim.cloud_client().publish("things/ipc-thing/down/1", b"hello device", qos=1)
+    assert iot.wait(1) == [Message("things/ipc-thing/down/1", b"hello device", "iot")]
+    assert not any(name.startswith("ipc-handler") for name in echoed.threads | iot.threads)
+
+
+def test_publish_nowait_reports_the_nucleus_refusal(bus_for: Any) -> None:
+    bus = bus_for(APP)
+    outcomes = Collector()
+    bus.publish_nowait("out/allowed", b"x", on_done=outcomes)
+    bus.publish_nowait("not/granted", b"x", on_done=outcomes)
+    ok, refused = outcomes.wait(2)
+    assert ok is None
+    assert isinstance(refused, UnauthorizedError)
+    assert "not/granted" in str(refused)

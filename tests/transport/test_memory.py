@@ -58,3 +58,18 @@ def test_offline_bus_raises_transport_error() -> None:
     bus = MemoryBus(fail_publish=True)
     with pytest.raises(TransportError):
         bus.publish("t", b"x")
+
+
+def test_publish_nowait_reports_the_outcome_through_on_done() -> None:
+    bus = MemoryBus()
+    got: list[Message] = []
+    bus.subscribe("t", got.append, inline=True)
+    outcomes: list[TransportError | None] = []
+    bus.publish_nowait("t", b"x", on_done=outcomes.append)
+    bus.fail_publish = True
+    bus.publish_nowait("t", b"y", on_done=outcomes.append)
+    assert [m.payload for m in got] == [b"x"]
+    assert outcomes[0] is None
+    assert isinstance(outcomes[1], TransportError)
+    with pytest.raises(TransportError):
+        bus.publish_nowait("t", b"z")  # nobody to tell: it raises, as publish does

@@ -210,3 +210,24 @@ def test_nagle_is_off_on_the_clients_socket(broker: Any, connect: Callable[..., 
             sock.detach()
     assert found
     assert all(found)
+
+
+def test_inline_handlers_run_on_the_crt_thread_before_the_dispatcher(
+    connect: Callable[..., MqttPubSub],
+) -> None:
+    import threading
+
+    a, b = connect(), connect()
+    inline, queued = Inbox(), Inbox()
+    threads: set[str] = set()
+
+    def on_inline(message: Message) -> None:
+        threads.add(threading.current_thread().name)
+        inline.put(message)
+
+    b.subscribe("edgeinfer/+/result", on_inline, qos=1, inline=True)
+    b.subscribe("edgeinfer/#", queued.put, qos=1)
+    a.publish("edgeinfer/dev-1/result", b"r", qos=1)
+    assert payloads(inline.wait_for(1)) == [b"r"]
+    assert payloads(queued.wait_for(1)) == [b"r"]
+    assert not any(name.startswith("mqtt-dispatch") for name in threads)
