@@ -119,6 +119,9 @@ class OnnxBackend:
             engine = Engine.create(manifest, cfg, work_dir or str(Path(model_dir).resolve()))
         except (EngineError, ManifestError) as exc:
             raise BackendError(str(exc)) from None
+        from edgeinfer.runtime.providers import apply_process_options
+
+        apply_process_options(cfg)  # the router decodes and runs a model, as the runtime does
         if warm_up:
             engine.warm_up(max_batch_size, runs=1)
         log.info("router backend: %s", engine.describe())
@@ -144,6 +147,7 @@ class OnnxBackend:
                         self.engine.input_size,
                         max_pixels=self.max_image_pixels,
                         min_side=self.min_image_side,
+                        detail=self.engine.detail,
                     )
                 )
                 slots.append(i)

@@ -275,6 +275,7 @@ class Edge:
         from edgeinfer.model.manifest import Manifest
         from edgeinfer.runtime.config import RuntimeConfig
         from edgeinfer.runtime.engine import Engine
+        from edgeinfer.runtime.providers import apply_process_options
 
         cfg = RuntimeConfig(max_batch_size=max_batch_size, subscribe_iot=False, max_queue_size=256)
         cfg.execution_providers = ["CPUExecutionProvider"]
@@ -283,6 +284,7 @@ class Edge:
         cfg.timings.enabled = False
         self.cfg = cfg
         self.bus = bus
+        apply_process_options(cfg)  # as the runtime's process does
         self.engine = Engine.create(Manifest.load(model_dir), cfg, str(work_dir))
         self.engine.warm_up(max_batch_size, runs=3)
 

@@ -42,15 +42,6 @@ def _thing() -> str:
     return os.environ.get("AWS_IOT_THING_NAME", "") or "edgeinfer-local"
 
 
-def apply_cpu_options(cfg: Any) -> None:
-    """Process-wide settings: OpenCV's own pool and how long a Python thread may hold the GIL (the
-    engine thread needs it back as soon as ONNX Runtime returns; 5 ms by default is a whole batch)."""
-    import cv2
-
-    cv2.setNumThreads(cfg.cpu.opencv_threads)
-    sys.setswitchinterval(cfg.cpu.python_switch_interval_us / 1e6)
-
-
 class EarlyInbox:
     """Subscribed before the engine exists, so requests sent while the runtime starts are served, not
     lost (the nucleus calls a Run component RUNNING as soon as its process starts). Buffers until
@@ -141,12 +132,13 @@ class Component:
 
     def start(self) -> None:
         from edgeinfer.messages import infer_topic
+        from edgeinfer.runtime.providers import apply_process_options
         from edgeinfer.runtime.server import InferenceServer
 
         cfg, problems = self.read_config()
         if problems:
             raise SystemExit("invalid configuration: " + "; ".join(problems))
-        apply_cpu_options(cfg)
+        apply_process_options(cfg)
         self.cfg = cfg
         early = EarlyInbox(limit=max(1024, cfg.max_queue_size))
         early.subscribe(self.bus, infer_topic(self.thing), local=cfg.subscribe_local, iot=cfg.subscribe_iot)
@@ -260,7 +252,9 @@ class Component:
                     swapped = True
             self.server.apply_config(cfg)
             if "cpu" in changed:
-                apply_cpu_options(cfg)
+                from edgeinfer.runtime.providers import apply_process_options
+
+                apply_process_options(cfg)
             if "source" in changed:
                 if self.source is not None:
                     self.source.stop()
