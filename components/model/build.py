@@ -38,6 +38,7 @@ from edgeinfer.model.manifest import (
     default_store_dir,
     sha256_file,
 )
+from edgeinfer.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -98,46 +99,6 @@ class BuildOptions:
             return default_store_dir(self.artifacts, self.version)
         root = default_store_dir(self.artifacts, self.version).parent.parent
         return root / "models" / self.model_name() / self.version
-
-
-# ------------------------------------------------------------------------------------------ progress
-
-
-class Progress:
-    """rich progress bars on stderr, one task per pipeline step (a no-op when quiet)."""
-
-    def __init__(self, quiet: bool = False) -> None:
-        self._bar: Any = None
-        if not quiet:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-            from rich.progress import Progress as RichProgress
-
-            self._bar = RichProgress(
-                TextColumn("{task.description:<24}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=Console(stderr=True),
-            )
-
-    def __enter__(self) -> Progress:
-        if self._bar is not None:
-            self._bar.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.__exit__(*exc)
-
-    @contextmanager
-    def step(self, description: str, total: int) -> Iterator[Callable[[int], None]]:
-        if self._bar is None:
-            yield lambda _n: None
-            return
-        task = self._bar.add_task(description, total=max(total, 1))
-        yield lambda n: self._bar.advance(task, n)
-        self._bar.update(task, completed=max(total, 1))
 
 
 # ------------------------------------------------------------------------------------------- helpers
