@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import json
 import logging
 import os
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -189,6 +191,7 @@ class Simulator:
             self.stop()
             raise
         self.started = True
+        atexit.register(self._kill_at_exit)
         self._write_status()
         return self
 
@@ -204,7 +207,24 @@ class Simulator:
                 loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
 
+    def _kill_at_exit(self) -> None:
+        """The interpreter is exiting without `stop()` (a script that raised, an interrupted test
+        run): take the components' process groups and the broker with it, rather than leave them
+        running — an orphaned runtime keeps its cores busy."""
+        if self._loop is not None and self._thread is not None:  # quiet: no stream callbacks after this
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(2)
+        nucleus = self._nucleus
+        for comp in list(nucleus.components.values()) if nucleus is not None else []:
+            for proc in list(comp.procs):
+                with contextlib.suppress(OSError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+        if self._owned_broker is not None:
+            self._owned_broker.stop()
+
     def stop(self) -> None:
+        atexit.unregister(self._kill_at_exit)
         if self._loop is not None and self._nucleus is not None and self._thread is not None:
             try:
                 asyncio.run_coroutine_threadsafe(self._nucleus.stop(), self._loop).result(60)

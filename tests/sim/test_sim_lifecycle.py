@@ -273,3 +273,34 @@ def test_restarts_on_request_on_a_lifecycle_changing_deployment_and_with_a_hard_
     assert _eventually(lambda: sim.logs("com.example.User").splitlines().count("mode=b") >= 2)
     history = sim.history("com.example.User")
     assert history[-4:] == ["STOPPING", "INSTALLED", "STARTING", "RUNNING"]
+
+
+def test_a_process_that_exits_without_stop_takes_its_components_along(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import textwrap
+
+    device = Device(tmp_path / "device")
+    pid_file = tmp_path / "sleeper.pid"
+    device.add("com.example.Sleeper", lifecycle={"Run": f"sleep 300 & echo $! > {pid_file}; wait"})
+    script = textwrap.dedent(
+        f"""
+        import pathlib, time
+        from edgeinfer.sim import Simulator
+        core = {str(tmp_path / "core")!r}
+        sim = Simulator({str(device.recipes)!r}, {str(device.artifacts)!r}, work_dir=core)
+        sim.start()
+        while not pathlib.Path({str(pid_file)!r}).exists():
+            time.sleep(0.05)
+        raise SystemExit(3)  # no stop(): a script that failed
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 3, done.stderr
+    pid = int(pid_file.read_text())
+    gone = _eventually(lambda: not _alive(pid), timeout=10)
+    if not gone:
+        os.kill(pid, 9)
+    assert gone, "the component's process outlived the simulator's process"
