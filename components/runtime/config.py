@@ -92,6 +92,9 @@ class CpuOptions:
     allow_spinning: bool = False  # session.intra_op.allow_spinning: spinning threads fight OpenCV's
     opencv_threads: int = 1  # cv2.setNumThreads: decode runs on our own pool, not OpenCV's
     python_switch_interval_us: int = 500  # sys.setswitchinterval: hand the GIL back to the engine soon
+    # Niceness of the decode workers (Linux, 0-19): with cores shared, a preempted ORT thread stalls
+    # its partners at every layer; decode at a lower priority fills the gaps instead.
+    decode_nice: int = 0
 
 
 @dataclass
@@ -205,6 +208,8 @@ class RuntimeConfig:
             out.append("cuda.cudnnConvAlgoSearch must be EXHAUSTIVE, HEURISTIC or DEFAULT")
         if not 50 <= self.cpu.python_switch_interval_us <= 100_000:
             out.append("cpu.pythonSwitchIntervalUs must be from 50 to 100000")
+        if not 0 <= self.cpu.decode_nice <= 19:
+            out.append("cpu.decodeNice must be from 0 to 19")
         if self.cpu.intra_op_num_threads < 0:
             out.append("cpu.intraOpNumThreads must be 0 (one per core) or positive")
         if self.source.kind not in SOURCE_KINDS:

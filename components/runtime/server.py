@@ -57,6 +57,18 @@ from edgeinfer.transport.base import topic_matches
 log = logging.getLogger(__name__)
 
 
+def _lower_priority(nice: int) -> None:
+    """Run on a new worker thread: raise its niceness by `nice` (Linux schedules threads one by one;
+    raising it needs no privilege)."""
+    if nice > 0 and hasattr(os, "setpriority"):
+        try:
+            os.setpriority(
+                os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + nice
+            )
+        except OSError as exc:
+            log.debug("decode worker priority unchanged: %s", exc)
+
+
 @dataclass
 class Job:
     """One accepted request (or source frame) on its way through the pipeline."""
@@ -129,9 +141,7 @@ class InferenceServer:
         )
         self.stats = Stats()
         self._stats_lock = threading.Lock()
-        self._decode_pool = concurrent.futures.ThreadPoolExecutor(
-            cfg.decode_threads, thread_name_prefix="edgeinfer-decode"
-        )
+        self._decode_pool = self._new_decode_pool(cfg)
         self._replies: queue.SimpleQueue[tuple[Job, Result] | None] = queue.SimpleQueue()
         self._subs: list[Subscription] = []
         self._threads: list[threading.Thread] = []
@@ -204,6 +214,15 @@ class InferenceServer:
         self._threads.clear()
         self.timings.stop()
 
+    @staticmethod
+    def _new_decode_pool(cfg: RuntimeConfig) -> concurrent.futures.ThreadPoolExecutor:
+        return concurrent.futures.ThreadPoolExecutor(
+            cfg.decode_threads,
+            thread_name_prefix="edgeinfer-decode",
+            initializer=_lower_priority,
+            initargs=(cfg.cpu.decode_nice,),
+        )
+
     def set_placement(self, placement: PlacementPolicy, offloader: Offloader | None = None) -> None:
         self.placement = placement
         self.offloader = offloader
@@ -215,13 +234,8 @@ class InferenceServer:
         if (old.subscribe_local, old.subscribe_iot) != (cfg.subscribe_local, cfg.subscribe_iot):
             self._unsubscribe()
             self._subscribe()
-        if old.decode_threads != cfg.decode_threads:
-            pool, self._decode_pool = (
-                self._decode_pool,
-                concurrent.futures.ThreadPoolExecutor(
-                    cfg.decode_threads, thread_name_prefix="edgeinfer-decode"
-                ),
-            )
+        if (old.decode_threads, old.cpu.decode_nice) != (cfg.decode_threads, cfg.cpu.decode_nice):
+            pool, self._decode_pool = self._decode_pool, self._new_decode_pool(cfg)
             pool.shutdown(wait=False)  # what it holds still runs and is answered
         self.batcher.configure(
             max_batch_size=min(cfg.max_batch_size, self.engine.max_batch_size),

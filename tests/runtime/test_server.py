@@ -470,3 +470,24 @@ def test_configured_top_k_is_the_default(make_engine: Callable[..., Engine]) -> 
         assert len(got["asked"].predictions) == 4
     finally:
         h.server.stop()
+
+
+def test_decode_workers_run_at_the_configured_niceness(make_engine: Callable[..., Engine]) -> None:
+    import os
+
+    cfg = RuntimeConfig(max_batch_size=2, decode_threads=1)
+    cfg.cpu.decode_nice = 7
+    server = InferenceServer(MemoryBus(), make_engine(cfg), cfg, THING)
+    try:
+        seen = server._decode_pool.submit(
+            lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        ).result(10)
+        assert seen == os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) + 7
+        cfg2 = RuntimeConfig(max_batch_size=2, decode_threads=1)  # a live update back to 0
+        server.apply_config(cfg2)
+        again = server._decode_pool.submit(
+            lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        ).result(10)
+        assert again == os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    finally:
+        server.stop()
