@@ -35,6 +35,18 @@ A slow cloud is forgotten after `cloud_memory_s` without a sample, so offloads p
 that, a request that would be rejected anyway is sent as a probe when the verdict is older than
 `cloud_probe_s` and nothing is in flight (it costs nothing, and keeps the verdict measured).
 
+Two rules bound what goes to the cloud for a deadline (not `offload: always`, a missing model, or a
+cascade):
+* **Light load** (engine busy less than `offload_min_utilization` of the last `utilization_window_s`):
+  the edge keeps everything; the cloud is for a device out of capacity, not for its Poisson bursts.
+* **An adaptive limit** on offloads in flight (AIMD, like TCP's window): +1/limit for an answer back
+  with headroom, ×0.8 for one that missed (once per `cloud_limit_hold_s`). A late offload costs twice —
+  the router's time, then the edge's when it is served here after all — so the edge sends only what
+  the router answers in time. Measured in `bench offload` at 1.5x: late cloud answers fell from 15-23 %
+  of offloads to 2-7 %, the limit settling at 6-8 in flight.
+The cloud's conservative prediction takes its residual quantile from samples sent with as many in
+flight or more (`LinearFit.residual_quantile(at=)`): round trips spread out near the router's knee.
+
 Wiring
 ------
 `HybridPlacement` adapts this to the runtime's seam (`edgeinfer.runtime.placement`): it is the
@@ -54,8 +66,11 @@ answer that was held back is published).
 Circuit breaker
 ---------------
 Consecutive cloud failures (timeouts, INTERNAL / OVERLOADED answers, failed publishes) open the
-breaker: no offloading for `breaker_cooldown_s`; then one probe request goes out (half-open). Its
-success closes the breaker; its failure opens it again with a doubled cooldown (up to a maximum).
+breaker — a timeout only when no answer at all came from the cloud since that offload was sent (the
+cloud is then slow, not down: counted as `cloud_slow`, left to the latency model and the limit; at
+1.5x the breaker had opened 7-32 times in 10 s, each time closed by the next late answer): no
+offloading for `breaker_cooldown_s`; then one probe request goes out (half-open). Its success closes
+the breaker; its failure opens it again with a doubled cooldown (up to a maximum).
 An answer that comes after its request was served locally is not forwarded, but it proves the cloud
 is up (the breaker closes) and its round trip teaches the latency model that the cloud is slow — so
 a slow cloud stops being chosen by prediction, and only a dead one is kept out by the breaker.
@@ -118,6 +133,13 @@ class OffloadConfig:
     prior_cloud_ms: float = 60.0  # predicted cloud latency before any offload came back
     prior_cloud_item_ms: float = 10.0  # … plus this per offload already in flight (the cloud's queue)
     max_inflight: int = 256  # offloads waiting for an answer at once
+    # Deadline offloads in flight are capped by an adaptive limit (AIMD, as TCP's window): +1/limit
+    # for each answer back with headroom (round trip <= `cloud_limit_headroom` of the time it had),
+    # ×`cloud_limit_backoff` for an answer that missed (at most once per `cloud_limit_hold_s`).
+    cloud_limit_initial: float = 4.0
+    cloud_limit_headroom: float = 0.75
+    cloud_limit_backoff: float = 0.8
+    cloud_limit_hold_s: float = 0.1
     breaker_failures: int = 3  # consecutive failures that open the breaker
     breaker_cooldown_s: float = 2.0  # first wait before a probe
     breaker_max_cooldown_s: float = 30.0
@@ -126,6 +148,12 @@ class OffloadConfig:
     feedback_memory_s: float = 3.0  # feedback samples (local and cloud) older than this are dropped
     cloud_probe_s: float = 0.5  # cloud predicted too slow and not measured for this long: offload one
     # request that would be rejected anyway (none in flight), so a pessimistic verdict is tested again
+    # Light load: below this engine utilisation (busy share of the last `utilization_window_s`, once
+    # batches have been seen for `utilization_min_s`), deadline offloads stop: the cloud is for a
+    # device that runs out of capacity, not for the Poisson bursts of one that has plenty (0 = off).
+    offload_min_utilization: float = 0.7
+    utilization_window_s: float = 2.0
+    utilization_min_s: float = 0.25
     local_quantile: float = 0.98  # how sure "the edge meets the budget" must be (feedback residuals)
     cloud_quantile: float = 0.9  # how sure "the cloud meets the budget" must be
     local_models: list[str] = field(default_factory=list)  # names served here ([] = the loaded one)
@@ -159,6 +187,13 @@ class OffloadConfig:
         if cfg.breaker_failures < 1:
             problems.append("placement.breakerFailures must be at least 1")
             cfg.breaker_failures = 1
+        if not 0 < cfg.cloud_limit_backoff < 1:
+            problems.append("placement.cloudLimitBackoff must be between 0 and 1")
+            cfg.cloud_limit_backoff = cls.cloud_limit_backoff
+        cfg.cloud_limit_initial = max(1.0, cfg.cloud_limit_initial)
+        if cfg.offload_min_utilization > 1:
+            problems.append("placement.offloadMinUtilization must be from 0 to 1")
+            cfg.offload_min_utilization = cls.offload_min_utilization
         for name in ("local_quantile", "cloud_quantile"):
             if not 0.5 <= getattr(cfg, name) < 1:
                 problems.append(f"placement.{_camel(name)} must be from 0.5 to below 1")
@@ -248,12 +283,26 @@ class LinearFit:
             return None
         return coef[0] * x + coef[1]
 
-    def residual_quantile(self, q: float) -> float:
+    def residual_quantile(self, q: float, at: float | None = None, min_samples: int = 8) -> float:
+        """The `q` quantile of the residuals (at least 0). With `at`, only of samples with
+        `x >= at - 1` (at least the `min_samples` with the largest x): where the spread grows with x
+        (a queue near its knee), one quantile over all samples is too wide at low x and too narrow at
+        high x."""
         coef = self.coef
         if coef is None:
             return 0.0
-        res = sorted(y - (coef[0] * x + coef[1]) for x, y in self._samples)
+        samples: list[tuple[float, float]] = list(self._samples)
+        if at is not None:
+            near = [s for s in samples if s[0] >= at - 1]
+            if len(near) < min_samples:
+                near = sorted(samples, key=lambda s: s[0])[-min_samples:]
+            samples = near
+        res = sorted(y - (coef[0] * x + coef[1]) for x, y in samples)
         return max(0.0, _quantile(res, q))
+
+
+def _round3(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
@@ -458,6 +507,12 @@ class PlacementPolicy(Generic[T]):
             self.config.window, self.config.prior_cloud_ms, self.config.cloud_quantile
         )
         self._cloud_seen = 0.0  # clock of the last cloud latency sample
+        self._cloud_answered = -math.inf  # clock of the last answer from the cloud (any, even late)
+        self._busy: deque[tuple[float, float]] = deque(maxlen=4096)  # engine batches (start, end)
+        self._batch_start: float | None = None
+        self._observed_since: float | None = None  # first batch after a gap longer than the window
+        self.cloud_limit = self.config.cloud_limit_initial  # deadline offloads in flight (AIMD)
+        self._limit_cut_at = -math.inf
         self._cloud_probed = -math.inf  # clock of the last probe offload (see `cloud_probe_s`)
         # Feedback: (own offloads in flight when sent → round trip it took). A burst of offloads
         # queues at the router; this is what keeps the edge from sending more than it can absorb.
@@ -487,6 +542,7 @@ class PlacementPolicy(Generic[T]):
             "cloud_failed": 0,
             "fallbacks": 0,
             "late_cloud_answers": 0,
+            "cloud_slow": 0,  # fallbacks while the cloud kept answering (not breaker failures)
         }
 
     def _feedback_fit(self, window: int) -> LinearFit:
@@ -501,11 +557,44 @@ class PlacementPolicy(Generic[T]):
         now = self.clock() if now is None else now
         with self._lock:
             self._busy_until = now + self.service.predict(batch_size) / 1000.0
+            self._batch_start = now
+            last_end = self._busy[-1][1] if self._busy else -math.inf
+            if self._observed_since is None or now - last_end > self.config.utilization_window_s:
+                self._observed_since = now
 
-    def batch_finished(self, batch_size: int, compute_ms: float) -> None:
+    def batch_finished(self, batch_size: int, compute_ms: float, now: float | None = None) -> None:
+        now = self.clock() if now is None else now
         with self._lock:
             self.service.observe(batch_size, compute_ms)
             self._busy_until = None
+            if self._batch_start is not None:
+                self._busy.append((self._batch_start, now))
+                self._batch_start = None
+
+    def utilization(self, now: float | None = None) -> float | None:
+        """Share of the last `utilization_window_s` the engine spent running batches (0 to 1).
+
+        None while it is unknown: no batch seen yet, or the first batch after a gap longer than the
+        window started less than `utilization_min_s` ago (an engine that was idle, or whose hooks were
+        not wired: the share is taken over the time batches have been seen, not the whole window)."""
+        now = self.clock() if now is None else now
+        window = self.config.utilization_window_s
+        with self._lock:
+            if self._observed_since is None or window <= 0:
+                return None
+            last_end = self._busy[-1][1] if self._busy else -math.inf
+            if self._batch_start is None and now - last_end > window:
+                return 0.0  # idle for a whole window
+            seen = min(window, now - self._observed_since)
+            if seen < self.config.utilization_min_s:
+                return None
+            since = now - seen
+            while self._busy and self._busy[0][1] <= since:
+                self._busy.popleft()
+            busy = sum(min(end, now) - max(start, since) for start, end in self._busy if end > since)
+            if self._batch_start is not None:
+                busy += now - max(self._batch_start, since)
+            return max(0.0, min(1.0, busy / seen))
 
     def observe_local(self, ahead: int, latency_ms: float) -> None:
         """A request served here had `ahead` requests in front of it and took `latency_ms` in all."""
@@ -555,7 +644,11 @@ class PlacementPolicy(Generic[T]):
                 # router's queue, at any depth) would count again for a request sent alone.
                 seen = self.cloud_fit.predict(ahead)
                 if seen is not None:
-                    return seen + self.cloud_fit.residual_quantile(q)
+                    # The spread of round trips sent with as many in flight (or more): a router near
+                    # its capacity turns a few more in flight into many late answers (bench offload:
+                    # never late with <= 7 in flight, 20-50 % late with 8-11, while one residual
+                    # quantile over all samples predicted 92-103 ms for them).
+                    return seen + self.cloud_fit.residual_quantile(q, at=ahead)
             return base + ahead * self.config.prior_cloud_item_ms
 
     # --------------------------------------------------------------------------------- decisions
@@ -637,8 +730,21 @@ class PlacementPolicy(Generic[T]):
                 return result(Action.LOCAL, "no deadline")
             if local_ms <= budget:
                 return result(Action.LOCAL, f"local {local_ms:.0f} ms meets the {budget:.0f} ms budget")
-            ready = self._cloud_ready()
             local_exp = self.predict_local_ms(ahead, now, conservative=False)
+            utilization = self.utilization(now)
+            if utilization is not None and utilization < cfg.offload_min_utilization:
+                # Light load: the device has capacity to spare and keeps its own work; what is in
+                # doubt is a Poisson burst or a jitter spike, over in a moment (bench offload at 0.5x:
+                # 0.5-3 % offloaded without this rule, for a share within the deadline of 99-100 %
+                # either way).
+                return result(
+                    Action.LOCAL,
+                    f"light load ({100 * utilization:.0f} % busy): local expected {local_exp:.0f} ms"
+                    f" of {budget:.0f} ms",
+                )
+            # Deadline offloads also wait for room under the adaptive limit: more in flight than the
+            # router answers in time only turns into late answers, each served here again (late).
+            ready = self._cloud_ready() and len(self._tickets) < self.cloud_limit
             cloud_exp = self.predict_cloud_ms(payload_bytes, 0.5) if ready else math.inf
             # Only the cloud is sure to meet it, and it is also expected to be faster. (Without the
             # second condition, a jitter spike in the edge's feedback residuals offloads requests at
@@ -653,7 +759,7 @@ class PlacementPolicy(Generic[T]):
                 return result(Action.OFFLOAD, f"cloud expected {cloud_exp:.0f} ms of {budget:.0f} ms left")
             if local_exp <= budget:
                 return result(Action.LOCAL, f"local expected {local_exp:.0f} ms of {budget:.0f} ms left")
-            why = f"cloud {cloud_exp:.0f} ms" if ready else "the cloud is unavailable"
+            why = f"cloud {cloud_exp:.0f} ms" if ready else "no room in the cloud"
             if (
                 ready
                 and cfg.cloud_probe_s > 0
@@ -674,10 +780,26 @@ class PlacementPolicy(Generic[T]):
             )
 
     def _observe_cloud(self, ticket: Ticket[T], rtt_ms: float, service_ms: float, now: float) -> None:
+        self._cloud_answered = now
         self._forget_stale_cloud(now)
         self.cloud.observe(ticket.payload_bytes, rtt_ms, service_ms)
         self.cloud_fit.add(ticket.ahead, rtt_ms)
         self._cloud_seen = now
+
+    def _adapt_limit(self, ticket: Ticket[T], now: float, *, missed: bool = False) -> None:
+        """AIMD on the deadline-offload limit from one outcome (see `OffloadConfig.cloud_limit_*`)."""
+        cfg = self.config
+        if missed:
+            if now - self._limit_cut_at >= cfg.cloud_limit_hold_s:  # one cut per congestion episode
+                self.cloud_limit = max(1.0, self.cloud_limit * cfg.cloud_limit_backoff)
+                self._limit_cut_at = now
+            return
+        had_s = ticket.fallback_at - ticket.sent_at
+        if (
+            now - ticket.sent_at
+        ) <= cfg.cloud_limit_headroom * had_s and ticket.ahead + 1 >= self.cloud_limit - 1:
+            # Room to spare, and the limit was (nearly) in use: one more in flight per limit's worth.
+            self.cloud_limit = min(float(cfg.max_inflight), self.cloud_limit + 1.0 / self.cloud_limit)
 
     def _forget_stale_cloud(self, now: float) -> None:
         """Once the cloud has looked too slow, nothing is offloaded and nothing new is measured: after
@@ -798,12 +920,14 @@ class PlacementPolicy(Generic[T]):
                         self.breaker.record_success()
                 return None
             result.id = ticket.request_id
+            self._cloud_answered = now
             code = result.error.code if result.error is not None else None
             if result.status == "ok":
                 self.breaker.record_success()
                 self.counters["cloud_ok"] += 1
                 rtt_ms = (now - ticket.sent_at) * 1000.0
                 self._observe_cloud(ticket, rtt_ms, result.latency_ms.total, now)
+                self._adapt_limit(ticket, now)
                 return CloudOutcome(ticket, result)
             if code in _REQUEST_FAULTS:
                 self.breaker.record_success()  # the cloud works; the request was bad
@@ -822,7 +946,15 @@ class PlacementPolicy(Generic[T]):
             expired = [t for t in self._tickets.values() if t.fallback_at <= now]
             for ticket in expired:
                 del self._tickets[ticket.wire_id]
-                self._failure()
+                if self._cloud_answered > ticket.sent_at:
+                    # The cloud has answered since this was sent: it is up, only slow. The latency
+                    # model keeps slow offloads out; the breaker is for a cloud that is down (bench
+                    # offload at 1.5x: 7-32 openings in 10 s, each closed by the next late answer,
+                    # with offloading stopped in between).
+                    self.counters["cloud_slow"] += 1
+                else:
+                    self._failure()
+                self._adapt_limit(ticket, now, missed=True)
                 self.counters["fallbacks"] += 1
                 self._expired[ticket.wire_id] = ticket
                 while len(self._expired) > 1024:
@@ -855,7 +987,10 @@ class PlacementPolicy(Generic[T]):
             coef = self.service.fit.coef
             return {
                 "breaker": self.breaker.state.value,
+                "breaker_opened": self.breaker.opened_count,
                 "inflight": len(self._tickets),
+                "utilization": _round3(self.utilization()),
+                "cloud_limit": round(self.cloud_limit, 2),
                 "service_ms": {"a": coef[0], "b": coef[1]} if coef else None,
                 "cloud_ms_p90": self.predict_cloud_ms(0) if self.cloud.samples else None,
                 "cloud_service_ms_p50_p90": [
