@@ -129,8 +129,9 @@ def test_local_prediction_counts_batches_ahead_and_the_running_batch() -> None:
     p = policy(clock)
     # idle, nothing ahead: t(1) + overhead
     assert p.predict_local_ms(0) == pytest.approx(6 + 1)
-    # 10 ahead with batches of 8: one full batch t(8)=34, then own batch of 3: t(3)=14
-    assert p.predict_local_ms(10) == pytest.approx(34 + 14 + 1)
+    # 10 ahead with batches of 8: one full batch t(8)=34, then own batch of 3: t(3)=14; before any
+    # feedback, the 1 ms of decode/reply work of each of the 10 ahead as well
+    assert p.predict_local_ms(10) == pytest.approx(34 + 14 + 1 + 10)
     p.batch_started(8)  # predicted to run 34 ms
     clock.advance(20)
     assert p.predict_local_ms(0) == pytest.approx(14 + 6 + 1)
@@ -684,3 +685,15 @@ def test_residual_quantile_at_a_load_uses_samples_at_that_load_or_more() -> None
         sparse.add(x, 10 * x)
     sparse.add(20, 400)  # one sample beyond: the `min_samples` with the largest x stand in
     assert sparse.residual_quantile(1.0, at=20) == sparse.residual_quantile(1.0, at=30)
+
+
+def test_before_any_feedback_the_work_of_requests_ahead_is_counted_too() -> None:
+    clock = Clock()
+    p = policy(clock)  # t(n) = 4n + 2, overhead 1 ms
+    for _ in range(9):
+        p.observe_overhead(3.0)
+    assert p.predict_local_ms(0) == pytest.approx(6 + 3)
+    assert p.predict_local_ms(10) == pytest.approx(34 + 14 + 3 + 10 * 3)
+    for i in range(16):  # with feedback, the fit of what requests really took decides
+        p.observe_local(10, 40.0 + i % 2)
+    assert p.predict_local_ms(10, conservative=False) == pytest.approx(51)
