@@ -475,20 +475,39 @@ class CoreUse:
         self._cores = _core_ticks()
         self._procs = {pid: _proc_ticks(pid) for pids in owners.values() for pid in pids}
 
-    def result(self) -> dict[str, Any]:
+    def ticks(self) -> dict[int, tuple[int, int, int]]:
+        """Per core since this was made: (busy, total, the bench's own) clock ticks."""
         cores, out = _core_ticks(), {}
         for core, pids in self.owners.items():
             if core not in cores or core not in self._cores:
                 continue
             busy = cores[core][0] - self._cores[core][0]
-            total = max(1, cores[core][1] - self._cores[core][1])
+            total = cores[core][1] - self._cores[core][1]
             own = sum(_proc_ticks(pid) - self._procs.get(pid, 0) for pid in pids)
-            out[str(core)] = {
-                "busy": round(busy / total, 3),
-                "bench": round(min(own, busy) / total, 3),
-                "other": round(max(0, busy - own) / total, 3),
-            }
+            out[core] = (busy, total, own)
         return out
+
+    def result(self) -> dict[str, Any]:
+        return core_shares(self.ticks())
+
+
+def core_shares(ticks: dict[int, tuple[int, int, int]]) -> dict[str, Any]:
+    """(busy, total, own) ticks per core → busy / bench / other shares of the time."""
+    out: dict[str, Any] = {}
+    for core, (busy, ticks_total, own) in ticks.items():
+        total = max(1, ticks_total)
+        out[str(core)] = {
+            "busy": round(busy / total, 3),
+            "bench": round(min(own, busy) / total, 3),
+            "other": round(max(0, busy - own) / total, 3),
+        }
+    return out
+
+
+def add_ticks(into: dict[int, tuple[int, int, int]], more: dict[int, tuple[int, int, int]]) -> None:
+    for core, t in more.items():
+        old = into.get(core, (0, 0, 0))
+        into[core] = (old[0] + t[0], old[1] + t[1], old[2] + t[2])
 
 
 # --------------------------------------------------------------------------------------------- run
@@ -602,9 +621,14 @@ def run(args: argparse.Namespace) -> int:
                 owners[min(edge_cores)] = [os.getpid()]
                 owners[min(cloud_cores)] = [router.pid] + ([broker._proc.pid] if broker._proc else [])
             use = CoreUse(owners)
+            # Also per mode, segment by segment (arrivals and drain): the figures of both together
+            # average an overloaded off segment with an on segment, and hide how busy each core is
+            # while the policy runs.
+            by_mode: dict[str, dict[int, tuple[int, int, int]]] = {"off": {}, "on": {}}
             try:
                 for rnd in range(args.rounds):
                     for mode in ("off", "on"):
+                        segment_use = CoreUse(owners)
                         open_loop(
                             edge,
                             images,
@@ -616,6 +640,7 @@ def run(args: argparse.Namespace) -> int:
                             seed=args.seed + 100 * k + rnd,
                             tag=f"{factor:g}x-{mode}-{rnd}",
                         )
+                        add_ticks(by_mode[mode], segment_use.ticks())
             finally:
                 placement.stop()
             core_use = use.result()
@@ -625,7 +650,12 @@ def run(args: argparse.Namespace) -> int:
                     + "; ".join(
                         f"core {c}: busy {100 * u['busy']:.0f} %, other work {100 * u['other']:.0f} %"
                         for c, u in core_use.items()
-                    ),
+                    )
+                    + " (policy on alone: "
+                    + ", ".join(
+                        f"core {c} {100 * u['busy']:.0f} %" for c, u in core_shares(by_mode["on"]).items()
+                    )
+                    + ")",
                     file=sys.stderr,
                 )
             for mode in ("off", "on"):
@@ -637,6 +667,8 @@ def run(args: argparse.Namespace) -> int:
                     **summarize(trackers[mode], args.deadline_ms),
                     # both modes of a load share one measurement (their segments alternate)
                     "core_use": core_use,
+                    # this mode's segments alone
+                    "core_use_mode": core_shares(by_mode[mode]),
                 }
                 if mode == "on":
                     row["policy_state"] = placement.policy.snapshot()

@@ -99,3 +99,16 @@ def test_bench_offload_short_run_on_a_tiny_model(tiny_store: Path, tmp_path: Pat
         assert run["duplicates"] == 0
         assert run["answered"] == run["sent"]
     assert report["targets"]["all_runs_exactly_once"] is True
+
+
+def test_core_use_per_mode_adds_segments_up_before_taking_shares() -> None:
+    from edgeinfer.cloud.router.bench import add_ticks, core_shares
+
+    total: dict[int, tuple[int, int, int]] = {}
+    add_ticks(total, {0: (90, 100, 85), 1: (10, 100, 10)})  # one busy segment ...
+    add_ticks(total, {0: (10, 300, 10), 1: (30, 300, 20)})  # ... and a long quiet one
+    assert total == {0: (100, 400, 95), 1: (40, 400, 30)}
+    shares = core_shares(total)
+    assert shares["0"] == {"busy": 0.25, "bench": pytest.approx(0.2375, abs=0.001), "other": 0.013}
+    assert shares["1"] == {"busy": 0.1, "bench": 0.075, "other": 0.025}
+    assert core_shares({0: (0, 0, 0)})["0"]["busy"] == 0.0
