@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 import pybase64
 
-__all__ = ["b64decode", "b64encode", "dumps", "loads"]
+__all__ = ["b64decode", "b64encode", "dumpb", "dumps", "loads"]
 
 
 def loads(data: bytes | bytearray | memoryview | str) -> Any:
@@ -38,6 +38,15 @@ def dumps(obj: Any) -> str:
         return orjson.dumps(obj).decode()
     except TypeError:  # non-str keys, big ints, unknown types: the stdlib's behaviour and errors
         return json.dumps(obj, separators=(",", ":"))
+
+
+def dumpb(obj: Any) -> bytes:
+    """`json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()`: compact UTF-8 bytes
+    (NaN and ±Infinity become `null`, see above)."""
+    try:
+        return orjson.dumps(obj)
+    except TypeError:
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def b64encode(data: bytes | bytearray | memoryview) -> bytes:
