@@ -62,9 +62,8 @@ def _lower_priority(nice: int) -> None:
     raising it needs no privilege)."""
     if nice > 0 and hasattr(os, "setpriority"):
         try:
-            os.setpriority(
-                os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + nice
-            )
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
         except OSError as exc:
             log.debug("decode worker priority unchanged: %s", exc)
 
