@@ -25,7 +25,11 @@ examples:
 
 
 def register(subparsers: Any) -> None:
-    cloud = subparsers.add_parser("cloud", help="cloud side: the hybrid router", description="Cloud side.")
+    cloud = subparsers.add_parser(
+        "cloud",
+        help="cloud side: the hybrid router, IoT policies",
+        description="Cloud side: the hybrid router and the IoT policies it and the devices need.",
+    )
     sub = cloud.add_subparsers(dest="cloud_command", metavar="COMMAND")
     cloud.set_defaults(func=lambda _args: _usage(cloud))
     p = sub.add_parser(
