@@ -1124,9 +1124,6 @@ class HybridPlacement:
     # ------------------------------------------------------------------------------ seam: offload
 
     def offload(self, request: Request, ctx: Any, reply: Callable[[Result], None]) -> None:
-        from edgeinfer.messages import OffloadOrigin, OffloadRequest, iso_utc, offload_topic
-        from edgeinfer.transport import TransportError
-
         now = self.clock()
         left = ctx.deadline_left_ms
         arrived = now
@@ -1137,22 +1134,7 @@ class HybridPlacement:
         ticket = self.policy.begin_offload(
             shadow, pending, payload_bytes=len(request.image or b""), arrived=arrived, now=now
         )
-        wire = dataclasses.replace(request, id=ticket.wire_id, reply_to=None)
-        payload = OffloadRequest(wire, OffloadOrigin(self.thing, left, iso_utc(self.wall()))).to_json()
-        # Not waiting for the nucleus: `offload` runs on the transport's thread (inline handlers).
-        try:
-            self.bus.publish_nowait(
-                offload_topic(self.thing),
-                payload,
-                target=self.target,
-                qos=1,
-                on_done=lambda exc: self._publish_failed(ticket, "offload", exc),
-            )
-        except TransportError as exc:
-            self._publish_failed(ticket, "offload", exc)
-            return
-        with self._wake:
-            self._wake.notify_all()
+        self._send(ticket, dataclasses.replace(request, id=ticket.wire_id, reply_to=None), left, "offload")
 
     # ------------------------------------------------------------------------------ seam: cascade
 
@@ -1164,9 +1146,6 @@ class HybridPlacement:
         top1 = max(p.score for p in result.predictions)
         if not self.policy.wants_cascade(request, top1, payload_bytes=len(request.image)):
             return False
-        from edgeinfer.messages import OffloadOrigin, OffloadRequest, iso_utc, offload_topic
-        from edgeinfer.transport import TransportError
-
         now = self.clock()
         spent_ms = result.latency_ms.queue + result.latency_ms.decode + result.latency_ms.inference
         left = None if request.deadline_ms is None else request.deadline_ms - spent_ms
@@ -1177,6 +1156,16 @@ class HybridPlacement:
         wire = dataclasses.replace(
             request, id=ticket.wire_id, reply_to=None, model=self.policy.config.cloud_model or None
         )
+        self._send(ticket, wire, left, "cascade")
+        return True
+
+    def _send(self, ticket: Ticket[_Pending], wire: Request, left: float | None, what: str) -> None:
+        """Publish an offload without waiting for the nucleus (`offload` runs on the transport's
+        thread: inline handlers); a publish that fails now or is refused later is served as the
+        policy says."""
+        from edgeinfer.messages import OffloadOrigin, OffloadRequest, iso_utc, offload_topic
+        from edgeinfer.transport import TransportError
+
         payload = OffloadRequest(wire, OffloadOrigin(self.thing, left, iso_utc(self.wall()))).to_json()
         try:
             self.bus.publish_nowait(
@@ -1184,14 +1173,13 @@ class HybridPlacement:
                 payload,
                 target=self.target,
                 qos=1,
-                on_done=lambda exc: self._publish_failed(ticket, "cascade", exc),
+                on_done=lambda exc: self._publish_failed(ticket, what, exc),
             )
         except TransportError as exc:
-            self._publish_failed(ticket, "cascade", exc)
-            return True
+            self._publish_failed(ticket, what, exc)
+            return
         with self._wake:
             self._wake.notify_all()
-        return True
 
     # ------------------------------------------------------------------------------ engine hooks
 
