@@ -13,6 +13,11 @@ when it is idle; `poll` then decides:
    idle and no request is on its way), when its oldest item has waited `max_queue_delay_us`, or when
    waiting longer would make a queued item miss its deadline;
 4. otherwise wait (for an arrival, or until the oldest item's delay runs out).
+
+One batch runs at a time. `get()` hands it to the engine thread; `put_take()` hands it to the worker
+that queued the last item when the engine is idle at that moment (run to completion: no wake-up of
+the engine thread and no hand-off back, ~0.2-0.4 ms per request on a small core). Either way the
+batch is *running* until `done()`.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ class DynamicBatcher(Generic[T]):
         self._admitted = 0  # reserved slots: incoming + queued
         self._incoming = 0
         self._closed = False
+        self._running = False  # a batch handed out and not yet done()
         self._cond = threading.Condition()
         self.depth_max = 0
 
@@ -95,6 +101,32 @@ class DynamicBatcher(Generic[T]):
             self._cond.notify_all()
             return True
 
+    def put_take(self, item: T, deadline: float | None = None) -> BatchPoll[T] | None:
+        """`put` an admitted item; when no batch is running and the rules say go, take the batch here
+        (the caller runs it, then calls `done()`). None: the item was refused (closed). An empty
+        poll: the engine thread will take it."""
+        with self._cond:
+            if self._closed:
+                return None
+            self._incoming -= 1
+            self._queue.append(Queued(item, self.clock(), deadline))
+            self.depth_max = max(self.depth_max, len(self._queue))
+            if not self._running:
+                out = self._poll(self.clock())
+                if out.batch:
+                    self._running = True
+                    return out
+                if out.expired:
+                    return out
+            self._cond.notify_all()
+            return BatchPoll()
+
+    def done(self) -> None:
+        """The running batch finished: the next one may go."""
+        with self._cond:
+            self._running = False
+            self._cond.notify_all()
+
     # ----------------------------------------------------------------------------------- consumer
 
     def poll(self, now: float) -> BatchPoll[T]:
@@ -124,11 +156,14 @@ class DynamicBatcher(Generic[T]):
         return out
 
     def get(self, timeout: float | None = None) -> BatchPoll[T]:
-        """Block until there is a batch or expired items (or `timeout` seconds, or close())."""
+        """Block until there is a batch or expired items (or `timeout` seconds, or close()). A batch
+        is handed out only while none is running; the caller calls `done()` after running it."""
         end = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
-                out = self._poll(self.clock())
+                out = self._poll(self.clock()) if not self._running else BatchPoll[T]()
+                if out.batch:
+                    self._running = True
                 if out.batch or out.expired or self._closed:
                     return out
                 left = None if end is None else end - time.monotonic()
@@ -165,6 +200,11 @@ class DynamicBatcher(Generic[T]):
             self._admitted -= len(left)
             self._cond.notify_all()
             return left
+
+    @property
+    def idle(self) -> bool:
+        """Nothing admitted, queued or running."""
+        return self._admitted == 0 and not self._running
 
     @property
     def depth(self) -> int:

@@ -139,6 +139,8 @@ class RuntimeConfig:
     max_queue_delay_us: int = 2000
     max_queue_size: int = 64
     decode_threads: int = 2
+    # An unloaded runtime decodes, runs and answers a request on the thread it arrived on (no hand-offs).
+    run_inline_when_idle: bool = True
     max_payload_bytes: int = 4 * 1024 * 1024
     max_image_pixels: int = 40_000_000
     min_image_side: int = 8

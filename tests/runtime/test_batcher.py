@@ -130,3 +130,38 @@ def test_get_blocks_until_put_and_close_returns_leftovers() -> None:
     assert [q.item for q in b.close()] == ["y"]
     assert not b.admit()
     assert b.get(timeout=0).batch == []
+
+
+def test_put_take_hands_the_batch_to_the_caller_when_none_is_running() -> None:
+    b, _ = make()
+    assert b.idle
+    assert b.admit()
+    poll = b.put_take("a")
+    assert poll is not None
+    assert [q.item for q in poll.batch] == ["a"]
+    assert not b.idle  # running until done()
+    assert b.admit()
+    later = b.put_take("b")
+    assert later is not None
+    assert later.batch == []
+    assert b.get(timeout=0).batch == []  # … for the engine thread too
+    b.done()
+    assert [q.item for q in b.get(timeout=0).batch] == ["b"]
+    b.done()
+    assert b.idle
+
+
+def test_put_take_waits_for_items_still_being_decoded_and_refuses_after_close() -> None:
+    b, _ = make()
+    assert b.admit()
+    assert b.admit()
+    first = b.put_take("a")  # "b" is still being decoded: leave "a" for the batch to come
+    assert first is not None
+    assert first.batch == []
+    second = b.put_take("b")
+    assert second is not None
+    assert [q.item for q in second.batch] == ["a", "b"]
+    b.done()
+    b.close()
+    assert b.admit() is False
+    assert b.put_take("c") is None

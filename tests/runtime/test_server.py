@@ -223,7 +223,7 @@ class Gate:
 
 
 def test_burst_beyond_the_queue_every_request_answered(make_engine: Callable[..., Engine]) -> None:
-    cfg = RuntimeConfig(max_batch_size=4, max_queue_size=8, decode_threads=2)
+    cfg = RuntimeConfig(max_batch_size=4, max_queue_size=8, decode_threads=2, run_inline_when_idle=False)
     gate = Gate(make_engine(cfg))
     bus = MemoryBus()
     server = InferenceServer(bus, gate, cfg, THING)  # type: ignore[arg-type]
@@ -252,8 +252,77 @@ def test_burst_beyond_the_queue_every_request_answered(make_engine: Callable[...
         server.stop()
 
 
+class ThreadRecorder:
+    """An engine wrapper that notes which thread ran each batch."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.threads: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    def run(self, batch: np.ndarray) -> np.ndarray:
+        self.threads.append(threading.get_ident())
+        return self.engine.run(batch)
+
+
+def test_idle_request_runs_to_completion_on_the_arriving_thread(
+    make_engine: Callable[..., Engine],
+) -> None:
+    cfg = RuntimeConfig(max_batch_size=2)
+    engine = ThreadRecorder(make_engine(cfg))
+    bus = MemoryBus()
+    server = InferenceServer(bus, engine, cfg, THING)  # type: ignore[arg-type]
+    server.start()
+    try:
+        bus.publish(INFER, json.dumps({"id": "a", "image": b64(solid_jpeg((250, 1, 1)))}).encode())
+        # MemoryBus delivers on the publishing thread: the answer is out when publish returns.
+        [res] = [Result.parse(m.payload) for m in bus.messages_on(RESULT)]
+        assert res.status == "ok"
+        assert res.batch_size == 1
+        assert engine.threads == [threading.get_ident()]
+    finally:
+        server.stop()
+
+
+def test_message_on_the_heels_of_the_last_is_pipelined(make_engine: Callable[..., Engine]) -> None:
+    cfg = RuntimeConfig(max_batch_size=2)
+    engine = ThreadRecorder(make_engine(cfg))
+    bus = MemoryBus()
+    # A clock that stands still: the second message follows the first with no gap, as one queued
+    # in the socket behind it does.
+    server = InferenceServer(bus, engine, cfg, THING, clock=lambda: 100.0)  # type: ignore[arg-type]
+    server.start()
+    try:
+        img = b64(solid_jpeg((250, 1, 1)))
+        bus.publish(INFER, json.dumps({"id": "a", "image": img}).encode())
+        bus.publish(INFER, json.dumps({"id": "b", "image": img}).encode())
+        wait_for(lambda: len(bus.messages_on(RESULT)) >= 2)
+        assert {Result.parse(m.payload).status for m in bus.messages_on(RESULT)} == {"ok"}
+        assert engine.threads[0] == threading.get_ident()
+        assert engine.threads[1] != threading.get_ident()  # a decode worker or the engine thread
+    finally:
+        server.stop()
+
+
+def test_inline_off_keeps_the_transport_thread_free(make_engine: Callable[..., Engine]) -> None:
+    cfg = RuntimeConfig(max_batch_size=2, run_inline_when_idle=False)
+    engine = ThreadRecorder(make_engine(cfg))
+    bus = MemoryBus()
+    server = InferenceServer(bus, engine, cfg, THING)  # type: ignore[arg-type]
+    server.start()
+    try:
+        bus.publish(INFER, json.dumps({"id": "a", "image": b64(solid_jpeg((250, 1, 1)))}).encode())
+        wait_for(lambda: len(bus.messages_on(RESULT)) >= 1)
+        assert engine.threads
+        assert threading.get_ident() not in engine.threads
+    finally:
+        server.stop()
+
+
 def test_deadline_passed_in_queue_is_not_computed(make_engine: Callable[..., Engine]) -> None:
-    cfg = RuntimeConfig(max_batch_size=2, max_queue_size=8)
+    cfg = RuntimeConfig(max_batch_size=2, max_queue_size=8, run_inline_when_idle=False)
     gate = Gate(make_engine(cfg))
     bus = MemoryBus()
     server = InferenceServer(bus, gate, cfg, THING)  # type: ignore[arg-type]
