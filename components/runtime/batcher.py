@@ -14,10 +14,12 @@ when it is idle; `poll` then decides:
    waiting longer would make a queued item miss its deadline;
 4. otherwise wait (for an arrival, or until the oldest item's delay runs out).
 
-One batch runs at a time. `get()` hands it to the engine thread; `put_take()` hands it to the worker
-that queued the last item when the engine is idle at that moment (run to completion: no wake-up of
-the engine thread and no hand-off back, ~0.2-0.4 ms per request on a small core). Either way the
-batch is *running* until `done()`.
+Up to `lanes` batches run at once. `get()` hands one to an engine thread; `put_take()` hands it to
+the worker that queued the last item when a lane is free at that moment (run to completion: no
+wake-up of an engine thread and no hand-off back, ~0.2-0.4 ms per request on a small core). A batch
+holds one lane, except one taken by `put_take(alone=True)` while nothing else runs, is queued or is
+being decoded: it holds every lane (`BatchPoll.slots` == `lanes`) and may use all the cores — the
+latency path for a request that arrived at an idle runtime. Lanes stay taken until `done()`.
 """
 
 from __future__ import annotations
@@ -46,6 +48,13 @@ class BatchPoll(Generic[T]):
     batch: list[Queued[T]] = field(default_factory=list)
     expired: list[Queued[T]] = field(default_factory=list)
     wait_s: float | None = None  # None: nothing queued, wait for an arrival
+    slots: int = 0  # lanes the batch holds (give them back with `done(slots)`)
+    lanes: int = 1  # of how many
+
+    @property
+    def alone(self) -> bool:
+        """The batch holds every lane: nothing runs beside it, it may use every core."""
+        return self.slots > 0 and self.slots >= self.lanes
 
 
 class DynamicBatcher(Generic[T]):
@@ -56,7 +65,9 @@ class DynamicBatcher(Generic[T]):
         max_queue_size: int = 64,
         *,
         clock: Callable[[], float] = time.monotonic,
+        lanes: int = 1,
     ) -> None:
+        self.lanes = max(1, lanes)
         self.max_batch_size = max_batch_size
         self.max_queue_delay_us = max_queue_delay_us
         self.max_queue_size = max_queue_size
@@ -65,7 +76,7 @@ class DynamicBatcher(Generic[T]):
         self._admitted = 0  # reserved slots: incoming + queued
         self._incoming = 0
         self._closed = False
-        self._running = False  # a batch handed out and not yet done()
+        self._running = 0  # lanes held by batches handed out and not yet done()
         self._cond = threading.Condition()
         self.depth_max = 0
 
@@ -101,31 +112,40 @@ class DynamicBatcher(Generic[T]):
             self._cond.notify_all()
             return True
 
-    def put_take(self, item: T, deadline: float | None = None) -> BatchPoll[T] | None:
-        """`put` an admitted item; when no batch is running and the rules say go, take the batch here
-        (the caller runs it, then calls `done()`). None: the item was refused (closed). An empty
-        poll: the engine thread will take it."""
+    def put_take(self, item: T, deadline: float | None = None, *, alone: bool = False) -> BatchPoll[T] | None:
+        """`put` an admitted item; when a lane is free and the rules say go, take the batch here (the
+        caller runs it, then calls `done(poll.slots)`). `alone`: the batch may hold every lane if
+        nothing else runs, is queued or is being decoded (the caller knows no load is coming). None:
+        the item was refused (closed). An empty poll: an engine thread will take it."""
         with self._cond:
             if self._closed:
                 return None
             self._incoming -= 1
             self._queue.append(Queued(item, self.clock(), deadline))
             self.depth_max = max(self.depth_max, len(self._queue))
-            if not self._running:
-                out = self._poll(self.clock())
-                if out.batch:
-                    self._running = True
-                    return out
-                if out.expired:
+            if self._running < self.lanes:
+                out = self._take(self.clock(), alone=alone)
+                if out.batch or out.expired:
                     return out
             self._cond.notify_all()
             return BatchPoll()
 
-    def done(self) -> None:
-        """The running batch finished: the next one may go."""
+    def done(self, slots: int = 1) -> None:
+        """A batch finished: its lanes (`BatchPoll.slots`) are free again."""
         with self._cond:
-            self._running = False
+            self._running = max(0, self._running - slots)
             self._cond.notify_all()
+
+    def _take(self, now: float, *, alone: bool = False) -> BatchPoll[T]:
+        """`_poll` with a free lane; a batch takes its lanes."""
+        was_idle = self._running == 0
+        out = self._poll(now)
+        if out.batch:
+            alone = alone and was_idle and not self._queue and self._incoming <= 0
+            out.slots = self.lanes if alone else 1
+            out.lanes = self.lanes
+            self._running += out.slots
+        return out
 
     # ----------------------------------------------------------------------------------- consumer
 
@@ -157,13 +177,11 @@ class DynamicBatcher(Generic[T]):
 
     def get(self, timeout: float | None = None) -> BatchPoll[T]:
         """Block until there is a batch or expired items (or `timeout` seconds, or close()). A batch
-        is handed out only while none is running; the caller calls `done()` after running it."""
+        is handed out only while a lane is free; the caller calls `done(poll.slots)` after running it."""
         end = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
-                out = self._poll(self.clock()) if not self._running else BatchPoll[T]()
-                if out.batch:
-                    self._running = True
+                out = self._take(self.clock()) if self._running < self.lanes else BatchPoll[T]()
                 if out.batch or out.expired or self._closed:
                     return out
                 left = None if end is None else end - time.monotonic()
@@ -180,9 +198,12 @@ class DynamicBatcher(Generic[T]):
         max_batch_size: int | None = None,
         max_queue_delay_us: int | None = None,
         max_queue_size: int | None = None,
+        lanes: int | None = None,
     ) -> None:
-        """Live update; items already admitted stay admitted."""
+        """Live update; items already admitted stay admitted, batches running keep their lanes."""
         with self._cond:
+            if lanes is not None:
+                self.lanes = max(1, lanes)
             if max_batch_size is not None:
                 self.max_batch_size = max_batch_size
             if max_queue_delay_us is not None:
@@ -204,7 +225,7 @@ class DynamicBatcher(Generic[T]):
     @property
     def idle(self) -> bool:
         """Nothing admitted, queued or running."""
-        return self._admitted == 0 and not self._running
+        return self._admitted == 0 and self._running == 0
 
     @property
     def depth(self) -> int:

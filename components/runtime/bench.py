@@ -14,6 +14,7 @@ Every figure is a ratio measured side by side (see DESIGN.md, "Performance").
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -183,6 +184,7 @@ class RawPipeline:
         from edgeinfer.runtime.engine import Engine
 
         cv2.setNumThreads(cfg.cpu.opencv_threads)  # as the runtime does
+        cfg = dataclasses.replace(cfg, cpu=dataclasses.replace(cfg.cpu, lanes=1))  # one plain session
         self.images = images
         self.batch = cfg.max_batch_size
         self.engine = Engine.create(Manifest.load(store_dir), cfg, tempfile.mkdtemp(prefix="edgeinfer-raw-"))

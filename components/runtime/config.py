@@ -95,6 +95,11 @@ class CpuOptions:
     # Niceness of the decode workers (Linux, 0-19): with cores shared, a preempted ORT thread stalls
     # its partners at every layer; decode at a lower priority fills the gaps instead.
     decode_nice: int = 0
+    # Batches run at once under load, each on one thread of its own session (what OpenVINO calls
+    # streams): a one-thread run wastes no time at the parallel-for barriers, and a preempted thread
+    # delays only its own batch. A batch that finds nothing else queued or running still gets every
+    # thread (the latency path). 0: one lane per usable core; 1: off.
+    lanes: int = 0
 
 
 @dataclass
@@ -212,6 +217,8 @@ class RuntimeConfig:
             out.append("cpu.pythonSwitchIntervalUs must be from 50 to 100000")
         if not 0 <= self.cpu.decode_nice <= 19:
             out.append("cpu.decodeNice must be from 0 to 19")
+        if not 0 <= self.cpu.lanes <= 64:
+            out.append("cpu.lanes must be from 0 (one per core) to 64")
         if self.cpu.intra_op_num_threads < 0:
             out.append("cpu.intraOpNumThreads must be 0 (one per core) or positive")
         if self.source.kind not in SOURCE_KINDS:
@@ -229,6 +236,10 @@ class RuntimeConfig:
             if not os.path.isabs(folder):
                 out.append(f"imageFolders: {folder!r} must be an absolute path")
         return out
+
+    def cpu_lanes(self) -> int:
+        """`cpu.lanes` resolved: 0 → one per usable core (see `intra_op_threads`)."""
+        return self.cpu.lanes or self.intra_op_threads()
 
     def intra_op_threads(self) -> int:
         if self.cpu.intra_op_num_threads:

@@ -72,6 +72,9 @@ class Engine:
     apply_softmax: bool | None = None
     warmup_ms: dict[int, float] = field(default_factory=dict)
     executions: int = 0
+    # CPU lanes (see CpuOptions.lanes): a one-thread session that up to `lanes` batches share at once.
+    lane_session: Any = None
+    lanes: int = 1
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -128,6 +131,16 @@ class Engine:
                 del session
                 continue
             attempts.append(Attempt(wanted, "loaded"))
+            lanes = cfg.cpu_lanes() if really == CPU else 1
+            lane_session = None
+            if lanes > 1:
+                try:
+                    lane_session = factory(
+                        path, session_options(cfg, wanted, threads=1), plan.providers, plan.provider_options
+                    )
+                except Exception as exc:
+                    log.warning("no CPU lanes (one-thread session failed: %s)", str(exc).splitlines()[0])
+                    lanes = 1
             inputs = session.get_inputs()
             outputs = session.get_outputs()
             engine = cls(
@@ -143,6 +156,8 @@ class Engine:
                 max_batch_size=cfg.max_batch_size,
                 attempts=attempts,
                 apply_softmax=_softmax_hint(outputs[0].name),
+                lane_session=lane_session,
+                lanes=lanes,
             )
             log.info(
                 "inference runs on %s with model %s %s variant %s (%s)%s",
@@ -176,17 +191,23 @@ class Engine:
     def short_provider(self) -> str:
         return SHORT_NAMES.get(self.provider, self.provider)
 
-    def run(self, batch: np.ndarray) -> np.ndarray:
-        """uint8 NHWC batch → class probabilities `[N, classes]` float32."""
-        with self._lock:
-            if self._binding is not None:
-                self._binding.bind_cpu_input(self.input_name, batch)
-                self._binding.bind_output(self.output_name)
-                self.session.run_with_iobinding(self._binding)
-                out = self._binding.copy_outputs_to_cpu()[0]
-            else:
-                out = self.session.run([self.output_name], {self.input_name: batch})[0]
-            self.executions += 1
+    def run(self, batch: np.ndarray, *, lane: bool = False) -> np.ndarray:
+        """uint8 NHWC batch → class probabilities `[N, classes]` float32. `lane`: on the one-thread
+        session, beside other lanes' batches (ORT sessions take concurrent runs)."""
+        if lane and self.lane_session is not None:
+            out = self.lane_session.run([self.output_name], {self.input_name: batch})[0]
+            with self._lock:
+                self.executions += 1
+        else:
+            with self._lock:  # one IO binding, one run at a time on it
+                if self._binding is not None:
+                    self._binding.bind_cpu_input(self.input_name, batch)
+                    self._binding.bind_output(self.output_name)
+                    self.session.run_with_iobinding(self._binding)
+                    out = self._binding.copy_outputs_to_cpu()[0]
+                else:
+                    out = self.session.run([self.output_name], {self.input_name: batch})[0]
+                self.executions += 1
         out = np.asarray(out, dtype=np.float32).reshape(batch.shape[0], -1)
         if self.apply_softmax is None:
             self.apply_softmax = not _looks_like_probabilities(out)
@@ -205,6 +226,9 @@ class Engine:
             for _ in range(k):
                 self.run(batch)
             self.warmup_ms[n] = (time.perf_counter() - start) * 1000 / k
+            if self.lane_session is not None:
+                for _ in range(k):
+                    self.run(batch, lane=True)
         self.executions = 0
         return dict(self.warmup_ms)
 
@@ -224,6 +248,7 @@ class Engine:
             "model": f"{self.manifest.name} {self.manifest.version}",
             "input_size": self.input_size,
             "max_batch_size": self.max_batch_size,
+            "lanes": self.lanes,
             "cache_dir": self.plan.cache_dir,
             "attempts": [f"{a.provider}: {a.outcome}" for a in self.attempts],
         }

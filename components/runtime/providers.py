@@ -231,14 +231,15 @@ def cuda_options(cfg: RuntimeConfig) -> dict[str, Any]:
     }
 
 
-def session_options(cfg: RuntimeConfig, wanted: str) -> Any:
-    """ORT SessionOptions: all graph optimisations, threads sized to the cores, no spinning."""
+def session_options(cfg: RuntimeConfig, wanted: str, *, threads: int = 0) -> Any:
+    """ORT SessionOptions: all graph optimisations, threads sized to the cores (or `threads`: a
+    lane's session), no spinning."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.intra_op_num_threads = cfg.intra_op_threads() if wanted == CPU else 1
+    so.intra_op_num_threads = (threads or cfg.intra_op_threads()) if wanted == CPU else 1
     so.inter_op_num_threads = 1
     spin = "1" if cfg.cpu.allow_spinning else "0"
     so.add_session_config_entry("session.intra_op.allow_spinning", spin)

@@ -133,7 +133,11 @@ class InferenceServer:
         self.clock = clock
         self.wall = wall
         self.batcher: DynamicBatcher[Job] = DynamicBatcher(
-            cfg.max_batch_size, cfg.max_queue_delay_us, cfg.max_queue_size, clock=clock
+            cfg.max_batch_size,
+            cfg.max_queue_delay_us,
+            cfg.max_queue_size,
+            clock=clock,
+            lanes=engine.lanes if offloader is None else 1,
         )
         self.timings = TimingPublisher(
             bus,
@@ -165,10 +169,11 @@ class InferenceServer:
         for _ in range(self.cfg.decode_threads):  # start the pool's threads now, not on the first request
             self._decode_pool.submit(warm_up_decoder, self.engine.input_size, self.engine.detail)
         self._running = True
-        for name, fn in (("edgeinfer-engine", self._engine_loop), ("edgeinfer-reply", self._reply_loop)):
+        for name, fn in (("edgeinfer-reply", self._reply_loop), ("edgeinfer-engine", self._engine_loop)):
             t = threading.Thread(target=fn, name=name, daemon=True)
             t.start()
             self._threads.append(t)
+        self._add_engine_threads(self.engine.lanes)
         self.timings.start()
         topic = infer_topic(self.thing)
         if subscribe:
@@ -206,17 +211,26 @@ class InferenceServer:
                 log.debug("closing a subscription failed", exc_info=True)
         self._subs.clear()
 
+    def _add_engine_threads(self, lanes: int) -> None:
+        """One engine thread per lane (the first is started with the reply thread)."""
+        while len(self._threads) - 1 < lanes:
+            t = threading.Thread(
+                target=self._engine_loop, name=f"edgeinfer-engine-{len(self._threads)}", daemon=True
+            )
+            t.start()
+            self._threads.append(t)
+
     def stop(self) -> None:
         self._unsubscribe()
         self._decode_pool.shutdown(wait=True)
         self._running = False
-        if self._threads:
-            self._threads[0].join(timeout=10)  # the engine: the running batch finishes and is answered
+        for t in self._threads[1:]:
+            t.join(timeout=10)  # the engines: running batches finish and are answered
         for item in self.batcher.close():
             self._fail(item.item, ErrorCode.INTERNAL, "the runtime is stopping")
         self._replies.put(None)
-        for t in self._threads[1:]:
-            t.join(timeout=10)
+        if self._threads:
+            self._threads[0].join(timeout=10)
         self._threads.clear()
         self.timings.stop()
 
@@ -232,6 +246,9 @@ class InferenceServer:
     def set_placement(self, placement: PlacementPolicy, offloader: Offloader | None = None) -> None:
         self.placement = placement
         self.offloader = offloader
+        if offloader is not None:
+            # The offload policy's service-time model and utilisation see one batch at a time.
+            self.batcher.configure(lanes=1)
 
     def apply_config(self, cfg: RuntimeConfig) -> None:
         """Apply the keys that are safe live (batching, limits, topics, timings). The engine keys are
@@ -256,7 +273,12 @@ class InferenceServer:
         """Put a new, warmed-up engine in place; the batch running now finishes on the old one."""
         with self._engine_lock:
             self.engine = engine
-        self.batcher.configure(max_batch_size=min(self.cfg.max_batch_size, engine.max_batch_size))
+        if self._running:
+            self._add_engine_threads(engine.lanes)
+        self.batcher.configure(
+            max_batch_size=min(self.cfg.max_batch_size, engine.max_batch_size),
+            lanes=engine.lanes if self.offloader is None else 1,
+        )
 
     # ------------------------------------------------------------------------------------- requests
 
@@ -363,7 +385,7 @@ class InferenceServer:
             self._fail(job, ErrorCode.OVERLOADED, f"the queue is full ({self.cfg.max_queue_size} requests)")
             return
         if inline:
-            self._decode(job)
+            self._decode(job, alone=True)
             return
         try:
             self._decode_pool.submit(self._decode, job)
@@ -425,7 +447,9 @@ class InferenceServer:
 
     # ------------------------------------------------------------------------------------ pipeline
 
-    def _decode(self, job: Job) -> None:
+    def _decode(self, job: Job, *, alone: bool = False) -> None:
+        """Decode on this thread, queue, and run the batch here if a lane is free (`alone`: the
+        request arrived at an idle runtime and may have every core)."""
         try:
             job.decode_start = self.clock()
             if job.deadline is not None and job.decode_start >= job.deadline:
@@ -457,7 +481,7 @@ class InferenceServer:
             self.batcher.release()
             self._fail(job, ErrorCode.INTERNAL, f"decode failed: {exc}")
             return
-        poll = self.batcher.put_take(job, job.deadline)
+        poll = self.batcher.put_take(job, job.deadline, alone=alone)
         if poll is None:
             self._fail(job, ErrorCode.INTERNAL, "the runtime is stopping")
             return
@@ -473,11 +497,13 @@ class InferenceServer:
             self._fail(item.item, ErrorCode.DEADLINE_EXCEEDED, "deadline passed while queued")
         if poll.batch:
             try:
-                self._run_batch(poll.batch, inline_replies=inline_replies)
+                self._run_batch(poll.batch, inline_replies=inline_replies, lane=not poll.alone)
             finally:
-                self.batcher.done()
+                self.batcher.done(poll.slots)
 
-    def _run_batch(self, batch: list[Queued[Job]], *, inline_replies: bool = False) -> None:
+    def _run_batch(
+        self, batch: list[Queued[Job]], *, inline_replies: bool = False, lane: bool = False
+    ) -> None:
         jobs = [q.item for q in batch]
         with self._engine_lock:
             engine = self.engine
@@ -489,7 +515,7 @@ class InferenceServer:
                 from edgeinfer.runtime.decode import to_model_input
 
                 images = np.stack([to_model_input(img, engine.input_size, bgr=False) for img in images])
-            probs = engine.run(images)
+            probs = engine.run(images, lane=lane)
         except Exception as exc:
             log.exception("inference on a batch of %d failed", len(jobs))
             for j in jobs:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from edgeinfer.runtime.batcher import DynamicBatcher
+from edgeinfer.runtime.batcher import BatchPoll, DynamicBatcher
 
 
 class Clock:
@@ -165,3 +165,45 @@ def test_put_take_waits_for_items_still_being_decoded_and_refuses_after_close() 
     b.close()
     assert b.admit() is False
     assert b.put_take("c") is None
+
+
+def test_lanes_hand_out_batches_side_by_side_and_alone_holds_them_all() -> None:
+    clock = Clock()
+    b: DynamicBatcher[str] = DynamicBatcher(2, 1000, 16, clock=clock, lanes=2)
+    for item in "abcde":
+        put(b, item)
+    first, second = b.get(timeout=0), b.get(timeout=0)
+    assert [q.item for q in first.batch] == ["a", "b"]
+    assert [q.item for q in second.batch] == ["c", "d"]
+    assert (first.slots, second.slots) == (1, 1)
+    assert not first.alone
+    assert b.get(timeout=0).batch == []  # both lanes taken
+    b.done(first.slots)
+    third = b.get(timeout=0)
+    assert [q.item for q in third.batch] == ["e"]
+    assert third.slots == 1  # another lane still runs
+    b.done(second.slots)
+    b.done(third.slots)
+    assert b.idle
+    assert b.admit()
+    alone = b.put_take("f", alone=True)  # arrived at an idle runtime: every lane
+    assert alone is not None
+    assert alone.slots == 2
+    assert alone.alone
+    assert b.admit()
+    waiting = b.put_take("g")
+    assert waiting is not None
+    assert waiting.batch == []  # nothing beside a batch that runs alone
+    b.done(alone.slots)
+    assert [q.item for q in b.get(timeout=0).batch] == ["g"]
+
+
+def test_alone_only_when_nothing_else_is_coming() -> None:
+    b, _ = make(lanes=2)
+    assert b.admit()
+    assert b.admit()  # a second request is being decoded
+    assert b.put_take("a", alone=True) == BatchPoll()  # wait for it: the queue delay rule
+    poll = b.put_take("b", alone=True)
+    assert poll is not None
+    assert [q.item for q in poll.batch] == ["a", "b"]
+    assert poll.slots == 2

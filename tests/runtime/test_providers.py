@@ -171,9 +171,11 @@ def test_variant_follows_the_provider_that_really_loaded(  # noqa: PLR0917
     tiny_store: Path, tmp_path: Path, loads: set[str], provider: str, variant: str, tries: int
 ) -> None:
     calls: list[tuple[str, list[str], list[dict[str, Any]]]] = []
+    cfg = RuntimeConfig()
+    cfg.cpu.lanes = 1  # count provider attempts only (lanes add a session, see below)
     engine = Engine.create(
         Manifest.load(tiny_store),
-        RuntimeConfig(),
+        cfg,
         str(tmp_path),
         platform=GPU,
         session_factory=factory(loads, calls),
@@ -185,6 +187,31 @@ def test_variant_follows_the_provider_that_really_loaded(  # noqa: PLR0917
     if provider != TRT:
         assert any(a.provider == TRT and a.outcome != "loaded" for a in engine.attempts)
     assert engine.model_ref.variant == variant
+
+
+@pytest.mark.parametrize(("loads", "lanes"), [({CPU}, 3), ({CUDA, CPU}, 1)])
+def test_cpu_lanes_get_a_one_thread_session_of_the_same_variant(
+    tiny_store: Path, tmp_path: Path, loads: set[str], lanes: int
+) -> None:
+    threads: list[int] = []
+    calls: list[tuple[str, list[str], list[dict[str, Any]]]] = []
+    make = factory(loads, calls)
+
+    def spy(path: str, so: Any, providers: list[str], options: list[dict[str, Any]]) -> Any:
+        threads.append(so.intra_op_num_threads)
+        return make(path, so, providers, options)
+
+    cfg = RuntimeConfig(execution_providers=[TRT, CUDA, CPU])
+    cfg.cpu.lanes = 3
+    cfg.cpu.intra_op_num_threads = 4
+    engine = Engine.create(Manifest.load(tiny_store), cfg, str(tmp_path), platform=GPU, session_factory=spy)
+    assert engine.lanes == lanes
+    if lanes > 1:  # the CPU: its full session, then the lanes' one-thread session of the same file
+        assert threads[-2:] == [4, 1]
+        assert calls[-1][0] == calls[-2][0]
+        assert engine.lane_session is not None
+    else:  # a GPU provider runs one batch at a time
+        assert engine.lane_session is None
 
 
 def test_no_provider_loads_raises_with_reasons(tiny_store: Path, tmp_path: Path) -> None:

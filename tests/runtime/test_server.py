@@ -215,15 +215,16 @@ class Gate:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)
 
-    def run(self, batch: np.ndarray) -> np.ndarray:
+    def run(self, batch: np.ndarray, *, lane: bool = False) -> np.ndarray:
         self.entered.set()
         self.release.wait(30)
         self.sizes.append(batch.shape[0])
-        return self.engine.run(batch)
+        return self.engine.run(batch, lane=lane)
 
 
 def test_burst_beyond_the_queue_every_request_answered(make_engine: Callable[..., Engine]) -> None:
     cfg = RuntimeConfig(max_batch_size=4, max_queue_size=8, decode_threads=2, run_inline_when_idle=False)
+    cfg.cpu.lanes = 1  # one engine: the queue's bound is what is tested
     gate = Gate(make_engine(cfg))
     bus = MemoryBus()
     server = InferenceServer(bus, gate, cfg, THING)  # type: ignore[arg-type]
@@ -253,24 +254,27 @@ def test_burst_beyond_the_queue_every_request_answered(make_engine: Callable[...
 
 
 class ThreadRecorder:
-    """An engine wrapper that notes which thread ran each batch."""
+    """An engine wrapper that notes which thread ran each batch, and whether on a lane."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.threads: list[int] = []
+        self.lanes_seen: list[bool] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)
 
-    def run(self, batch: np.ndarray) -> np.ndarray:
+    def run(self, batch: np.ndarray, *, lane: bool = False) -> np.ndarray:
         self.threads.append(threading.get_ident())
-        return self.engine.run(batch)
+        self.lanes_seen.append(lane)
+        return self.engine.run(batch, lane=lane)
 
 
 def test_idle_request_runs_to_completion_on_the_arriving_thread(
     make_engine: Callable[..., Engine],
 ) -> None:
     cfg = RuntimeConfig(max_batch_size=2)
+    cfg.cpu.lanes = 2
     engine = ThreadRecorder(make_engine(cfg))
     bus = MemoryBus()
     server = InferenceServer(bus, engine, cfg, THING)  # type: ignore[arg-type]
@@ -282,6 +286,7 @@ def test_idle_request_runs_to_completion_on_the_arriving_thread(
         assert res.status == "ok"
         assert res.batch_size == 1
         assert engine.threads == [threading.get_ident()]
+        assert engine.lanes_seen == [False]  # alone: on every thread, not a lane
     finally:
         server.stop()
 
@@ -321,8 +326,59 @@ def test_inline_off_keeps_the_transport_thread_free(make_engine: Callable[..., E
         server.stop()
 
 
+class LaneGate(Gate):
+    """A Gate that also notes whether each batch ran on a lane (one thread) or alone."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
+        self.lanes_seen: list[bool] = []
+        self.running = 0
+        self.most_at_once = 0
+        self._lock = threading.Lock()
+
+    def run(self, batch: np.ndarray, *, lane: bool = False) -> np.ndarray:
+        with self._lock:
+            self.lanes_seen.append(lane)
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+        try:
+            return super().run(batch, lane=lane)
+        finally:
+            with self._lock:
+                self.running -= 1
+
+
+def test_lanes_run_batches_side_by_side(
+    make_engine: Callable[..., Engine],
+) -> None:
+    cfg = RuntimeConfig(max_batch_size=2, max_queue_size=16, decode_threads=2, run_inline_when_idle=False)
+    cfg.cpu.lanes = 2
+    gate = LaneGate(make_engine(cfg))
+    assert gate.lanes == 2
+    bus = MemoryBus()
+    server = InferenceServer(bus, gate, cfg, THING)  # type: ignore[arg-type]
+    server.start()
+    try:
+        img = b64(solid_jpeg((250, 1, 1)))
+        bus.publish(INFER, json.dumps({"id": "a", "image": img}).encode())
+        assert gate.entered.wait(30)
+        for i in range(6):
+            bus.publish(INFER, json.dumps({"id": f"b{i}", "image": img}).encode())
+        wait_for(lambda: gate.running == 2)  # a second batch runs beside the blocked one
+        gate.release.set()
+        wait_for(lambda: len(bus.messages_on(RESULT)) >= 7)
+        results = [Result.parse(m.payload) for m in bus.messages_on(RESULT)]
+        assert {r.status for r in results} == {"ok"}
+        assert gate.most_at_once == 2
+        assert all(gate.lanes_seen)  # nothing arrived at an idle runtime inline: all on lanes
+    finally:
+        gate.release.set()
+        server.stop()
+
+
 def test_deadline_passed_in_queue_is_not_computed(make_engine: Callable[..., Engine]) -> None:
     cfg = RuntimeConfig(max_batch_size=2, max_queue_size=8, run_inline_when_idle=False)
+    cfg.cpu.lanes = 1  # one engine, busy: the second request waits in the queue
     gate = Gate(make_engine(cfg))
     bus = MemoryBus()
     server = InferenceServer(bus, gate, cfg, THING)  # type: ignore[arg-type]
