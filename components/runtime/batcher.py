@@ -15,8 +15,9 @@ when it is idle; `poll` then decides:
 4. otherwise wait (for an arrival, or until the oldest item's delay runs out).
 
 Up to `lanes` batches run at once. `get()` hands one to an engine thread; `put_take()` hands it to
-the worker that queued the last item when a lane is free at that moment (run to completion: no
-wake-up of an engine thread and no hand-off back, ~0.2-0.4 ms per request on a small core). A batch
+the worker that queued the last item when the engine is idle at that moment (one lane), or when the
+caller asks to run it `alone` (run to completion: no wake-up of an engine thread and no hand-off
+back, ~0.2-0.4 ms per request on a small core). A batch
 holds one lane, except one taken by `put_take(alone=True)` while nothing else runs, is queued or is
 being decoded: it holds every lane (`BatchPoll.slots` == `lanes`) and may use all the cores — the
 latency path for a request that arrived at an idle runtime. Lanes stay taken until `done()`.
@@ -113,8 +114,9 @@ class DynamicBatcher(Generic[T]):
             return True
 
     def put_take(self, item: T, deadline: float | None = None, *, alone: bool = False) -> BatchPoll[T] | None:
-        """`put` an admitted item; when a lane is free and the rules say go, take the batch here (the
-        caller runs it, then calls `done(poll.slots)`). `alone`: the batch may hold every lane if
+        """`put` an admitted item; when the rules say go and the engine is idle (one lane) or `alone`
+        is asked, take the batch here (the caller runs it, then calls `done(poll.slots)`). With
+        several lanes and no `alone`, engine threads take it. `alone`: the batch may hold every lane if
         nothing else runs, is queued or is being decoded (the caller knows no load is coming). None:
         the item was refused (closed). An empty poll: an engine thread will take it."""
         with self._cond:
@@ -123,7 +125,9 @@ class DynamicBatcher(Generic[T]):
             self._incoming -= 1
             self._queue.append(Queued(item, self.clock(), deadline))
             self.depth_max = max(self.depth_max, len(self._queue))
-            if self._running < self.lanes:
+            # With several lanes the engine threads take the batches: a decode worker that ran one
+            # would leave the decoding to the others for a whole batch.
+            if self._running < self.lanes and (alone or self.lanes == 1):
                 out = self._take(self.clock(), alone=alone)
                 if out.batch or out.expired:
                     return out
@@ -167,7 +171,10 @@ class DynamicBatcher(Generic[T]):
             deadlines = [q.deadline for q in self._queue if q.deadline is not None]
             # Waiting must not make a queued request miss its deadline.
             urgent = bool(deadlines) and min(deadlines) - now <= delay - age
-            if len(self._queue) >= self.max_batch_size or self._incoming <= 0 or age >= delay or urgent:
+            # "Nothing more on its way" sends a partial batch only to an idle engine: beside a running
+            # lane, a batch waits up to the delay to fill (many small lane batches starve decode).
+            settled = self._incoming <= 0 and self._running == 0
+            if len(self._queue) >= self.max_batch_size or settled or age >= delay or urgent:
                 n = min(self.max_batch_size, len(self._queue))
                 out.batch = [self._queue.popleft() for _ in range(n)]
             else:

@@ -179,7 +179,9 @@ def test_lanes_hand_out_batches_side_by_side_and_alone_holds_them_all() -> None:
     assert not first.alone
     assert b.get(timeout=0).batch == []  # both lanes taken
     b.done(first.slots)
-    third = b.get(timeout=0)
+    assert b.get(timeout=0).batch == []  # beside a running lane, a partial batch waits to fill …
+    clock.t += 0.0011
+    third = b.get(timeout=0)  # … up to the queue delay
     assert [q.item for q in third.batch] == ["e"]
     assert third.slots == 1  # another lane still runs
     b.done(second.slots)
