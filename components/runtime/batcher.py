@@ -17,10 +17,11 @@ when it is idle; `poll` then decides:
 Up to `lanes` batches run at once. `get()` hands one to an engine thread; `put_take()` hands it to
 the worker that queued the last item when the engine is idle at that moment (one lane), or when the
 caller asks to run it `alone` (run to completion: no wake-up of an engine thread and no hand-off
-back, ~0.2-0.4 ms per request on a small core). A batch
-holds one lane, except one taken by `put_take(alone=True)` while nothing else runs, is queued or is
-being decoded: it holds every lane (`BatchPoll.slots` == `lanes`) and may use all the cores — the
-latency path for a request that arrived at an idle runtime. Lanes stay taken until `done()`.
+back, ~0.2-0.4 ms per request on a small core). A batch holds one lane, except one taken by
+`put_take(alone=True)` while nothing else runs, is queued or is being decoded: it holds every lane
+(`BatchPoll.slots` == `lanes`) and may use all the cores — the latency path for a request that
+arrived at an idle runtime. Beside a running lane, rule 3's "nothing on its way" no longer sends a
+partial batch: it waits up to the delay to fill. Lanes stay taken until `done()`.
 """
 
 from __future__ import annotations

@@ -4,10 +4,12 @@ Threads: the transport calls `handle_message` (parse and admit only, never raise
 workers decode while the engine thread runs the previous batch (double buffering); one reply thread
 does top-k-to-JSON and publishes, so the engine never waits on the bus; timings go out on their own
 thread. Run to completion when there is nothing to overlap: a request that finds the runtime idle is
-decoded, run and answered on the transport's thread (`runInlineWhenIdle`), and a decode worker that
-finishes while the engine is idle runs the batch and answers it itself — each hand-off saved is
-~0.2-0.3 ms on a small core. Every accepted request gets exactly one result: ok, or an error with a
-stable code — guarded by `Job.answered`, so no path can answer twice.
+decoded, run and answered on the transport's thread (`runInlineWhenIdle`), and with one lane a decode
+worker that finishes while the engine is idle runs the batch and answers it itself — each hand-off
+saved is ~0.2-0.3 ms on a small core. Under load the CPU runs up to `cpu.lanes` batches at once, one
+engine thread and one single-thread ORT run each (see `Engine.run(lane=True)`). Every accepted
+request gets exactly one result: ok, or an error with a stable code — guarded by `Job.answered`, so
+no path can answer twice.
 
 Results go to `reply_to` (when `replyToTopics` allows it) or `edgeinfer/{thing}/result`, on the bus
 the request came from (local pub/sub or IoT Core). A `reply_to` outside the allowed topics, or one the
@@ -485,7 +487,8 @@ class InferenceServer:
         if poll is None:
             self._fail(job, ErrorCode.INTERNAL, "the runtime is stopping")
             return
-        # The engine was idle: this worker runs the batch and answers it itself (see batcher).
+        # When the batcher handed this thread the batch (idle engine, or `alone`), it runs and
+        # answers it here; otherwise the poll is empty and an engine thread takes it.
         self._run_poll(poll, inline_replies=True)
 
     def _engine_loop(self) -> None:
