@@ -160,12 +160,13 @@ class Engine:
                 lanes=lanes,
             )
             log.info(
-                "inference runs on %s with model %s %s variant %s (%s)%s",
+                "inference runs on %s with model %s %s variant %s (%s)%s%s",
                 really,
                 manifest.name,
                 manifest.version,
                 variant.name or variant.file,
                 variant.quant_format or variant.precision,
+                f", {lanes} lanes under load" if lanes > 1 else "",
                 "; not loaded: " + "; ".join(f"{a.provider}: {a.outcome}" for a in attempts[:-1])
                 if len(attempts) > 1
                 else "",
