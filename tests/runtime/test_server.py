@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import threading
 import time
@@ -222,14 +223,28 @@ class Gate:
         return self.engine.run(batch, lane=lane)
 
 
+@contextlib.contextmanager
+def serving(
+    engine: Any, cfg: RuntimeConfig, clock: Callable[[], float] = time.monotonic
+) -> Iterator[tuple[MemoryBus, InferenceServer]]:
+    """A started server on a MemoryBus around a wrapped engine; a gate is opened and the server
+    stopped on the way out, whatever the test asserted."""
+    bus = MemoryBus()
+    server = InferenceServer(bus, engine, cfg, THING, clock=clock)
+    server.start()
+    try:
+        yield bus, server
+    finally:
+        if isinstance(engine, Gate):
+            engine.release.set()
+        server.stop()
+
+
 def test_burst_beyond_the_queue_every_request_answered(make_engine: Callable[..., Engine]) -> None:
     cfg = RuntimeConfig(max_batch_size=4, max_queue_size=8, decode_threads=2, run_inline_when_idle=False)
     cfg.cpu.lanes = 1  # one engine: the queue's bound is what is tested
     gate = Gate(make_engine(cfg))
-    bus = MemoryBus()
-    server = InferenceServer(bus, gate, cfg, THING)  # type: ignore[arg-type]
-    server.start()
-    try:
+    with serving(gate, cfg) as (bus, server):
         img = b64(solid_jpeg((250, 1, 1)))
         bus.publish(INFER, json.dumps({"id": "first", "image": img}).encode())
         assert gate.entered.wait(30)  # the engine is busy with "first"
@@ -248,9 +263,6 @@ def test_burst_beyond_the_queue_every_request_answered(make_engine: Callable[...
         assert len(ok) == 1 + cfg.max_queue_size  # the running one plus a full queue
         assert max(r.batch_size for r in ok) == cfg.max_batch_size  # the backlog ran batched
         assert gate.sizes[0] == 1  # the first request did not wait for company
-    finally:
-        gate.release.set()
-        server.stop()
 
 
 class ThreadRecorder:
@@ -276,10 +288,7 @@ def test_idle_request_runs_to_completion_on_the_arriving_thread(
     cfg = RuntimeConfig(max_batch_size=2)
     cfg.cpu.lanes = 2
     engine = ThreadRecorder(make_engine(cfg))
-    bus = MemoryBus()
-    server = InferenceServer(bus, engine, cfg, THING)  # type: ignore[arg-type]
-    server.start()
-    try:
+    with serving(engine, cfg) as (bus, _server):
         bus.publish(INFER, json.dumps({"id": "a", "image": b64(solid_jpeg((250, 1, 1)))}).encode())
         # MemoryBus delivers on the publishing thread: the answer is out when publish returns.
         [res] = [Result.parse(m.payload) for m in bus.messages_on(RESULT)]
@@ -287,19 +296,14 @@ def test_idle_request_runs_to_completion_on_the_arriving_thread(
         assert res.batch_size == 1
         assert engine.threads == [threading.get_ident()]
         assert engine.lanes_seen == [False]  # alone: on every thread, not a lane
-    finally:
-        server.stop()
 
 
 def test_message_on_the_heels_of_the_last_is_pipelined(make_engine: Callable[..., Engine]) -> None:
     cfg = RuntimeConfig(max_batch_size=2)
     engine = ThreadRecorder(make_engine(cfg))
-    bus = MemoryBus()
     # A clock that stands still: the second message follows the first with no gap, as one queued
     # in the socket behind it does.
-    server = InferenceServer(bus, engine, cfg, THING, clock=lambda: 100.0)  # type: ignore[arg-type]
-    server.start()
-    try:
+    with serving(engine, cfg, clock=lambda: 100.0) as (bus, _server):
         img = b64(solid_jpeg((250, 1, 1)))
         bus.publish(INFER, json.dumps({"id": "a", "image": img}).encode())
         bus.publish(INFER, json.dumps({"id": "b", "image": img}).encode())
@@ -307,23 +311,16 @@ def test_message_on_the_heels_of_the_last_is_pipelined(make_engine: Callable[...
         assert {Result.parse(m.payload).status for m in bus.messages_on(RESULT)} == {"ok"}
         assert engine.threads[0] == threading.get_ident()
         assert engine.threads[1] != threading.get_ident()  # a decode worker or the engine thread
-    finally:
-        server.stop()
 
 
 def test_inline_off_keeps_the_transport_thread_free(make_engine: Callable[..., Engine]) -> None:
     cfg = RuntimeConfig(max_batch_size=2, run_inline_when_idle=False)
     engine = ThreadRecorder(make_engine(cfg))
-    bus = MemoryBus()
-    server = InferenceServer(bus, engine, cfg, THING)  # type: ignore[arg-type]
-    server.start()
-    try:
+    with serving(engine, cfg) as (bus, _server):
         bus.publish(INFER, json.dumps({"id": "a", "image": b64(solid_jpeg((250, 1, 1)))}).encode())
         wait_for(lambda: len(bus.messages_on(RESULT)) >= 1)
         assert engine.threads
         assert threading.get_ident() not in engine.threads
-    finally:
-        server.stop()
 
 
 class LaneGate(Gate):
@@ -355,10 +352,7 @@ def test_lanes_run_batches_side_by_side(
     cfg.cpu.lanes = 2
     gate = LaneGate(make_engine(cfg))
     assert gate.lanes == 2
-    bus = MemoryBus()
-    server = InferenceServer(bus, gate, cfg, THING)  # type: ignore[arg-type]
-    server.start()
-    try:
+    with serving(gate, cfg) as (bus, _server):
         img = b64(solid_jpeg((250, 1, 1)))
         bus.publish(INFER, json.dumps({"id": "a", "image": img}).encode())
         assert gate.entered.wait(30)
@@ -371,19 +365,13 @@ def test_lanes_run_batches_side_by_side(
         assert {r.status for r in results} == {"ok"}
         assert gate.most_at_once == 2
         assert all(gate.lanes_seen)  # nothing arrived at an idle runtime inline: all on lanes
-    finally:
-        gate.release.set()
-        server.stop()
 
 
 def test_deadline_passed_in_queue_is_not_computed(make_engine: Callable[..., Engine]) -> None:
     cfg = RuntimeConfig(max_batch_size=2, max_queue_size=8, run_inline_when_idle=False)
     cfg.cpu.lanes = 1  # one engine, busy: the second request waits in the queue
     gate = Gate(make_engine(cfg))
-    bus = MemoryBus()
-    server = InferenceServer(bus, gate, cfg, THING)  # type: ignore[arg-type]
-    server.start()
-    try:
+    with serving(gate, cfg) as (bus, server):
         img = b64(solid_jpeg((250, 1, 1)))
         bus.publish(INFER, json.dumps({"id": "first", "image": img}).encode())
         assert gate.entered.wait(30)
@@ -397,9 +385,6 @@ def test_deadline_passed_in_queue_is_not_computed(make_engine: Callable[..., Eng
         assert res["late"].error
         assert res["late"].error.code == ErrorCode.DEADLINE_EXCEEDED
         assert sum(gate.sizes) == 1
-    finally:
-        gate.release.set()
-        server.stop()
 
 
 def test_placement_seam_reject_and_cloud(make_engine: Callable[..., Engine]) -> None:
