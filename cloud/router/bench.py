@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import platform
+import queue
 import random
 import signal
 import statistics
@@ -304,13 +305,37 @@ def _payloads(images: list[bytes], deadline_ms: float | None) -> list[bytes]:
     return out
 
 
-def _send(server: Any, tracker: Tracker, rid: str, body: bytes) -> None:
+class Connection:
+    """The edge's IPC connection: requests reach the server in arrival order on a thread of its own,
+    as on the real transport. The runtime may run an idle request to completion on that thread;
+    it must be this one, not the load generator's (whose next arrival would be late)."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="edge-transport", daemon=True)
+        self._thread.start()
+
+    def deliver(self, message: Any) -> None:
+        self._queue.put(message)
+
+    def _loop(self) -> None:
+        while (message := self._queue.get()) is not None:
+            self.server.handle_message(message)
+
+    def close(self) -> None:
+        """After everything delivered so far was handled."""
+        self._queue.put(None)
+        self._thread.join(30)
+
+
+def _send(conn: Connection, tracker: Tracker, rid: str, body: bytes) -> None:
     from edgeinfer.messages import infer_topic
     from edgeinfer.transport import Message
 
     with tracker.lock:
         tracker.sent[rid] = time.perf_counter()
-    server.handle_message(Message(infer_topic(THING), body.replace(b"__ID__", rid.encode(), 1), "local"))
+    conn.deliver(Message(infer_topic(THING), body.replace(b"__ID__", rid.encode(), 1), "local"))
 
 
 def saturated_rps(edge: Edge, images: list[bytes], seconds: float = 4.0, window: int = 32) -> float:
@@ -324,6 +349,7 @@ def saturated_rps(edge: Edge, images: list[bytes], seconds: float = 4.0, window:
     free = threading.Semaphore(window)
     tracker.on_answer = free.release
     server.start()
+    conn = Connection(server)
     try:
         counter = itertools.count()
         warm_end = time.perf_counter() + 1.0
@@ -338,9 +364,10 @@ def saturated_rps(edge: Edge, images: list[bytes], seconds: float = 4.0, window:
                 end = now
                 break
             i = next(counter)
-            _send(server, tracker, f"s{i}", bodies[i % len(bodies)])
+            _send(conn, tracker, f"s{i}", bodies[i % len(bodies)])
         return (tracker.answered() - done_at_start) / (end - start)
     finally:
+        conn.close()
         server.stop()
         sub.close()
 
@@ -367,6 +394,7 @@ def open_loop(
     bodies = _payloads(images, deadline_ms)
     rng = random.Random(seed)
     server.start()
+    conn = Connection(server)
     sent = 0
     try:
         t = time.perf_counter()
@@ -378,7 +406,7 @@ def open_loop(
             delay = t - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
-            _send(server, tracker, f"{tag}-{sent}", bodies[sent % len(bodies)])
+            _send(conn, tracker, f"{tag}-{sent}", bodies[sent % len(bodies)])
             sent += 1
         ids = [f"{tag}-{i}" for i in range(sent)]
         drain_end = time.perf_counter() + 10.0
@@ -389,6 +417,7 @@ def open_loop(
             time.sleep(0.02)
         time.sleep(0.3)  # a duplicate, if any, would come now
     finally:
+        conn.close()
         server.stop()
         sub.close()
 

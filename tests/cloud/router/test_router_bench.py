@@ -112,3 +112,24 @@ def test_core_use_per_mode_adds_segments_up_before_taking_shares() -> None:
     assert shares["0"] == {"busy": 0.25, "bench": pytest.approx(0.2375, abs=0.001), "other": 0.013}
     assert shares["1"] == {"busy": 0.1, "bench": 0.075, "other": 0.025}
     assert core_shares({0: (0, 0, 0)})["0"]["busy"] == 0.0
+
+
+def test_edge_connection_delivers_in_order_on_its_own_thread() -> None:
+    from edgeinfer.cloud.router.bench import Connection
+
+    gate = threading.Event()
+    seen: list[tuple[str, int]] = []
+
+    class Server:
+        def handle_message(self, message: Message) -> None:
+            gate.wait(10)  # a request run to completion on the transport's thread
+            seen.append((message.topic, threading.get_ident()))
+
+    conn = Connection(Server())
+    for i in range(3):
+        conn.deliver(Message(f"t{i}", b"", "local"))  # the load generator is not held up
+    assert seen == []
+    gate.set()
+    conn.close()
+    assert [topic for topic, _ in seen] == ["t0", "t1", "t2"]
+    assert {tid for _, tid in seen} != {threading.get_ident()}
