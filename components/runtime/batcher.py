@@ -17,11 +17,12 @@ when it is idle; `poll` then decides:
 Up to `lanes` batches run at once. `get()` hands one to an engine thread; `put_take()` hands it to
 the worker that queued the last item when the engine is idle at that moment (one lane), or when the
 caller asks to run it `alone` (run to completion: no wake-up of an engine thread and no hand-off
-back, ~0.2-0.4 ms per request on a small core). A batch holds one lane, except one taken by
-`put_take(alone=True)` while nothing else runs, is queued or is being decoded: it holds every lane
-(`BatchPoll.slots` == `lanes`) and may use all the cores — the latency path for a request that
-arrived at an idle runtime. Beside a running lane, rule 3's "nothing on its way" no longer sends a
-partial batch: it waits up to the delay to fill. Lanes stay taken until `done()`.
+back, ~0.2-0.4 ms per request on a small core). A batch holds one lane, except one taken by `get()`
+or `put_take(alone=True)` while nothing else runs, is queued or is being decoded: it holds every lane
+(`BatchPoll.slots` == `lanes`) and may use all the cores — the latency path for a request (or a
+source's frame) that arrived at an idle runtime. Beside a running lane, rule 3's "nothing on its
+way" no longer sends a partial batch: it waits up to the delay to fill. Lanes stay taken until
+`done()`.
 """
 
 from __future__ import annotations
@@ -121,19 +122,20 @@ class DynamicBatcher(Generic[T]):
         nothing else runs, is queued or is being decoded (the caller knows no load is coming). None:
         the item was refused (closed). An empty poll: an engine thread will take it."""
         with self._cond:
-            if self._closed:
-                return None
             self._incoming -= 1
+            if self._closed:
+                self._admitted -= 1
+                return None
             self._queue.append(Queued(item, self.clock(), deadline))
             self.depth_max = max(self.depth_max, len(self._queue))
+            out: BatchPoll[T] = BatchPoll()
             # With several lanes the engine threads take the batches: a decode worker that ran one
             # would leave the decoding to the others for a whole batch.
             if self._running < self.lanes and (alone or self.lanes == 1):
                 out = self._take(self.clock(), alone=alone)
-                if out.batch or out.expired:
-                    return out
-            self._cond.notify_all()
-            return BatchPoll()
+            if self._queue:  # what is left is the engine threads'
+                self._cond.notify_all()
+            return out
 
     def done(self, slots: int = 1) -> None:
         """A batch finished: its lanes (`BatchPoll.slots`) are free again."""
@@ -189,7 +191,7 @@ class DynamicBatcher(Generic[T]):
         end = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
-                out = self._take(self.clock()) if self._running < self.lanes else BatchPoll[T]()
+                out = self._take(self.clock(), alone=True) if self._running < self.lanes else BatchPoll[T]()
                 if out.batch or out.expired or self._closed:
                     return out
                 left = None if end is None else end - time.monotonic()

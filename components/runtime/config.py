@@ -98,7 +98,8 @@ class CpuOptions:
     # Batches run at once under load, each on one thread of its own session (what OpenVINO calls
     # streams): a one-thread run wastes no time at the parallel-for barriers, and a preempted thread
     # delays only its own batch. A batch that finds nothing else queued or running still gets every
-    # thread (the latency path). 0: one lane per usable core; 1: off.
+    # thread (the latency path). The lanes' session is a second copy of the model in memory and is
+    # warmed up too (start → RUNNING +~0.2 s here). 0: one lane per usable core; 1: off.
     lanes: int = 0
 
 

@@ -1,6 +1,6 @@
 """The request pipeline: bus → parse → placement → decode pool → dynamic batcher → engine → reply.
 
-Threads: the transport calls `handle_message` (parse and admit only, never raises); `decode_threads`
+Threads: the transport calls `handle_message` (parse and admit, never raises); `decode_threads`
 workers decode while the engine thread runs the previous batch (double buffering); one reply thread
 does top-k-to-JSON and publishes, so the engine never waits on the bus; timings go out on their own
 thread. Run to completion when there is nothing to overlap: a request that finds the runtime idle is
@@ -61,8 +61,11 @@ from edgeinfer.transport.base import topic_matches
 
 log = logging.getLogger(__name__)
 
-# A message handled sooner than this after the previous one returned was queued behind it.
-BACKLOG_GAP_S = 0.0005
+# A message handled sooner than this after the previous one returned was queued behind it. The
+# transport's own decoding of the next message (~0.1-0.2 ms for a request-sized one here) falls
+# inside the gap; 1 ms leaves room for a slower core, and a closed loop's next request comes
+# ≥ 2 ms later (two IPC hops and the client).
+BACKLOG_GAP_S = 0.001
 
 
 def _lower_priority(nice: int) -> None:
@@ -248,9 +251,8 @@ class InferenceServer:
     def set_placement(self, placement: PlacementPolicy, offloader: Offloader | None = None) -> None:
         self.placement = placement
         self.offloader = offloader
-        if offloader is not None:
-            # The offload policy's service-time model and utilisation see one batch at a time.
-            self.batcher.configure(lanes=1)
+        # The offload policy's service-time model and utilisation see one batch at a time.
+        self.batcher.configure(lanes=1 if offloader is not None else self.engine.lanes)
 
     def apply_config(self, cfg: RuntimeConfig) -> None:
         """Apply the keys that are safe live (batching, limits, topics, timings). The engine keys are
@@ -272,7 +274,7 @@ class InferenceServer:
         self.timings.enabled = cfg.timings.enabled
 
     def swap_engine(self, engine: Engine) -> None:
-        """Put a new, warmed-up engine in place; the batch running now finishes on the old one."""
+        """Put a new, warmed-up engine in place; batches running now finish on the old one."""
         with self._engine_lock:
             self.engine = engine
         if self._running:
@@ -285,7 +287,9 @@ class InferenceServer:
     # ------------------------------------------------------------------------------------- requests
 
     def handle_message(self, msg: Message) -> None:
-        """Transport callback: parse, check, decide placement, admit. Never raises, never blocks long."""
+        """Transport callback: parse, check, decide placement, admit. Never raises. With
+        `runInlineWhenIdle`, a request that finds the runtime idle is run to completion here (the
+        transport's thread then reads nothing else for one inference; under load it only admits)."""
         try:
             self._handle(msg)
         except Exception:  # the last line of defence: still one answer, and keep serving
@@ -496,12 +500,22 @@ class InferenceServer:
             self._run_poll(self.batcher.get(timeout=0.1))
 
     def _run_poll(self, poll: BatchPoll[Job], *, inline_replies: bool = False) -> None:
-        for item in poll.expired:
-            self._fail(item.item, ErrorCode.DEADLINE_EXCEEDED, "deadline passed while queued")
-        if poll.batch:
-            try:
+        """Answer what expired, run the batch; whatever goes wrong, every job gets its one answer and
+        the batch's lanes are given back (a lane kept would stop the engine for good)."""
+        try:
+            for item in poll.expired:
+                self._fail(item.item, ErrorCode.DEADLINE_EXCEEDED, "deadline passed while queued")
+            if poll.batch:
                 self._run_batch(poll.batch, inline_replies=inline_replies, lane=not poll.alone)
-            finally:
+        except Exception:
+            log.exception("a batch of %d failed after inference", len(poll.batch))
+            for q in [*poll.expired, *poll.batch]:
+                try:
+                    self._fail(q.item, ErrorCode.INTERNAL, "internal error")  # no-op if answered
+                except Exception:
+                    log.exception("answering %s failed", q.item.request.id)
+        finally:
+            if poll.batch:
                 self.batcher.done(poll.slots)
 
     def _run_batch(

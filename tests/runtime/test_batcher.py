@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from edgeinfer.runtime.batcher import BatchPoll, DynamicBatcher
+from edgeinfer.runtime.batcher import DynamicBatcher
 
 
 class Clock:
@@ -204,8 +204,23 @@ def test_alone_only_when_nothing_else_is_coming() -> None:
     b, _ = make(lanes=2)
     assert b.admit()
     assert b.admit()  # a second request is being decoded
-    assert b.put_take("a", alone=True) == BatchPoll()  # wait for it: the queue delay rule
+    first = b.put_take("a", alone=True)
+    assert first is not None
+    assert first.batch == []  # wait for it: the queue delay rule
     poll = b.put_take("b", alone=True)
     assert poll is not None
     assert [q.item for q in poll.batch] == ["a", "b"]
     assert poll.slots == 2
+    b.done(poll.slots)
+
+
+def test_alone_refused_while_items_stay_queued() -> None:
+    b, _ = make(lanes=2, max_batch_size=2)
+    for item in "abc":
+        put(b, item)
+    poll = b.get(timeout=0)  # an engine thread at an idle runtime, but "c" is left behind
+    assert [q.item for q in poll.batch] == ["a", "b"]
+    assert poll.slots == 1
+    assert not poll.alone
+    last = b.get(timeout=0)  # beside a running lane: "c" waits to fill, then goes on a lane
+    assert last.batch == []

@@ -324,47 +324,41 @@ def test_inline_off_keeps_the_transport_thread_free(make_engine: Callable[..., E
 
 
 class LaneGate(Gate):
-    """A Gate that also notes whether each batch ran on a lane (one thread) or alone."""
+    """A Gate whose first two lane runs wait for each other (they only meet if they run side by
+    side); notes whether each batch ran on a lane (one thread) or alone."""
 
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)
         self.lanes_seen: list[bool] = []
-        self.running = 0
-        self.most_at_once = 0
-        self._lock = threading.Lock()
+        self.meet = threading.Barrier(2)
 
     def run(self, batch: np.ndarray, *, lane: bool = False) -> np.ndarray:
-        with self._lock:
-            self.lanes_seen.append(lane)
-            self.running += 1
-            self.most_at_once = max(self.most_at_once, self.running)
-        try:
-            return super().run(batch, lane=lane)
-        finally:
-            with self._lock:
-                self.running -= 1
+        self.lanes_seen.append(lane)
+        if lane and sum(self.lanes_seen) <= 2:
+            self.meet.wait(30)  # BrokenBarrierError (the test fails) unless a second lane comes
+        return super().run(batch, lane=lane)
 
 
-def test_lanes_run_batches_side_by_side(
+def test_lanes_run_batches_side_by_side_and_an_idle_request_alone(
     make_engine: Callable[..., Engine],
 ) -> None:
     cfg = RuntimeConfig(max_batch_size=2, max_queue_size=16, decode_threads=2, run_inline_when_idle=False)
     cfg.cpu.lanes = 2
     gate = LaneGate(make_engine(cfg))
     assert gate.lanes == 2
-    with serving(gate, cfg) as (bus, _server):
+    with serving(gate, cfg) as (bus, server):
         img = b64(solid_jpeg((250, 1, 1)))
         bus.publish(INFER, json.dumps({"id": "a", "image": img}).encode())
-        assert gate.entered.wait(30)
+        assert gate.entered.wait(30)  # "a" found the runtime idle: it runs alone, and is held
         for i in range(6):
             bus.publish(INFER, json.dumps({"id": f"b{i}", "image": img}).encode())
-        wait_for(lambda: gate.running == 2)  # a second batch runs beside the blocked one
+        wait_for(lambda: server.batcher.incoming == 0)
         gate.release.set()
         wait_for(lambda: len(bus.messages_on(RESULT)) >= 7)
         results = [Result.parse(m.payload) for m in bus.messages_on(RESULT)]
         assert {r.status for r in results} == {"ok"}
-        assert gate.most_at_once == 2
-        assert all(gate.lanes_seen)  # nothing arrived at an idle runtime inline: all on lanes
+        assert gate.lanes_seen[0] is False  # alone: every thread
+        assert gate.lanes_seen[1:3] == [True, True]  # the backlog: two lanes that met at the barrier
 
 
 def test_deadline_passed_in_queue_is_not_computed(make_engine: Callable[..., Engine]) -> None:
@@ -601,3 +595,56 @@ def test_decode_workers_run_at_the_configured_niceness(make_engine: Callable[...
         assert again == os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     finally:
         server.stop()
+
+
+def test_offload_keeps_one_lane_and_edge_only_gets_them_back(make_engine: Callable[..., Engine]) -> None:
+    from edgeinfer.runtime.placement import EdgeOnly
+
+    cfg = RuntimeConfig(max_batch_size=2)
+    cfg.cpu.lanes = 2
+    engine = make_engine(cfg)
+    server = InferenceServer(MemoryBus(), engine, cfg, THING)
+
+    class Cloud:
+        def offload(self, request: Request, ctx: PlacementContext, reply: Callable[[Result], None]) -> None:
+            raise AssertionError("not called here")
+
+    assert server.batcher.lanes == 2
+    server.set_placement(EdgeOnly(), Cloud())
+    assert server.batcher.lanes == 1  # the policy's service model sees one batch at a time
+    server.set_placement(EdgeOnly(), None)
+    assert server.batcher.lanes == 2
+
+
+class FailingTopK(ThreadRecorder):
+    """An engine whose first top-k raises: a failure after inference."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
+        self.failed = False
+
+    def top_k(self, probs: np.ndarray, k: int) -> Any:
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("top-k exploded")
+        return self.engine.top_k(probs, k)
+
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_failure_after_inference_answers_the_batch_and_frees_its_lane(
+    make_engine: Callable[..., Engine], inline: bool
+) -> None:
+    cfg = RuntimeConfig(max_batch_size=2, run_inline_when_idle=inline)
+    cfg.cpu.lanes = 1
+    engine = FailingTopK(make_engine(cfg))
+    with serving(engine, cfg) as (bus, server):
+        img = b64(solid_jpeg((250, 1, 1)))
+        bus.publish(INFER, json.dumps({"id": "boom", "image": img}).encode())
+        wait_for(lambda: len(bus.messages_on(RESULT)) >= 1)
+        bus.publish(INFER, json.dumps({"id": "next", "image": img}).encode())
+        wait_for(lambda: len(bus.messages_on(RESULT)) >= 2)
+        res = {r.id: r for r in (Result.parse(m.payload) for m in bus.messages_on(RESULT))}
+        assert res["boom"].error is not None
+        assert res["boom"].error.code == ErrorCode.INTERNAL
+        assert res["next"].status == "ok"  # the lane came back
+        wait_for(lambda: server.batcher.idle)  # nothing held: admitted, queued or running
