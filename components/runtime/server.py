@@ -4,9 +4,8 @@ Threads: the transport calls `handle_message` (parse and admit, never raises); `
 workers decode while the engine thread runs the previous batch (double buffering); one reply thread
 does top-k-to-JSON and publishes, so the engine never waits on the bus; timings go out on their own
 thread. Run to completion when there is nothing to overlap: a request that finds the runtime idle is
-decoded, run and answered on the transport's thread (`runInlineWhenIdle`), and with one lane a decode
-worker that finishes while the engine is idle runs the batch and answers it itself — each hand-off
-saved is ~0.2-0.3 ms on a small core. Under load the CPU runs up to `cpu.lanes` batches at once, one
+decoded, run and answered on the transport's thread (`runInlineWhenIdle`) — each hand-off saved is
+~0.2-0.3 ms on a small core. Under load the CPU runs up to `cpu.lanes` batches at once, one
 engine thread and one single-thread ORT run each (see `Engine.run(lane=True)`). Every accepted
 request gets exactly one result: ok, or an error with a stable code — guarded by `Job.answered`, so
 no path can answer twice.
@@ -491,7 +490,7 @@ class InferenceServer:
         if poll is None:
             self._fail(job, ErrorCode.INTERNAL, "the runtime is stopping")
             return
-        # When the batcher handed this thread the batch (idle engine, or `alone`), it runs and
+        # When the batcher handed this thread the batch (`alone` at an idle runtime), it runs and
         # answers it here; otherwise the poll is empty and an engine thread takes it.
         self._run_poll(poll, inline_replies=True)
 

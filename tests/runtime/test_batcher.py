@@ -132,36 +132,45 @@ def test_get_blocks_until_put_and_close_returns_leftovers() -> None:
     assert b.get(timeout=0).batch == []
 
 
-def test_put_take_hands_the_batch_to_the_caller_when_none_is_running() -> None:
+def test_put_take_alone_hands_the_batch_to_the_caller_at_an_idle_runtime() -> None:
     b, _ = make()
     assert b.idle
     assert b.admit()
-    poll = b.put_take("a")
+    poll = b.put_take("a", alone=True)
     assert poll is not None
     assert [q.item for q in poll.batch] == ["a"]
     assert not b.idle  # running until done()
     assert b.admit()
-    later = b.put_take("b")
+    later = b.put_take("b", alone=True)
     assert later is not None
-    assert later.batch == []
+    assert later.batch == []  # one batch at a time: "b" waits in the queue
     assert b.get(timeout=0).batch == []  # … for the engine thread too
-    b.done()
+    b.done(poll.slots)
     assert [q.item for q in b.get(timeout=0).batch] == ["b"]
     b.done()
     assert b.idle
+
+
+def test_put_take_without_alone_leaves_the_batch_to_the_engine_threads() -> None:
+    b, _ = make()
+    assert b.admit()
+    poll = b.put_take("a")  # a decode worker: it goes back to decoding
+    assert poll is not None
+    assert poll.batch == []
+    assert [q.item for q in b.get(timeout=0).batch] == ["a"]
 
 
 def test_put_take_waits_for_items_still_being_decoded_and_refuses_after_close() -> None:
     b, _ = make()
     assert b.admit()
     assert b.admit()
-    first = b.put_take("a")  # "b" is still being decoded: leave "a" for the batch to come
+    first = b.put_take("a", alone=True)  # "b" is still being decoded: leave "a" for the batch to come
     assert first is not None
     assert first.batch == []
-    second = b.put_take("b")
+    second = b.put_take("b", alone=True)
     assert second is not None
     assert [q.item for q in second.batch] == ["a", "b"]
-    b.done()
+    b.done(second.slots)
     b.close()
     assert b.admit() is False
     assert b.put_take("c") is None
