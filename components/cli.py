@@ -35,6 +35,7 @@ _BENCHES = (
     "edgeinfer.model.bench",  # bench model
     "edgeinfer.sim.bench",  # bench sim
     "edgeinfer.runtime.bench",  # bench runtime
+    "edgeinfer.runtime.compare",  # bench compare
     "edgeinfer.telemetry.bench",  # bench telemetry
     "edgeinfer.cloud.router.bench",  # bench offload
 )

@@ -1,0 +1,174 @@
+"""`edgeinfer bench compare A B`: two runtime configurations side by side on the simulated core.
+
+The vCPUs of a shared machine drift by up to 1.5× within minutes, so two runs made one after the
+other compare the machine's moods as much as the configurations. Here both runtimes are up at once,
+each as the component process of its own simulated core, and the rounds alternate A, B, A, B: each
+round measures a closed-loop p50 and a saturated throughput (the idle one waits). What is reported is every pair and the
+medians — a change is real when B is ahead in (nearly) every pair, not when one median is.
+
+    edgeinfer bench compare '{"cpu": {"lanes": 1}}' '{}' --rounds 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from edgeinfer.errors import EdgeinferError
+from edgeinfer.files import write_output
+
+__all__ = ["Pair", "register_bench", "summarize"]
+
+Pair = tuple[float, float]
+
+
+def summarize(rounds: list[dict[str, Pair]]) -> dict[str, Any]:
+    """Per figure: the pairs (A, B), both medians, B's ratio to A, and in how many pairs B is ahead
+    (higher throughput, lower latency)."""
+    out: dict[str, Any] = {}
+    for key, higher_is_better in (("saturated_rps", True), ("p50_ms", False)):
+        pairs = [r[key] for r in rounds]
+        a = statistics.median(p[0] for p in pairs)
+        b = statistics.median(p[1] for p in pairs)
+        ahead = sum(1 for x, y in pairs if (y > x if higher_is_better else y < x))
+        out[key] = {
+            "pairs": [list(p) for p in pairs],
+            "median_a": a,
+            "median_b": b,
+            "b_over_a": b / a if a else float("nan"),
+            "b_ahead": ahead,
+            "rounds": len(pairs),
+        }
+    return out
+
+
+def _config(text: str, what: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(text or "{}")
+    except ValueError as exc:
+        raise EdgeinferError(f"{what} is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise EdgeinferError(f"{what} must be a JSON object of the runtime's recipe keys")
+    return doc
+
+
+def run_compare(args: argparse.Namespace) -> dict[str, Any]:
+    from edgeinfer.model.manifest import Manifest, ManifestError, default_store_dir
+    from edgeinfer.runtime.bench import (
+        CLIENT,
+        COMPONENT,
+        THING,
+        Driver,
+        bench_images,
+        prepare_device,
+        request_payloads,
+        wait_ready,
+    )
+    from edgeinfer.sim import Simulator
+    from edgeinfer.transport.ipc import GreengrassIpcBus
+
+    configs = {"a": _config(args.a, "A"), "b": _config(args.b, "B")}
+    store_dir = Path(args.model_dir) if args.model_dir else default_store_dir()
+    try:
+        Manifest.load(store_dir)
+    except ManifestError as exc:
+        raise EdgeinferError(str(exc)) from None
+    payloads = request_payloads(bench_images())
+    root = Path(tempfile.mkdtemp(prefix="edgeinfer-compare-"))
+    started: list[tuple[Any, Any, Any]] = []  # (simulator, bus, driver), as far as each got
+    rounds: list[dict[str, Pair]] = []
+    try:
+        for name, extra in configs.items():
+            recipes, artifacts = prepare_device(root / name / "device", store_dir)
+            runtime_cfg = {
+                "maxBatchSize": args.max_batch_size,
+                "maxQueueSize": max(64, 8 * args.max_batch_size),
+                "executionProviders": ["CPUExecutionProvider"],
+                **extra,
+            }
+            sim = Simulator(
+                recipes,
+                artifacts,
+                thing=THING,
+                work_dir=root / name / "core",
+                config_merge={COMPONENT: runtime_cfg},
+            )
+            sim.start()
+            started.append((sim, None, None))  # stopped even if what follows fails
+            wait_ready(sim)
+            env = sim.ipc_env(CLIENT)
+            bus = GreengrassIpcBus.connect(
+                env["AWS_GG_NUCLEUS_DOMAIN_SOCKET_FILEPATH_FOR_COMPONENT"], env["SVCUID"]
+            )
+            driver = Driver(bus, "local", THING, payloads)
+            started[-1] = (sim, bus, driver)
+            driver.closed_loop(30)  # warm
+        for i in range(args.rounds):
+            figures: dict[str, list[float]] = {"p50_ms": [], "saturated_rps": []}
+            for _sim, _bus, driver in started:
+                figures["p50_ms"].append(statistics.median(driver.closed_loop(args.requests)))
+                rps, _sizes = driver.saturate(args.saturate, window=6 * args.max_batch_size)
+                figures["saturated_rps"].append(rps)
+            rounds.append({k: (v[0], v[1]) for k, v in figures.items()})
+            print(
+                f"round {i + 1}/{args.rounds}: saturated {figures['saturated_rps'][0]:.0f} vs "
+                f"{figures['saturated_rps'][1]:.0f} req/s, p50 {figures['p50_ms'][0]:.2f} vs "
+                f"{figures['p50_ms'][1]:.2f} ms",
+                file=sys.stderr,
+            )
+    finally:
+        for sim, bus, driver in started:
+            if driver is not None:
+                driver.close()
+            if bus is not None:
+                bus.close()
+            sim.stop()
+    return {"a": configs["a"], "b": configs["b"], "figures": summarize(rounds)}
+
+
+def table_lines(out: dict[str, Any]) -> list[str]:
+    lines = [f"bench compare — A {json.dumps(out['a'])} vs B {json.dumps(out['b'])}"]
+    for key, label, unit in (
+        ("saturated_rps", "saturated throughput", "req/s"),
+        ("p50_ms", "closed-loop p50", "ms"),
+    ):
+        f = out["figures"][key]
+        pairs = ", ".join(f"{a:.1f}/{b:.1f}" for a, b in f["pairs"])
+        lines.append(
+            f"  {label:<22} A {f['median_a']:.1f} {unit}, B {f['median_b']:.1f} {unit} "
+            f"(B/A {f['b_over_a']:.2f}); B ahead in {f['b_ahead']} of {f['rounds']} rounds [{pairs}]"
+        )
+    return lines
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.rounds < 1:
+        raise EdgeinferError("--rounds must be at least 1")
+    out = run_compare(args)
+    print("\n".join(table_lines(out)))
+    if args.json:
+        write_output(Path(args.json), (json.dumps(out, indent=2) + "\n").encode())
+    return 0
+
+
+def register_bench(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "compare",
+        help="two runtime configurations side by side, in alternating rounds",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("a", metavar="A", help="runtime recipe configuration (JSON) merged over the defaults")
+    p.add_argument("b", metavar="B", help="the other configuration, e.g. '{}' for the defaults")
+    p.add_argument("--rounds", type=int, default=4, help="alternating rounds (default 4)")
+    p.add_argument("--requests", type=int, default=60, help="closed-loop requests per round (default 60)")
+    p.add_argument("--saturate", type=int, default=400, help="requests per saturation run (default 400)")
+    p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--model-dir", default="", help="model store folder (default: the built one)")
+    p.add_argument("--json", metavar="FILE", help="write the pairs and medians as JSON")
+    p.set_defaults(func=_run)
