@@ -34,6 +34,7 @@ def test_bad_configuration_is_a_one_line_error(capsys: pytest.CaptureFixture[str
     assert "JSON object" in err[0]
 
 
+@pytest.mark.e2e
 def test_short_run_on_a_tiny_model(tiny_store: Path, tmp_path: Path) -> None:
     out_file = tmp_path / "compare.json"
     rc = main(
