@@ -3,8 +3,9 @@
 The vCPUs of a shared machine drift by up to 1.5× within minutes, so two runs made one after the
 other compare the machine's moods as much as the configurations. Here both runtimes are up at once,
 each as the component process of its own simulated core, and the rounds alternate A, B, A, B: each
-round measures a closed-loop p50 and a saturated throughput (the idle one waits). What is reported is every pair and the
-medians — a change is real when B is ahead in (nearly) every pair, not when one median is.
+round measures a closed-loop p50 and a saturated throughput, and with `--rate` the p99/p50 of
+constant-rate arrivals (the other runtime waits). What is reported is every pair and the medians — a
+change is real when B is ahead in (nearly) every pair, not when one median is.
 
     edgeinfer bench compare '{"cpu": {"lanes": 1}}' '{}' --rounds 6
 """
@@ -27,11 +28,20 @@ __all__ = ["Pair", "register_bench", "summarize"]
 Pair = tuple[float, float]
 
 
+FIGURES = (  # key, label, unit, higher is better
+    ("saturated_rps", "saturated throughput", "req/s", True),
+    ("p50_ms", "closed-loop p50", "ms", False),
+    ("open_p99_over_p50", "p99/p50 at --rate", "×", False),
+)
+
+
 def summarize(rounds: list[dict[str, Pair]]) -> dict[str, Any]:
     """Per figure: the pairs (A, B), both medians, B's ratio to A, and in how many pairs B is ahead
     (higher throughput, lower latency)."""
     out: dict[str, Any] = {}
-    for key, higher_is_better in (("saturated_rps", True), ("p50_ms", False)):
+    for key, _label, _unit, higher_is_better in FIGURES:
+        if not rounds or key not in rounds[0]:
+            continue
         pairs = [r[key] for r in rounds]
         a = statistics.median(p[0] for p in pairs)
         b = statistics.median(p[1] for p in pairs)
@@ -65,6 +75,7 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
         THING,
         Driver,
         bench_images,
+        pct,
         prepare_device,
         request_payloads,
         wait_ready,
@@ -110,15 +121,19 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
             driver.closed_loop(30)  # warm
         for i in range(args.rounds):
             figures: dict[str, list[float]] = {"p50_ms": [], "saturated_rps": []}
+            if args.rate > 0:
+                figures["open_p99_over_p50"] = []
             for _sim, _bus, driver in started:
                 figures["p50_ms"].append(statistics.median(driver.closed_loop(args.requests)))
                 rps, _sizes = driver.saturate(args.saturate, window=6 * args.max_batch_size)
                 figures["saturated_rps"].append(rps)
+                if args.rate > 0:
+                    lat, _errors = driver.open_loop(args.rate, args.duration)
+                    figures["open_p99_over_p50"].append(pct(lat, 99) / statistics.median(lat))
             rounds.append({k: (v[0], v[1]) for k, v in figures.items()})
             print(
-                f"round {i + 1}/{args.rounds}: saturated {figures['saturated_rps'][0]:.0f} vs "
-                f"{figures['saturated_rps'][1]:.0f} req/s, p50 {figures['p50_ms'][0]:.2f} vs "
-                f"{figures['p50_ms'][1]:.2f} ms",
+                f"round {i + 1}/{args.rounds}: "
+                + ", ".join(f"{k} {v[0]:.2f} vs {v[1]:.2f}" for k, v in figures.items()),
                 file=sys.stderr,
             )
     finally:
@@ -133,10 +148,9 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
 
 def table_lines(out: dict[str, Any]) -> list[str]:
     lines = [f"bench compare — A {json.dumps(out['a'])} vs B {json.dumps(out['b'])}"]
-    for key, label, unit in (
-        ("saturated_rps", "saturated throughput", "req/s"),
-        ("p50_ms", "closed-loop p50", "ms"),
-    ):
+    for key, label, unit, _higher in FIGURES:
+        if key not in out["figures"]:
+            continue
         f = out["figures"][key]
         pairs = ", ".join(f"{a:.1f}/{b:.1f}" for a, b in f["pairs"])
         lines.append(
@@ -149,6 +163,8 @@ def table_lines(out: dict[str, Any]) -> list[str]:
 def _run(args: argparse.Namespace) -> int:
     if args.rounds < 1:
         raise EdgeinferError("--rounds must be at least 1")
+    if args.rate < 0 or args.duration <= 0:
+        raise EdgeinferError("--rate must be 0 (off) or positive, --duration positive")
     out = run_compare(args)
     print("\n".join(table_lines(out)))
     if args.json:
@@ -168,6 +184,14 @@ def register_bench(subparsers: Any) -> None:
     p.add_argument("--rounds", type=int, default=4, help="alternating rounds (default 4)")
     p.add_argument("--requests", type=int, default=60, help="closed-loop requests per round (default 60)")
     p.add_argument("--saturate", type=int, default=400, help="requests per saturation run (default 400)")
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="also send --duration s of constant-rate arrivals per round at this many req/s and "
+        "compare p99/p50 (e.g. 70 %% of saturation; default: off)",
+    )
+    p.add_argument("--duration", type=float, default=6.0, help="seconds at --rate per round (default 6)")
     p.add_argument("--max-batch-size", type=int, default=8)
     p.add_argument("--model-dir", default="", help="model store folder (default: the built one)")
     p.add_argument("--json", metavar="FILE", help="write the pairs and medians as JSON")

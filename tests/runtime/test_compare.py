@@ -41,13 +41,13 @@ def test_short_run_on_a_tiny_model(tiny_store: Path, tmp_path: Path) -> None:
         [
             "bench", "compare", '{"cpu": {"lanes": 1}}', "{}",
             "--model-dir", str(tiny_store), "--rounds", "1", "--requests", "3", "--saturate", "16",
-            "--json", str(out_file),
+            "--rate", "20", "--duration", "0.5", "--json", str(out_file),
         ]
     )  # fmt: skip
     assert rc == 0
     doc = json.loads(out_file.read_text())
     assert doc["a"] == {"cpu": {"lanes": 1}}
-    for key in ("saturated_rps", "p50_ms"):
+    for key in ("saturated_rps", "p50_ms", "open_p99_over_p50"):
         [[a, b]] = doc["figures"][key]["pairs"]
         assert a > 0
         assert b > 0
