@@ -366,6 +366,26 @@ def runtime_pid(root: Path) -> int | None:
     return None
 
 
+def runtime_config(max_batch_size: int, extra: dict[str, Any]) -> dict[str, Any]:
+    """The runtime's recipe configuration on the bench's simulated core: the CPU, a queue of eight
+    batches, then `extra` (recipe keys) over it."""
+    return {
+        "maxBatchSize": max_batch_size,
+        "maxQueueSize": max(64, 8 * max_batch_size),
+        "executionProviders": ["CPUExecutionProvider"],
+        **extra,
+    }
+
+
+def connect_client(sim: Any, payloads: list[bytes]) -> tuple[Any, Driver]:
+    """The load generator's IPC connection, as the bench's client component, and its local driver."""
+    from edgeinfer.transport.ipc import GreengrassIpcBus
+
+    env = sim.ipc_env(CLIENT)
+    bus = GreengrassIpcBus.connect(env["AWS_GG_NUCLEUS_DOMAIN_SOCKET_FILEPATH_FOR_COMPONENT"], env["SVCUID"])
+    return bus, Driver(bus, "local", THING, payloads)
+
+
 def request_payloads(images: list[bytes]) -> list[bytes]:
     import base64
 
@@ -382,7 +402,6 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     from edgeinfer.model.manifest import Manifest, ManifestError, default_store_dir
     from edgeinfer.runtime.config import RuntimeConfig
     from edgeinfer.sim import Simulator
-    from edgeinfer.transport.ipc import GreengrassIpcBus
     from edgeinfer.transport.mqtt import MqttPubSub
 
     store_dir = Path(args.model_dir) if args.model_dir else default_store_dir()
@@ -410,21 +429,12 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
 
     root = Path(tempfile.mkdtemp(prefix="edgeinfer-bench-"))
     recipes, artifacts = prepare_device(root / "device", store_dir)
-    runtime_cfg = {
-        "maxBatchSize": args.max_batch_size,
-        "maxQueueSize": max(64, 8 * args.max_batch_size),
-        "executionProviders": ["CPUExecutionProvider"],
-        **getattr(args, "config", {}),
-    }
+    runtime_cfg = runtime_config(args.max_batch_size, getattr(args, "config", {}))
     out: dict[str, Any] = {"raw": raw, "model": {"name": manifest.name, "version": manifest.version}}
     print("simulated core: starting the runtime", file=sys.stderr)
 
     def connect(sim: Any) -> tuple[Any, Any]:
-        env = sim.ipc_env(CLIENT)
-        bus = GreengrassIpcBus.connect(
-            env["AWS_GG_NUCLEUS_DOMAIN_SOCKET_FILEPATH_FOR_COMPONENT"], env["SVCUID"]
-        )
-        driver = Driver(bus, "local", THING, payloads)
+        bus, driver = connect_client(sim, payloads)
         # Warm the client and the nucleus (not the runtime): one request-sized hop, then the request.
         hop = ipc_hop_ms(bus, THING, payloads[0], 20)
         return bus, (driver, hop)

@@ -70,18 +70,17 @@ def _config(text: str, what: str) -> dict[str, Any]:
 def run_compare(args: argparse.Namespace) -> dict[str, Any]:
     from edgeinfer.model.manifest import Manifest, ManifestError, default_store_dir
     from edgeinfer.runtime.bench import (
-        CLIENT,
         COMPONENT,
         THING,
-        Driver,
         bench_images,
+        connect_client,
         pct,
         prepare_device,
         request_payloads,
+        runtime_config,
         wait_ready,
     )
     from edgeinfer.sim import Simulator
-    from edgeinfer.transport.ipc import GreengrassIpcBus
 
     configs = {"a": _config(args.a, "A"), "b": _config(args.b, "B")}
     store_dir = Path(args.model_dir) if args.model_dir else default_store_dir()
@@ -96,27 +95,17 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
     try:
         for name, extra in configs.items():
             recipes, artifacts = prepare_device(root / name / "device", store_dir)
-            runtime_cfg = {
-                "maxBatchSize": args.max_batch_size,
-                "maxQueueSize": max(64, 8 * args.max_batch_size),
-                "executionProviders": ["CPUExecutionProvider"],
-                **extra,
-            }
             sim = Simulator(
                 recipes,
                 artifacts,
                 thing=THING,
                 work_dir=root / name / "core",
-                config_merge={COMPONENT: runtime_cfg},
+                config_merge={COMPONENT: runtime_config(args.max_batch_size, extra)},
             )
             sim.start()
             started.append((sim, None, None))  # stopped even if what follows fails
             wait_ready(sim)
-            env = sim.ipc_env(CLIENT)
-            bus = GreengrassIpcBus.connect(
-                env["AWS_GG_NUCLEUS_DOMAIN_SOCKET_FILEPATH_FOR_COMPONENT"], env["SVCUID"]
-            )
-            driver = Driver(bus, "local", THING, payloads)
+            bus, driver = connect_client(sim, payloads)
             started[-1] = (sim, bus, driver)
             driver.closed_loop(30)  # warm
         for i in range(args.rounds):

@@ -173,10 +173,9 @@ class InferenceServer:
         for _ in range(self.cfg.decode_threads):  # start the pool's threads now, not on the first request
             self._decode_pool.submit(warm_up_decoder, self.engine.input_size, self.engine.detail)
         self._running = True
-        for name, fn in (("edgeinfer-reply", self._reply_loop), ("edgeinfer-engine", self._engine_loop)):
-            t = threading.Thread(target=fn, name=name, daemon=True)
-            t.start()
-            self._threads.append(t)
+        reply = threading.Thread(target=self._reply_loop, name="edgeinfer-reply", daemon=True)
+        reply.start()
+        self._threads.append(reply)
         self._add_engine_threads(self.engine.lanes)
         self.timings.start()
         topic = infer_topic(self.thing)
@@ -216,8 +215,8 @@ class InferenceServer:
         self._subs.clear()
 
     def _add_engine_threads(self, lanes: int) -> None:
-        """One engine thread per lane (the first is started with the reply thread)."""
-        while len(self._threads) - 1 < lanes:
+        """One engine thread per lane (`_threads[0]` is the reply thread)."""
+        while len(self._threads) - 1 < max(1, lanes):
             t = threading.Thread(
                 target=self._engine_loop, name=f"edgeinfer-engine-{len(self._threads)}", daemon=True
             )
