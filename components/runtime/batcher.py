@@ -18,10 +18,14 @@ Up to `lanes` batches run at once. `get()` hands one to an engine thread; `put_t
 hands it to the caller that queued the last item at an idle runtime (run to completion: no wake-up
 of an engine thread and no hand-off back, ~0.2-0.4 ms per request on a small core). A batch holds
 one lane, except one taken by `get()` or `put_take(alone=True)` while nothing else runs, is queued
-or is being decoded: it holds every lane (`BatchPoll.slots` == `lanes`) and may use all the cores —
-the latency path for a request (or a source's frame) that arrived at an idle runtime. Beside a
-running lane, rule 3's "nothing on its way" no longer sends a partial batch: it waits up to the
-delay to fill. Lanes stay taken until `done()`.
+or is being decoded, at a *quiet* runtime: it holds every lane (`BatchPoll.slots` == `lanes`) and may
+use all the cores — the latency path for a request (or a source's frame) that arrived at an idle
+runtime. Quiet: fewer than `full_session_max_contention` of the recent arrivals (an average over ~8)
+found work in flight. Under load the runtime is idle for moments between requests too, and a batch
+there that took every core would make the next arrival wait for all of it while costing more CPU
+per image than a lane; so under load every batch takes one lane. Beside a running lane, rule 3's
+"nothing on its way" no longer sends a partial batch: it waits up to the delay to fill. Lanes stay
+taken until `done()`.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+
+CONTENTION_WINDOW = 8  # arrivals the contention average spans (an exponential moving average)
 
 __all__ = ["BatchPoll", "DynamicBatcher", "Queued"]
 
@@ -68,8 +74,11 @@ class DynamicBatcher(Generic[T]):
         *,
         clock: Callable[[], float] = time.monotonic,
         lanes: int = 1,
+        full_session_max_contention: float = 0.25,
     ) -> None:
         self.lanes = max(1, lanes)
+        self.full_session_max_contention = full_session_max_contention
+        self.contention = 0.0  # moving average: 1 for an arrival that found work in flight, else 0
         self.max_batch_size = max_batch_size
         self.max_queue_delay_us = max_queue_delay_us
         self.max_queue_size = max_queue_size
@@ -89,9 +98,14 @@ class DynamicBatcher(Generic[T]):
         with self._cond:
             if self._closed or self._admitted >= self.max_queue_size:
                 return False
+            self._arrive()
             self._admitted += 1
             self._incoming += 1
             return True
+
+    def _arrive(self) -> None:
+        busy = self._admitted > 0 or self._running > 0
+        self.contention += ((1.0 if busy else 0.0) - self.contention) / CONTENTION_WINDOW
 
     def release(self) -> None:
         """An admitted request left before reaching the queue (bad image, deadline during decode)."""
@@ -106,6 +120,7 @@ class DynamicBatcher(Generic[T]):
             if not admitted:
                 if self._closed or self._admitted >= self.max_queue_size:
                     return False
+                self._arrive()
                 self._admitted += 1
             else:
                 self._incoming -= 1
@@ -147,7 +162,7 @@ class DynamicBatcher(Generic[T]):
         was_idle = self._running == 0
         out = self._poll(now)
         if out.batch:
-            alone = alone and was_idle and not self._queue and self._incoming <= 0
+            alone = alone and was_idle and not self._queue and self._incoming <= 0 and self._quiet
             out.slots = self.lanes if alone else 1
             out.lanes = self.lanes
             self._running += out.slots
@@ -208,11 +223,14 @@ class DynamicBatcher(Generic[T]):
         max_queue_delay_us: int | None = None,
         max_queue_size: int | None = None,
         lanes: int | None = None,
+        full_session_max_contention: float | None = None,
     ) -> None:
         """Live update; items already admitted stay admitted, batches running keep their lanes."""
         with self._cond:
             if lanes is not None:
                 self.lanes = max(1, lanes)
+            if full_session_max_contention is not None:
+                self.full_session_max_contention = full_session_max_contention
             if max_batch_size is not None:
                 self.max_batch_size = max_batch_size
             if max_queue_delay_us is not None:
@@ -235,6 +253,16 @@ class DynamicBatcher(Generic[T]):
     def idle(self) -> bool:
         """Nothing admitted, queued or running."""
         return self._admitted == 0 and self._running == 0
+
+    @property
+    def _quiet(self) -> bool:
+        return self.contention < self.full_session_max_contention
+
+    @property
+    def quiet(self) -> bool:
+        """Idle, and not under load: few recent arrivals found work in flight (see the module
+        docstring). What gets a request the whole session, and run to completion on its thread."""
+        return self.idle and self._quiet
 
     @property
     def depth(self) -> int:

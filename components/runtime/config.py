@@ -89,7 +89,12 @@ class CpuOptions:
     """Session options for the CPU provider. `intra_op_num_threads` 0 = one per usable core."""
 
     intra_op_num_threads: int = 0
-    allow_spinning: bool = False  # session.intra_op.allow_spinning: spinning threads fight OpenCV's
+    # session.intra_op.allow_spinning and session.force_spinning_stop: the pool's threads spin between
+    # the layers of a Run (a blocked thread's wake-up at each of ~100 layers took b1 from 4.6-5.5 to
+    # 6.4-7.0 ms here) and stop when it returns, so they burn no core between requests. Only the
+    # whole session has a pool, and it runs only at a quiet runtime (`full_session_max_contention`).
+    allow_spinning: bool = True
+    force_spinning_stop: bool = True
     opencv_threads: int = 1  # cv2.setNumThreads: decode runs on our own pool, not OpenCV's
     python_switch_interval_us: int = 500  # sys.setswitchinterval: hand the GIL back to the engine soon
     # Niceness of the decode workers (Linux, 0-19): with cores shared, a preempted ORT thread stalls
@@ -101,6 +106,9 @@ class CpuOptions:
     # thread (the latency path). The lanes' session is a second copy of the model in memory and is
     # warmed up too (start → RUNNING +~0.2 s here). 0: one lane per usable core; 1: off.
     lanes: int = 0
+    # A batch at an idle runtime gets the whole session (every core) only while fewer than this share
+    # of recent arrivals found work in flight; under load it takes a lane like any other. 1: always.
+    full_session_max_contention: float = 0.25
 
 
 @dataclass
@@ -220,6 +228,8 @@ class RuntimeConfig:
             out.append("cpu.decodeNice must be from 0 to 19")
         if not 0 <= self.cpu.lanes <= 64:
             out.append("cpu.lanes must be from 0 (one per core) to 64")
+        if not 0 <= self.cpu.full_session_max_contention <= 1:
+            out.append("cpu.fullSessionMaxContention must be from 0 (never) to 1 (always)")
         if self.cpu.intra_op_num_threads < 0:
             out.append("cpu.intraOpNumThreads must be 0 (one per core) or positive")
         if self.source.kind not in SOURCE_KINDS:

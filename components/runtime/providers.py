@@ -233,7 +233,7 @@ def cuda_options(cfg: RuntimeConfig) -> dict[str, Any]:
 
 def session_options(cfg: RuntimeConfig, wanted: str, *, threads: int = 0) -> Any:
     """ORT SessionOptions: all graph optimisations, threads sized to the cores (or `threads`: a
-    lane's session), no spinning."""
+    lane's session), spinning as `cfg.cpu` says (by default only inside a Run)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -244,6 +244,7 @@ def session_options(cfg: RuntimeConfig, wanted: str, *, threads: int = 0) -> Any
     spin = "1" if cfg.cpu.allow_spinning else "0"
     so.add_session_config_entry("session.intra_op.allow_spinning", spin)
     so.add_session_config_entry("session.inter_op.allow_spinning", spin)
+    so.add_session_config_entry("session.force_spinning_stop", "1" if cfg.cpu.force_spinning_stop else "0")
     so.log_severity_level = 3
     return so
 

@@ -142,6 +142,7 @@ class InferenceServer:
             cfg.max_queue_size,
             clock=clock,
             lanes=engine.lanes if offloader is None else 1,
+            full_session_max_contention=cfg.cpu.full_session_max_contention,
         )
         self.timings = TimingPublisher(
             bus,
@@ -266,6 +267,7 @@ class InferenceServer:
             max_batch_size=min(cfg.max_batch_size, self.engine.max_batch_size),
             max_queue_delay_us=cfg.max_queue_delay_us,
             max_queue_size=cfg.max_queue_size,
+            full_session_max_contention=cfg.cpu.full_session_max_contention,
         )
         self.timings.max_records = cfg.timings.max_records
         self.timings.flush_interval_ms = cfg.timings.flush_interval_ms
@@ -372,9 +374,11 @@ class InferenceServer:
         # Run to completion on this (the transport's) thread when nothing else is in flight and the
         # message did not follow the previous one at once: a hand-off to a decode worker costs
         # ~0.3 ms and there is nothing to overlap with. A message right on the heels of the last
-        # one was waiting in the socket while this thread was busy: load, so pipeline it.
+        # one was waiting in the socket while this thread was busy: load, so pipeline it. So is any
+        # request while recent arrivals found work in flight (`batcher.quiet`): near capacity the
+        # next arrival would wait in the socket for the whole inline run.
         inline = (
-            cfg.run_inline_when_idle and arrived - self._handled_at >= BACKLOG_GAP_S and self.batcher.idle
+            cfg.run_inline_when_idle and arrived - self._handled_at >= BACKLOG_GAP_S and self.batcher.quiet
         )
         self._serve_local(job, inline=inline)
 

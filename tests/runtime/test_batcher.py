@@ -178,7 +178,10 @@ def test_put_take_waits_for_items_still_being_decoded_and_refuses_after_close() 
 
 def test_lanes_hand_out_batches_side_by_side_and_alone_holds_them_all() -> None:
     clock = Clock()
-    b: DynamicBatcher[str] = DynamicBatcher(2, 1000, 16, clock=clock, lanes=2)
+    # Contention 1.0: the burst below would otherwise count as load (see the next test).
+    b: DynamicBatcher[str] = DynamicBatcher(
+        2, 1000, 16, clock=clock, lanes=2, full_session_max_contention=1.0
+    )
     for item in "abcde":
         put(b, item)
     first, second = b.get(timeout=0), b.get(timeout=0)
@@ -207,6 +210,35 @@ def test_lanes_hand_out_batches_side_by_side_and_alone_holds_them_all() -> None:
     assert waiting.batch == []  # nothing beside a batch that runs alone
     b.done(alone.slots)
     assert [q.item for q in b.get(timeout=0).batch] == ["g"]
+
+
+def test_under_load_a_batch_at_a_momentarily_idle_runtime_takes_one_lane() -> None:
+    b, _ = make(lanes=2, max_batch_size=8, max_queue_size=16)
+    assert b.quiet
+    for item in "abcdefgh":  # a burst: each arrival after the first finds work in flight
+        put(b, item)
+    burst = b.get(timeout=0)
+    assert len(burst.batch) == 8
+    b.done(burst.slots)
+    assert b.idle
+    assert not b.quiet  # idle this moment, but under load
+    assert b.contention > b.full_session_max_contention
+    assert b.admit()
+    poll = b.put_take("i", alone=True)
+    assert poll is not None
+    assert [q.item for q in poll.batch] == ["i"]
+    assert poll.slots == 1  # a lane, not every core: the next arrival may come at any moment
+    assert not poll.alone
+    b.done(poll.slots)
+    for _ in range(12):  # then requests one at a time, each finding the runtime idle
+        assert b.admit()
+        one = b.put_take("j", alone=True)
+        assert one is not None
+        b.done(one.slots)
+    assert b.quiet
+    assert one.alone  # quiet again: the whole session
+    b.configure(full_session_max_contention=0.0)
+    assert not b.quiet  # 0: never the whole session
 
 
 def test_alone_only_when_nothing_else_is_coming() -> None:

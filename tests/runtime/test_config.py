@@ -40,7 +40,7 @@ def test_invalid_values_give_reasons_and_a_usable_config() -> None:
             "executionProviders": ["warp-drive"],
             "source": {"kind": "video"},
             "cuda": "fast",
-            "cpu": {"decodeNice": 25},
+            "cpu": {"decodeNice": 25, "fullSessionMaxContention": 1.5},
         }
     )
     text = " | ".join(problems)
@@ -50,6 +50,7 @@ def test_invalid_values_give_reasons_and_a_usable_config() -> None:
     assert "source.uri is required" in text
     assert "cuda must be an object" in text
     assert "cpu.decodeNice must be from 0 to 19" in text
+    assert "cpu.fullSessionMaxContention must be from 0 (never) to 1 (always)" in text
     assert cfg.max_queue_delay_us == RuntimeConfig().max_queue_delay_us
 
 

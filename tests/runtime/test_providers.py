@@ -20,6 +20,7 @@ from edgeinfer.runtime.providers import (
     plan_for,
     profile_shapes,
     provider_attempts,
+    session_options,
     trt_cache_key,
 )
 
@@ -212,6 +213,22 @@ def test_cpu_lanes_get_a_one_thread_session_of_the_same_variant(
         assert engine.lane_session is not None
     else:  # a GPU provider runs one batch at a time
         assert engine.lane_session is None
+
+
+def test_session_options_spin_only_inside_a_run() -> None:
+    cfg = RuntimeConfig()
+    cfg.cpu.intra_op_num_threads = 2
+    whole, lane = session_options(cfg, CPU), session_options(cfg, CPU, threads=1)
+    assert (whole.intra_op_num_threads, lane.intra_op_num_threads) == (2, 1)
+    for so in (whole, lane):
+        assert so.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+        assert so.get_session_config_entry("session.force_spinning_stop") == "1"
+    assert session_options(cfg, CUDA).intra_op_num_threads == 1  # the GPU's host thread only
+    cfg.cpu.allow_spinning = False
+    cfg.cpu.force_spinning_stop = False
+    so = session_options(cfg, CPU)
+    assert so.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert so.get_session_config_entry("session.force_spinning_stop") == "0"
 
 
 def test_no_provider_loads_raises_with_reasons(tiny_store: Path, tmp_path: Path) -> None:
