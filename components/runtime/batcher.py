@@ -21,9 +21,9 @@ one lane, except one taken by `get()` or `put_take(alone=True)` while nothing el
 or is being decoded, at a *quiet* runtime: it holds every lane (`BatchPoll.slots` == `lanes`) and may
 use all the cores — the latency path for a request (or a source's frame) that arrived at an idle
 runtime. Quiet: fewer than `full_session_max_contention` of the recent arrivals (an average over ~8)
-found work in flight. Under load the runtime is idle for moments between requests too, and a batch
-there that took every core would make the next arrival wait for all of it while costing more CPU
-per image than a lane; so under load every batch takes one lane. Beside a running lane, rule 3's
+found work in flight (with one lane, always). Under load the runtime is idle for moments between
+requests too, and a batch there that took every core would make the next arrival wait for all of
+it while costing more CPU per image than a lane; so under load every batch takes one lane. Beside a running lane, rule 3's
 "nothing on its way" no longer sends a partial batch: it waits up to the delay to fill. Lanes stay
 taken until `done()`.
 """
@@ -256,12 +256,13 @@ class DynamicBatcher(Generic[T]):
 
     @property
     def _quiet(self) -> bool:
-        return self.contention < self.full_session_max_contention
+        return self.lanes == 1 or self.contention < self.full_session_max_contention
 
     @property
     def quiet(self) -> bool:
         """Idle, and not under load: few recent arrivals found work in flight (see the module
-        docstring). What gets a request the whole session, and run to completion on its thread."""
+        docstring). What gets a request the whole session, and run to completion on its thread.
+        With one lane there is nothing to run beside it, and idle is enough."""
         return self.idle and self._quiet
 
     @property

@@ -239,6 +239,8 @@ def test_under_load_a_batch_at_a_momentarily_idle_runtime_takes_one_lane() -> No
     assert one.alone  # quiet again: the whole session
     b.configure(full_session_max_contention=0.0)
     assert not b.quiet  # 0: never the whole session
+    b.configure(lanes=1)
+    assert b.quiet  # one lane: nothing could run beside it, idle is enough
 
 
 def test_alone_only_when_nothing_else_is_coming() -> None:
