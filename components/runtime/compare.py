@@ -31,6 +31,8 @@ Pair = tuple[float, float]
 FIGURES = (  # key, label, unit, higher is better
     ("saturated_rps", "saturated throughput", "req/s", True),
     ("p50_ms", "closed-loop p50", "ms", False),
+    ("open_p50_ms", "p50 at --rate", "ms", False),
+    ("open_p99_ms", "p99 at --rate", "ms", False),
     ("open_p99_over_p50", "p99/p50 at --rate", "×", False),
 )
 
@@ -111,13 +113,15 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
         for i in range(args.rounds):
             figures: dict[str, list[float]] = {"p50_ms": [], "saturated_rps": []}
             if args.rate > 0:
-                figures["open_p99_over_p50"] = []
+                figures.update(open_p50_ms=[], open_p99_ms=[], open_p99_over_p50=[])
             for _sim, _bus, driver in started:
                 figures["p50_ms"].append(statistics.median(driver.closed_loop(args.requests)))
                 rps, _sizes = driver.saturate(args.saturate, window=6 * args.max_batch_size)
                 figures["saturated_rps"].append(rps)
                 if args.rate > 0:
                     lat, _errors = driver.open_loop(args.rate, args.duration)
+                    figures["open_p50_ms"].append(statistics.median(lat))
+                    figures["open_p99_ms"].append(pct(lat, 99))
                     figures["open_p99_over_p50"].append(pct(lat, 99) / statistics.median(lat))
             rounds.append({k: (v[0], v[1]) for k, v in figures.items()})
             print(

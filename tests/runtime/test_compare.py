@@ -47,7 +47,7 @@ def test_short_run_on_a_tiny_model(tiny_store: Path, tmp_path: Path) -> None:
     assert rc == 0
     doc = json.loads(out_file.read_text())
     assert doc["a"] == {"cpu": {"lanes": 1}}
-    for key in ("saturated_rps", "p50_ms", "open_p99_over_p50"):
+    for key in ("saturated_rps", "p50_ms", "open_p50_ms", "open_p99_ms", "open_p99_over_p50"):
         [[a, b]] = doc["figures"][key]["pairs"]
         assert a > 0
         assert b > 0
