@@ -23,9 +23,9 @@ use all the cores — the latency path for a request (or a source's frame) that 
 runtime. Quiet: fewer than `full_session_max_contention` of the recent arrivals (an average over ~8)
 found work in flight (with one lane, always). Under load the runtime is idle for moments between
 requests too, and a batch there that took every core would make the next arrival wait for all of
-it while costing more CPU per image than a lane; so under load every batch takes one lane. Beside a running lane, rule 3's
-"nothing on its way" no longer sends a partial batch: it waits up to the delay to fill. Lanes stay
-taken until `done()`.
+it while costing more CPU per image than a lane; so under load every batch takes one lane.
+Beside a running lane, rule 3's "nothing on its way" no longer sends a partial batch: it waits up
+to the delay to fill. Lanes stay taken until `done()`.
 """
 
 from __future__ import annotations
