@@ -6,7 +6,8 @@ In one run, on the same 640×480 JPEGs and the same model variant:
   loop (decode a batch serially, run it; the throughput to beat);
 - **runtime**: the real component on the simulated core; a load generator sends requests over local
   pub/sub (through the real Greengrass IPC, as another component) and over IoT Core (mosquitto):
-  closed-loop latency, saturated throughput, p99 at 70 % of that, start → RUNNING, first request.
+  closed-loop latency, saturated throughput, p99/p50 at 70 % of it (three segments, each sized from
+  a saturation run just before it; the median segment counts), start → RUNNING, first request.
 
 Every figure is a ratio measured side by side (see DESIGN.md, "Performance").
 """
@@ -43,6 +44,10 @@ INSTALLER = "com.edgeinfer.RuntimeInstaller"
 CLIENT = "com.edgeinfer.BenchClient"
 THING = "bench-thing"
 SAT_ROUNDS = 3  # saturation runs, each beside a batched-loop run; medians reported
+# Segments of the 70 % load, each at 70 % of a saturation measured just before it (the machine's
+# speed drifts within minutes: a rate fixed from the first saturation ran at 60-110 % of the
+# machine's later capacity); the segments' median ratio is reported, every segment kept.
+LOAD70_SEGMENTS = 3
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
 TARGETS = {
@@ -507,9 +512,17 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         sat_rps = statistics.median(sats)
         throughput_ratio = statistics.median(r / loop for r, loop in zip(sats, loops, strict=True))
         rps_after, _ = raw_pipe.batched(rounds)
-        print("70 % load", file=sys.stderr)
-        rate = 0.7 * sat_rps
-        at70, errors70 = local.open_loop(rate, args.duration)
+        print(f"70 % load: {LOAD70_SEGMENTS} segments, each after a saturation run", file=sys.stderr)
+        segments: list[dict[str, float]] = []
+        errors70 = 0
+        for _ in range(LOAD70_SEGMENTS):
+            anchor, _sizes = local.saturate(n_sat // 2, window=6 * args.max_batch_size)
+            lat, errors = local.open_loop(0.7 * anchor, args.duration / LOAD70_SEGMENTS)
+            errors70 += errors
+            p50, p99 = statistics.median(lat) if lat else float("nan"), pct(lat, 99)
+            segments.append({"saturated_rps": anchor, "rps": 0.7 * anchor, "p50_ms": p50, "p99_ms": p99})
+        mid = sorted(segments, key=lambda g: g["p99_ms"] / g["p50_ms"])[LOAD70_SEGMENTS // 2]
+        rate = mid["rps"]
         at70p, _ = local.open_loop(rate, args.duration / 2, poisson=True)
         local.close()
         iot.close()
@@ -551,8 +564,9 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         "saturated_cpu_ms_per_request": {"runtime": cpu_runtime, "nucleus_and_load_generator": cpu_bench},
         "saturated_mean_batch": statistics.fmean(sizes) if sizes else 0.0,
         "load70_rps": rate,
-        "load70_p50_ms": statistics.median(at70) if at70 else float("nan"),
-        "load70_p99_ms": pct(at70, 99),
+        "load70_p50_ms": mid["p50_ms"],
+        "load70_p99_ms": mid["p99_ms"],
+        "load70_segments": segments,
         "load70_errors": errors70,
         "load70_arrivals": "constant",
         "load70_poisson_p50_ms": statistics.median(at70p) if at70p else float("nan"),
@@ -615,8 +629,15 @@ def table_lines(out: dict[str, Any]) -> list[str]:
         ),
         (
             "at 70 % load p50 / p99 (constant rate)",
-            f"{rt['load70_p50_ms']:.2f} / {rt['load70_p99_ms']:.2f} ms",
-            f"p99 {ratios['p99_over_p50_at_70pct']:.2f}× p50 (≤ 2)",
+            f"{rt['load70_p50_ms']:.2f} / {rt['load70_p99_ms']:.2f} ms at {rt['load70_rps']:.0f} req/s",
+            f"p99 {ratios['p99_over_p50_at_70pct']:.2f}× p50 (≤ 2), median segment",
+        ),
+        (
+            "  every segment: p99/p50 at req/s",
+            ", ".join(
+                f"{g['p99_ms'] / g['p50_ms']:.2f}× at {g['rps']:.0f}" for g in rt.get("load70_segments", [])
+            ),
+            "",
         ),
         (
             "  same load, Poisson arrivals",
@@ -672,7 +693,9 @@ def register_bench(subparsers: Any) -> None:
     p.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     p.add_argument("--model-dir", default="", help="model store folder (default: the built one)")
     p.add_argument("--requests", type=int, default=300, help="closed-loop requests (default 300)")
-    p.add_argument("--duration", type=float, default=10.0, help="seconds at 70 %% load (default 10)")
+    p.add_argument(
+        "--duration", type=float, default=15.0, help="seconds at 70 %% load, in 3 segments (default 15)"
+    )
     p.add_argument("--max-batch-size", type=int, default=8)
     p.add_argument("--starts", type=int, default=3, help="cold starts for the start figures (median)")
     p.add_argument("--keep", action="store_true", help="keep the simulated core's folder")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
@@ -15,7 +16,10 @@ from edgeinfer.runtime.bench import (
     prepare_device,
     request_payloads,
     running_ms_from_log,
+    table_lines,
 )
+
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "runtime.json"
 
 
 def test_percentile_and_log_parsing() -> None:
@@ -49,3 +53,15 @@ def test_registered_under_bench() -> None:
     args = build_parser().parse_args(["bench", "runtime", "--requests", "5", "--json", "x.json"])
     assert args.requests == 5
     assert args.json == "x.json"
+
+
+def test_table_shows_the_median_segment_and_every_segment() -> None:
+    doc = json.loads(RESULTS.read_text())  # the recorded run: the table renders what JSON keeps
+    segments = doc["runtime"]["load70_segments"]
+    assert len(segments) == 3
+    ratios = sorted(g["p99_ms"] / g["p50_ms"] for g in segments)
+    assert doc["ratios"]["p99_over_p50_at_70pct"] == ratios[1]  # the median segment's
+    text = "\n".join(table_lines(doc))
+    for g in segments:
+        assert f"{g['p99_ms'] / g['p50_ms']:.2f}× at {g['rps']:.0f}" in text
+    assert f"{doc['runtime']['load70_rps']:.0f} req/s" in text
