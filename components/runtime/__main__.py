@@ -225,7 +225,7 @@ class Component:
         threading.Thread(target=self._apply_update, name="edgeinfer-config", daemon=True).start()
 
     def _apply_update(self) -> None:
-        from edgeinfer.runtime.config import ENGINE_KEYS, diff_keys
+        from edgeinfer.runtime.config import diff_keys, engine_keys_changed
         from edgeinfer.runtime.placement import EdgeOnly
 
         with self._lock:
@@ -242,7 +242,7 @@ class Component:
                 return
             log.info("configuration changed: %s", ", ".join(sorted(changed)))
             swapped = False
-            if changed & ENGINE_KEYS:
+            if engine_keys_changed(self.cfg, cfg):
                 try:
                     engine = self.build_engine(cfg)
                 except Exception as exc:

@@ -20,16 +20,18 @@ of an engine thread and no hand-off back, ~0.2-0.4 ms per request on a small cor
 one lane, except one taken by `get()` or `put_take(alone=True)` while nothing else runs, is queued
 or is being decoded, at a *quiet* runtime: it holds every lane (`BatchPoll.slots` == `lanes`) and may
 use all the cores — the latency path for a request (or a source's frame) that arrived at an idle
-runtime. Quiet: fewer than `full_session_max_contention` of the recent arrivals (an average over ~8)
-found work in flight (with one lane, always). Under load the runtime is idle for moments between
-requests too, and a batch there that took every core would make the next arrival wait for all of
-it while costing more CPU per image than a lane; so under load every batch takes one lane.
+runtime. Quiet: fewer than `full_session_max_contention` of the recent arrivals (an average over ~8,
+fading over seconds without arrivals) found work in flight (with one lane, always). Under load the
+runtime is idle for moments between requests too, and a batch there that took every core would make
+the next arrival wait for all of it while costing more CPU per image than a lane; so under load
+every batch takes one lane.
 Beside a running lane, rule 3's "nothing on its way" no longer sends a partial batch: it waits up
 to the delay to fill. Lanes stay taken until `done()`.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -40,6 +42,7 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 CONTENTION_WINDOW = 8  # arrivals the contention average spans (an exponential moving average)
+CONTENTION_FADE_S = 1.0  # … and it fades with time between arrivals: a burst is forgotten in seconds
 
 __all__ = ["BatchPoll", "DynamicBatcher", "Queued"]
 
@@ -79,6 +82,7 @@ class DynamicBatcher(Generic[T]):
         self.lanes = max(1, lanes)
         self.full_session_max_contention = full_session_max_contention
         self.contention = 0.0  # moving average: 1 for an arrival that found work in flight, else 0
+        self._last_arrival: float | None = None
         self.max_batch_size = max_batch_size
         self.max_queue_delay_us = max_queue_delay_us
         self.max_queue_size = max_queue_size
@@ -104,6 +108,10 @@ class DynamicBatcher(Generic[T]):
             return True
 
     def _arrive(self) -> None:
+        now = self.clock()
+        if self._last_arrival is not None:
+            self.contention *= math.exp(-max(0.0, now - self._last_arrival) / CONTENTION_FADE_S)
+        self._last_arrival = now
         busy = self._admitted > 0 or self._running > 0
         self.contention += ((1.0 if busy else 0.0) - self.contention) / CONTENTION_WINDOW
 

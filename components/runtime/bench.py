@@ -15,10 +15,10 @@ Every figure is a ratio measured side by side (see DESIGN.md, "Performance").
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -190,7 +190,8 @@ class RawPipeline:
         from edgeinfer.runtime.engine import Engine
 
         cv2.setNumThreads(cfg.cpu.opencv_threads)  # as the runtime does
-        cfg = dataclasses.replace(cfg, cpu=dataclasses.replace(cfg.cpu, lanes=1))  # one plain session
+        # The runtime's configuration, lanes included: its whole session (what `once` and `batched`
+        # run) then has the same options as the runtime's, spinning too; the lanes' session idles.
         self.images = images
         self.batch = cfg.max_batch_size
         self.engine = Engine.create(Manifest.load(store_dir), cfg, tempfile.mkdtemp(prefix="edgeinfer-raw-"))
@@ -344,6 +345,19 @@ def ipc_hop_ms(bus: Any, thing: str, payload: bytes, n: int) -> list[float]:
             out.append((time.perf_counter() - t) * 1000)
     sub.close()
     return out
+
+
+def segment_ratio(segment: dict[str, float]) -> float:
+    """A load segment's p99/p50; infinite when it has errors or no latencies (it counts as worst)."""
+    ratio = segment["p99_ms"] / segment["p50_ms"] if segment["p50_ms"] > 0 else math.inf
+    return ratio if math.isfinite(ratio) and not segment.get("errors") else math.inf
+
+
+def median_segment(segments: list[dict[str, float]]) -> dict[str, float]:
+    """The segment with the median p99/p50 (the upper one of an even count)."""
+    if not segments:
+        raise ValueError("no segments")
+    return sorted(segments, key=segment_ratio)[len(segments) // 2]
 
 
 def process_cpu_s(pid: int) -> float:
@@ -514,14 +528,17 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         rps_after, _ = raw_pipe.batched(rounds)
         print(f"70 % load: {LOAD70_SEGMENTS} segments, each after a saturation run", file=sys.stderr)
         segments: list[dict[str, float]] = []
-        errors70 = 0
         for _ in range(LOAD70_SEGMENTS):
             anchor, _sizes = local.saturate(n_sat // 2, window=6 * args.max_batch_size)
+            if anchor <= 0:
+                raise EdgeinferError("no request succeeded while saturating: the runtime is not serving")
             lat, errors = local.open_loop(0.7 * anchor, args.duration / LOAD70_SEGMENTS)
-            errors70 += errors
             p50, p99 = statistics.median(lat) if lat else float("nan"), pct(lat, 99)
-            segments.append({"saturated_rps": anchor, "rps": 0.7 * anchor, "p50_ms": p50, "p99_ms": p99})
-        mid = sorted(segments, key=lambda g: g["p99_ms"] / g["p50_ms"])[LOAD70_SEGMENTS // 2]
+            segments.append(
+                {"saturated_rps": anchor, "rps": 0.7 * anchor, "p50_ms": p50, "p99_ms": p99, "errors": errors}
+            )
+        mid = median_segment(segments)
+        errors70 = sum(int(g["errors"]) for g in segments)
         rate = mid["rps"]
         at70p, _ = local.open_loop(rate, args.duration / 2, poisson=True)
         local.close()
@@ -635,7 +652,9 @@ def table_lines(out: dict[str, Any]) -> list[str]:
         (
             "  every segment: p99/p50 at req/s",
             ", ".join(
-                f"{g['p99_ms'] / g['p50_ms']:.2f}× at {g['rps']:.0f}" for g in rt.get("load70_segments", [])
+                f"{g['p99_ms'] / g['p50_ms']:.2f}× at {g['rps']:.0f}"
+                + (f" ({int(g['errors'])} errors)" if g.get("errors") else "")
+                for g in rt.get("load70_segments", [])
             ),
             "",
         ),

@@ -6,7 +6,7 @@ camelCase form (`trt_fp16_enable` → `trtFp16Enable`, `max_queue_delay_us` → 
 `from_recipe` never raises on user input: `validate` returns the reasons a configuration is refused,
 which the component hands back to the nucleus through SubscribeToValidateConfigurationUpdates.
 
-Which keys apply live and which need a new engine is decided by `diff_live`/`ENGINE_KEYS`.
+Which keys apply live and which need a new engine is decided by `engine_keys_changed`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "CPU_LIVE_KEYS",
     "ENGINE_KEYS",
     "PROVIDER_ALIASES",
     "CpuOptions",
@@ -27,6 +28,8 @@ __all__ = [
     "TimingsConfig",
     "camel",
     "default_recipe_configuration",
+    "diff_keys",
+    "engine_keys_changed",
 ]
 
 PROVIDER_ALIASES = {
@@ -92,7 +95,8 @@ class CpuOptions:
     # session.intra_op.allow_spinning and session.force_spinning_stop: the pool's threads spin between
     # the layers of a Run (a blocked thread's wake-up at each of ~100 layers took b1 from 4.6-5.5 to
     # 6.4-7.0 ms here) and stop when it returns, so they burn no core between requests. Only the
-    # whole session has a pool, and it runs only at a quiet runtime (`full_session_max_contention`).
+    # whole session has a pool, and with lanes it runs only at a quiet runtime
+    # (`full_session_max_contention`); with one lane (`lanes: 1`, one core) nothing spins.
     allow_spinning: bool = True
     force_spinning_stop: bool = True
     opencv_threads: int = 1  # cv2.setNumThreads: decode runs on our own pool, not OpenCV's
@@ -267,9 +271,27 @@ ENGINE_KEYS = frozenset(
 )
 
 
+# `cpu` fields that never reach an ORT session: the process, the decode pool and the batcher take
+# them live (`apply_process_options`, `InferenceServer.apply_config`).
+CPU_LIVE_KEYS = frozenset(
+    {"opencv_threads", "python_switch_interval_us", "decode_nice", "full_session_max_contention"}
+)
+
+
 def diff_keys(old: RuntimeConfig, new: RuntimeConfig) -> set[str]:
     """Top-level fields whose value changed."""
     return {f.name for f in dataclasses.fields(old) if getattr(old, f.name) != getattr(new, f.name)}
+
+
+def engine_keys_changed(old: RuntimeConfig, new: RuntimeConfig) -> set[str]:
+    """The changed `ENGINE_KEYS`: what needs a new engine (a `cpu` change only when a session
+    option changed, not for the keys in `CPU_LIVE_KEYS`)."""
+    changed = diff_keys(old, new) & ENGINE_KEYS
+    if "cpu" in changed:
+        live = {k: getattr(new.cpu, k) for k in CPU_LIVE_KEYS}
+        if dataclasses.replace(old.cpu, **live) == new.cpu:
+            changed.discard("cpu")
+    return changed
 
 
 def default_recipe_configuration() -> dict[str, Any]:

@@ -233,7 +233,7 @@ def cuda_options(cfg: RuntimeConfig) -> dict[str, Any]:
 
 def session_options(cfg: RuntimeConfig, wanted: str, *, threads: int = 0) -> Any:
     """ORT SessionOptions: all graph optimisations, threads sized to the cores (or `threads`: a
-    lane's session), spinning as `cfg.cpu` says (by default only inside a Run)."""
+    lane's session), spinning as `cfg.cpu` says (by default only inside a Run, and only with lanes)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -241,7 +241,9 @@ def session_options(cfg: RuntimeConfig, wanted: str, *, threads: int = 0) -> Any
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.intra_op_num_threads = (threads or cfg.intra_op_threads()) if wanted == CPU else 1
     so.inter_op_num_threads = 1
-    spin = "1" if cfg.cpu.allow_spinning else "0"
+    # Spinning only where lanes take the load: with one lane the whole session runs under load too,
+    # and its pool would spin against the decode workers.
+    spin = "1" if cfg.cpu.allow_spinning and cfg.cpu_lanes() > 1 else "0"
     so.add_session_config_entry("session.intra_op.allow_spinning", spin)
     so.add_session_config_entry("session.inter_op.allow_spinning", spin)
     so.add_session_config_entry("session.force_spinning_stop", "1" if cfg.cpu.force_spinning_stop else "0")

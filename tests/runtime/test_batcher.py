@@ -213,7 +213,7 @@ def test_lanes_hand_out_batches_side_by_side_and_alone_holds_them_all() -> None:
 
 
 def test_under_load_a_batch_at_a_momentarily_idle_runtime_takes_one_lane() -> None:
-    b, _ = make(lanes=2, max_batch_size=8, max_queue_size=16)
+    b, clock = make(lanes=2, max_batch_size=8, max_queue_size=16)
     assert b.quiet
     for item in "abcdefgh":  # a burst: each arrival after the first finds work in flight
         put(b, item)
@@ -237,6 +237,16 @@ def test_under_load_a_batch_at_a_momentarily_idle_runtime_takes_one_lane() -> No
         b.done(one.slots)
     assert b.quiet
     assert one.alone  # quiet again: the whole session
+    for item in "klmnop":  # another burst …
+        put(b, item)
+    b.done(b.get(timeout=0).slots)
+    assert not b.quiet
+    clock.t += 3.0  # … then nothing for a few seconds: the burst is forgotten
+    assert b.admit()
+    late = b.put_take("q", alone=True)
+    assert late is not None
+    assert late.alone
+    b.done(late.slots)
     b.configure(full_session_max_contention=0.0)
     assert not b.quiet  # 0: never the whole session
     b.configure(lanes=1)

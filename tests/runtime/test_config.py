@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import jsonschema
 import yaml
 
-from edgeinfer.runtime.config import RuntimeConfig, camel, default_recipe_configuration, diff_keys
+from edgeinfer.runtime.config import (
+    RuntimeConfig,
+    camel,
+    default_recipe_configuration,
+    diff_keys,
+    engine_keys_changed,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "com.edgeinfer.InferenceRuntime.yaml"
@@ -52,6 +59,18 @@ def test_invalid_values_give_reasons_and_a_usable_config() -> None:
     assert "cpu.decodeNice must be from 0 to 19" in text
     assert "cpu.fullSessionMaxContention must be from 0 (never) to 1 (always)" in text
     assert cfg.max_queue_delay_us == RuntimeConfig().max_queue_delay_us
+
+
+def test_live_cpu_keys_need_no_new_engine() -> None:
+    a = RuntimeConfig()
+    live = dataclasses.replace(a.cpu, full_session_max_contention=0.5, decode_nice=5, opencv_threads=2)
+    b = dataclasses.replace(a, cpu=live)
+    assert diff_keys(a, b) == {"cpu"}
+    assert engine_keys_changed(a, b) == set()  # the batcher, decode pool and process take them
+    c = dataclasses.replace(b, cpu=dataclasses.replace(live, lanes=1))
+    assert engine_keys_changed(a, c) == {"cpu"}  # a session option: a new engine
+    assert engine_keys_changed(a, dataclasses.replace(a, max_batch_size=4)) == {"max_batch_size"}
+    assert engine_keys_changed(a, dataclasses.replace(a, max_queue_delay_us=1)) == set()
 
 
 def test_diff_keys() -> None:

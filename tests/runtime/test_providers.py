@@ -224,6 +224,9 @@ def test_session_options_spin_only_inside_a_run() -> None:
         assert so.get_session_config_entry("session.intra_op.allow_spinning") == "1"
         assert so.get_session_config_entry("session.force_spinning_stop") == "1"
     assert session_options(cfg, CUDA).intra_op_num_threads == 1  # the GPU's host thread only
+    cfg.cpu.lanes = 1  # one lane: the whole session also runs under load, beside the decode workers
+    assert session_options(cfg, CPU).get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    cfg.cpu.lanes = 0
     cfg.cpu.allow_spinning = False
     cfg.cpu.force_spinning_stop = False
     so = session_options(cfg, CPU)

@@ -313,6 +313,22 @@ def test_message_on_the_heels_of_the_last_is_pipelined(make_engine: Callable[...
         assert engine.threads[1] != threading.get_ident()  # a decode worker or the engine thread
 
 
+def test_under_load_an_idle_moment_gets_a_lane_not_the_transport_thread(
+    make_engine: Callable[..., Engine],
+) -> None:
+    cfg = RuntimeConfig(max_batch_size=2)
+    cfg.cpu.lanes = 2
+    engine = ThreadRecorder(make_engine(cfg))
+    with serving(engine, cfg) as (bus, server):
+        server.batcher.contention = 1.0  # as after a burst: the recent arrivals all found work in flight
+        bus.publish(INFER, json.dumps({"id": "a", "image": b64(solid_jpeg((250, 1, 1)))}).encode())
+        wait_for(lambda: len(bus.messages_on(RESULT)) >= 1)
+        [res] = [Result.parse(m.payload) for m in bus.messages_on(RESULT)]
+        assert res.status == "ok"
+        assert threading.get_ident() not in engine.threads  # not run inline …
+        assert engine.lanes_seen == [True]  # … and on a lane, not every core
+
+
 def test_inline_off_keeps_the_transport_thread_free(make_engine: Callable[..., Engine]) -> None:
     cfg = RuntimeConfig(max_batch_size=2, run_inline_when_idle=False)
     engine = ThreadRecorder(make_engine(cfg))
