@@ -290,7 +290,9 @@ def test_a_process_that_exits_without_stop_takes_its_components_along(tmp_path: 
         core = {str(tmp_path / "core")!r}
         sim = Simulator({str(device.recipes)!r}, {str(device.artifacts)!r}, work_dir=core)
         sim.start()
-        while not pathlib.Path({str(pid_file)!r}).exists():
+        pid_file = pathlib.Path({str(pid_file)!r})
+        # The shell creates the file before `echo` writes into it: wait for the pid itself.
+        while not (pid_file.exists() and pid_file.read_text().strip()):
             time.sleep(0.05)
         raise SystemExit(3)  # no stop(): a script that failed
         """
