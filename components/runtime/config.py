@@ -92,12 +92,14 @@ class CpuOptions:
     """Session options for the CPU provider. `intra_op_num_threads` 0 = one per usable core."""
 
     intra_op_num_threads: int = 0
-    # session.intra_op.allow_spinning and session.force_spinning_stop: the pool's threads spin between
-    # the layers of a Run (a blocked thread's wake-up at each of ~100 layers took b1 from 4.6-5.5 to
-    # 6.4-7.0 ms here) and stop when it returns, so they burn no core between requests. Only the
-    # whole session has a pool, and with lanes it runs only at a quiet runtime
-    # (`full_session_max_contention`); with one lane (`lanes: 1`, one core) nothing spins.
-    allow_spinning: bool = True
+    # session.intra_op.allow_spinning and session.force_spinning_stop. Spinning between the layers of
+    # a run took b1 on two threads from 6.4-7.0 to 4.6-5.5 ms back to back, but a run after the
+    # machine idled a moment got slower (p75 8.4-9.3 -> 10-12 ms: a spinning thread waits on a
+    # partner whose vCPU is asleep), and sporadic requests are the common case on a device. Off; with
+    # force_spinning_stop the pool stops spinning when a run returns, so turning it on costs no core
+    # between requests. It applies only with lanes (`cpu_lanes() > 1`): with one lane the whole
+    # session also runs under load, beside the decode workers.
+    allow_spinning: bool = False
     force_spinning_stop: bool = True
     opencv_threads: int = 1  # cv2.setNumThreads: decode runs on our own pool, not OpenCV's
     python_switch_interval_us: int = 500  # sys.setswitchinterval: hand the GIL back to the engine soon

@@ -217,6 +217,8 @@ def test_cpu_lanes_get_a_one_thread_session_of_the_same_variant(
 
 def test_session_options_spin_only_inside_a_run() -> None:
     cfg = RuntimeConfig()
+    assert not cfg.cpu.allow_spinning  # the default: see CpuOptions
+    cfg.cpu.allow_spinning = True
     cfg.cpu.intra_op_num_threads = 2
     whole, lane = session_options(cfg, CPU), session_options(cfg, CPU, threads=1)
     assert (whole.intra_op_num_threads, lane.intra_op_num_threads) == (2, 1)
