@@ -191,7 +191,7 @@ class RawPipeline:
 
         cv2.setNumThreads(cfg.cpu.opencv_threads)  # as the runtime does
         # The runtime's configuration, lanes included: its whole session (what `once` and `batched`
-        # run) then has the same options as the runtime's, spinning too; the lanes' session idles.
+        # run) then has the runtime's options, spinning included; the lanes' session stays idle.
         self.images = images
         self.batch = cfg.max_batch_size
         self.engine = Engine.create(Manifest.load(store_dir), cfg, tempfile.mkdtemp(prefix="edgeinfer-raw-"))
