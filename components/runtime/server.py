@@ -143,6 +143,7 @@ class InferenceServer:
             clock=clock,
             lanes=engine.lanes if offloader is None else 1,
             full_session_max_contention=cfg.cpu.full_session_max_contention,
+            lane_batch_size=cfg.cpu.lane_max_batch_size,
         )
         self.timings = TimingPublisher(
             bus,
@@ -268,6 +269,7 @@ class InferenceServer:
             max_queue_delay_us=cfg.max_queue_delay_us,
             max_queue_size=cfg.max_queue_size,
             full_session_max_contention=cfg.cpu.full_session_max_contention,
+            lane_batch_size=cfg.cpu.lane_max_batch_size,
         )
         self.timings.max_records = cfg.timings.max_records
         self.timings.flush_interval_ms = cfg.timings.flush_interval_ms

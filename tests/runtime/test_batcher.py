@@ -180,7 +180,7 @@ def test_lanes_hand_out_batches_side_by_side_and_alone_holds_them_all() -> None:
     clock = Clock()
     # Contention 1.0: the burst below would otherwise count as load (see the next test).
     b: DynamicBatcher[str] = DynamicBatcher(
-        2, 1000, 16, clock=clock, lanes=2, full_session_max_contention=1.0
+        2, 1000, 16, clock=clock, lanes=2, full_session_max_contention=1.0, lane_batch_size=2
     )
     for item in "abcde":
         put(b, item)
@@ -217,9 +217,10 @@ def test_under_load_a_batch_at_a_momentarily_idle_runtime_takes_one_lane() -> No
     assert b.quiet
     for item in "abcdefgh":  # a burst: each arrival after the first finds work in flight
         put(b, item)
-    burst = b.get(timeout=0)
-    assert len(burst.batch) == 8
+    burst, beside = b.get(timeout=0), b.get(timeout=0)
+    assert [len(burst.batch), len(beside.batch)] == [4, 4]  # under load: a lane's share each
     b.done(burst.slots)
+    b.done(beside.slots)
     assert b.idle
     assert not b.quiet  # idle this moment, but under load
     assert b.contention > b.full_session_max_contention
@@ -268,7 +269,7 @@ def test_alone_only_when_nothing_else_is_coming() -> None:
 
 
 def test_alone_refused_while_items_stay_queued() -> None:
-    b, _ = make(lanes=2, max_batch_size=2)
+    b, _ = make(lanes=2, max_batch_size=2, lane_batch_size=2)
     for item in "abc":
         put(b, item)
     poll = b.get(timeout=0)  # an engine thread at an idle runtime, but "c" is left behind
@@ -277,3 +278,30 @@ def test_alone_refused_while_items_stay_queued() -> None:
     assert not poll.alone
     last = b.get(timeout=0)  # beside a running lane: "c" waits to fill, then goes on a lane
     assert last.batch == []
+
+
+def test_a_lane_batch_holds_its_share_and_a_batch_with_every_lane_may_be_full() -> None:
+    b, clock = make(lanes=2, max_batch_size=8, max_queue_size=32)
+    assert b.lane_batch_size == 4  # 0: the lanes together hold one full batch
+    for item in "abcdefgh":  # queued while nothing is being decoded, at a quiet idle runtime
+        b.put(item, admitted=False)
+    b.contention = 0.0
+    whole = b.get(timeout=0)
+    assert len(whole.batch) == 8  # may hold every lane: a full batch
+    assert whole.alone
+    b.done(whole.slots)
+    for item in "ijklmn":
+        b.put(item, admitted=False)
+    b.contention = 1.0  # under load: lanes
+    first = b.get(timeout=0)
+    assert [q.item for q in first.batch] == list("ijkl")  # full for a lane: goes at once
+    assert first.slots == 1
+    assert b.get(timeout=0).batch == []  # "mn" wait beside the running lane to fill …
+    clock.t += 0.0011
+    assert [q.item for q in b.get(timeout=0).batch] == ["m", "n"]  # … up to the queue delay
+    b.configure(lane_batch_size=3)
+    assert b.lane_batch_size == 3
+    b.configure(lane_batch_size=100)
+    assert b.lane_batch_size == 8  # never more than max_batch_size
+    b.configure(lanes=1, lane_batch_size=0)
+    assert b.lane_batch_size == 8  # one lane: the whole batch
