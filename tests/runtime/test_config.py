@@ -47,7 +47,7 @@ def test_invalid_values_give_reasons_and_a_usable_config() -> None:
             "executionProviders": ["warp-drive"],
             "source": {"kind": "video"},
             "cuda": "fast",
-            "cpu": {"decodeNice": 25, "fullSessionMaxContention": 1.5},
+            "cpu": {"decodeNice": 25, "fullSessionMaxContention": 1.5, "laneMaxBatchSize": -1},
         }
     )
     text = " | ".join(problems)
@@ -58,12 +58,15 @@ def test_invalid_values_give_reasons_and_a_usable_config() -> None:
     assert "cuda must be an object" in text
     assert "cpu.decodeNice must be from 0 to 19" in text
     assert "cpu.fullSessionMaxContention must be from 0 (never) to 1 (always)" in text
+    assert "cpu.laneMaxBatchSize must be from 0 (the lane's share of maxBatchSize) to 1024" in text
     assert cfg.max_queue_delay_us == RuntimeConfig().max_queue_delay_us
 
 
 def test_live_cpu_keys_need_no_new_engine() -> None:
     a = RuntimeConfig()
-    live = dataclasses.replace(a.cpu, full_session_max_contention=0.5, decode_nice=5, opencv_threads=2)
+    live = dataclasses.replace(
+        a.cpu, full_session_max_contention=0.5, decode_nice=5, opencv_threads=2, lane_max_batch_size=2
+    )
     b = dataclasses.replace(a, cpu=live)
     assert diff_keys(a, b) == {"cpu"}
     assert engine_keys_changed(a, b) == set()  # the batcher, decode pool and process take them

@@ -567,8 +567,10 @@ def test_apply_config_resubscribes_and_resizes_the_decode_pool(make_engine: Call
     h = Harness(make_engine(cfg), cfg)
     try:
         new = RuntimeConfig(max_batch_size=2, subscribe_iot=False, decode_threads=1, max_queue_delay_us=0)
+        new.cpu.lane_max_batch_size = 1
         h.server.apply_config(new)
         assert h.server.batcher.max_queue_delay_us == 0
+        assert h.server.batcher.lane_batch_size == 1  # cpu.laneMaxBatchSize, live
         h.send({"id": "iot", "image": b64(solid_jpeg((250, 1, 1)))}, target="iot")
         h.send({"id": "local", "image": b64(solid_jpeg((250, 1, 1)))})
         (res,) = h.wait_results(1)
