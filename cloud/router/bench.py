@@ -15,6 +15,10 @@ Set-up, all in one run:
 
 Per run: share answered OK within the deadline (client-side latency), p50 / p99 of OK answers, the
 offloaded share, errors by code, lost requests (never answered) and duplicates (answered twice).
+
+`--policy JSON` sets the policy's `placement` keys (the runtime recipe's); `--compare JSON` adds a
+second policy, `on-b`, whose segments alternate with the other two: an A/B of two policies in one
+run, on the same machine minutes, e.g. `--loads 1.5 --compare '{"cloudLimitBackoff": 0.9}'`.
 """
 
 from __future__ import annotations
@@ -71,6 +75,17 @@ def register_bench(subparsers: Any) -> None:
         type=int,
         default=2,
         help="the router's (default 2: on one CPU core a batch of 8 alone takes most of the deadline)",
+    )
+    p.add_argument(
+        "--policy",
+        metavar="JSON",
+        default="{}",
+        help="the policy's placement keys, as in the runtime recipe (default: its defaults)",
+    )
+    p.add_argument(
+        "--compare",
+        metavar="JSON",
+        help="placement keys of a second policy, 'on-b', alternating with off and on in the same run",
     )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
@@ -578,6 +593,9 @@ def run(args: argparse.Namespace) -> int:
         raise EdgeinferError("--loads: give positive load factors")
     if args.rounds < 1 or args.duration <= 0:
         raise EdgeinferError("--rounds must be at least 1 and --duration positive")
+    policies = {"on": policy_config("--policy", args.policy)}
+    if getattr(args, "compare", None) is not None:
+        policies["on-b"] = policy_config("--compare", args.compare)
 
     cores = sorted(os.sched_getaffinity(0))
     edge_cores, cloud_cores = ({cores[0]}, {cores[1]}) if len(cores) >= 2 else (set(), set())
@@ -593,7 +611,7 @@ def run(args: argparse.Namespace) -> int:
             raise EdgeinferError(f"--nice {args.nice}: {exc.strerror} (negative values need root)") from None
 
     from edgeinfer.cloud.router.router import Router  # noqa: F401  (import cost outside the runs)
-    from edgeinfer.runtime.offload import HybridPlacement, OffloadConfig, PlacementPolicy
+    from edgeinfer.runtime.offload import HybridPlacement, PlacementPolicy
     from edgeinfer.sim.broker import MosquittoBroker
     from edgeinfer.transport.mqtt import MqttPubSub
 
@@ -631,18 +649,23 @@ def run(args: argparse.Namespace) -> int:
         runs: list[dict[str, Any]] = []
         for k, factor in enumerate(loads):
             step_sat = sat
-            # Off and on alternate in short segments, so both meet the same background load.
-            policy: PlacementPolicy[Any] = PlacementPolicy(
-                OffloadConfig(), max_batch_size=args.max_batch_size, local_models=[edge.engine.manifest.name]
-            )
-            for n, ms in edge.engine.warmup_ms.items():  # seed a·n + b from the warm-up
-                policy.batch_finished(n, ms)
-            placement = HybridPlacement(bus, THING, policy).start()
+            # Off and on (and on-b) alternate in short segments, so all meet the same background load.
+            placements: dict[str, Any] = {}
+            for mode, (config, _doc) in policies.items():
+                policy: PlacementPolicy[Any] = PlacementPolicy(
+                    config, max_batch_size=args.max_batch_size, local_models=[edge.engine.manifest.name]
+                )
+                for n, ms in edge.engine.warmup_ms.items():  # seed a·n + b from the warm-up
+                    policy.batch_finished(n, ms)
+                # Each placement takes only the answers to its own offloads (by request id).
+                placements[mode] = HybridPlacement(bus, THING, policy).start()
+            modes = ["off", *placements]
             rate = factor * step_sat
-            trackers = {"off": Tracker(), "on": Tracker()}
+            trackers = {mode: Tracker() for mode in modes}
             segment = args.duration / args.rounds
             print(
-                f"bench offload: {factor:g}x: {rate:.1f} req/s, {args.rounds} x {segment:g} s off and on",
+                f"bench offload: {factor:g}x: {rate:.1f} req/s, {args.rounds} x {segment:g} s "
+                + " and ".join(modes),
                 file=sys.stderr,
             )
             owners: dict[int, list[int]] = {}
@@ -653,10 +676,10 @@ def run(args: argparse.Namespace) -> int:
             # Also per mode, segment by segment (arrivals and drain): the figures of both together
             # average an overloaded off segment with an on segment, and hide how busy each core is
             # while the policy runs.
-            by_mode: dict[str, dict[int, tuple[int, int, int]]] = {"off": {}, "on": {}}
+            by_mode: dict[str, dict[int, tuple[int, int, int]]] = {mode: {} for mode in modes}
             try:
                 for rnd in range(args.rounds):
-                    for mode in ("off", "on"):
+                    for mode in modes:
                         segment_use = CoreUse(owners)
                         open_loop(
                             edge,
@@ -665,13 +688,14 @@ def run(args: argparse.Namespace) -> int:
                             rate=rate,
                             duration=segment,
                             deadline_ms=args.deadline_ms,
-                            placement=placement if mode == "on" else None,
+                            placement=placements.get(mode),
                             seed=args.seed + 100 * k + rnd,
                             tag=f"{factor:g}x-{mode}-{rnd}",
                         )
                         add_ticks(by_mode[mode], segment_use.ticks())
             finally:
-                placement.stop()
+                for placement in placements.values():
+                    placement.stop()
             core_use = use.result()
             if core_use:
                 print(
@@ -687,7 +711,7 @@ def run(args: argparse.Namespace) -> int:
                     + ")",
                     file=sys.stderr,
                 )
-            for mode in ("off", "on"):
+            for mode in modes:
                 row: dict[str, Any] = {
                     "load": factor,
                     "policy": mode,
@@ -699,8 +723,8 @@ def run(args: argparse.Namespace) -> int:
                     # this mode's segments alone
                     "core_use_mode": core_shares(by_mode[mode]),
                 }
-                if mode == "on":
-                    row["policy_state"] = placement.policy.snapshot()
+                if mode in placements:
+                    row["policy_state"] = placements[mode].policy.snapshot()
                 runs.append(row)
         report = {
             "scenario": "offload",
@@ -725,6 +749,8 @@ def run(args: argparse.Namespace) -> int:
             "duration_s": args.duration,
             "max_batch_size": args.max_batch_size,
             "router_batch_size": args.router_batch_size,
+            # the placement keys each policy ran with, over the recipe's defaults
+            "policies": {mode: doc for mode, (_config, doc) in policies.items()},
             "edge_saturated_rps": round(sat, 2),
             "edge_saturated_rps_runs": [round(x, 2) for x in sat_runs],
             "runs": runs,
@@ -752,6 +778,29 @@ def run(args: argparse.Namespace) -> int:
         os.replace(tmp, path)
         print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+def policy_config(flag: str, text: str) -> tuple[Any, dict[str, Any]]:
+    """`--policy` / `--compare`: placement keys (JSON, camelCase as in the recipe) over the defaults;
+    the `OffloadConfig` and the keys as given."""
+    from edgeinfer.runtime.config import camel
+    from edgeinfer.runtime.offload import OffloadConfig
+
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise EdgeinferError(f"{flag}: not JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise EdgeinferError(
+            f"{flag}: expected a JSON object of placement keys, e.g. '{{\"cloudQuantile\": 0.8}}'"
+        )
+    config, problems = OffloadConfig.from_recipe(doc)
+    unknown = sorted(set(doc) - {camel(name) for name in config.__dataclass_fields__})
+    if unknown:
+        problems.append(f"unknown placement keys: {', '.join(unknown)}")
+    if problems:
+        raise EdgeinferError(f"{flag}: " + "; ".join(problems))
+    return config, doc
 
 
 def targets(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -91,6 +91,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from edgeinfer.messages import ErrorCode, Request, Result
+from edgeinfer.runtime.config import camel as _camel
 
 __all__ = [
     "Action",
@@ -202,11 +203,6 @@ class OffloadConfig:
             problems.append("placement.window must be at least 2")
             cfg.window = 2
         return cfg, problems
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(p[:1].upper() + p[1:] for p in rest)
 
 
 # ------------------------------------------------------------------------------------------- models

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from edgeinfer.cli import main
-from edgeinfer.cloud.router.bench import Scheduler, Tracker, _parse_rtt, summarize, targets
+from edgeinfer.cloud.router.bench import Scheduler, Tracker, _parse_rtt, policy_config, summarize, targets
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.messages import ErrorCode, Result, error_result
 from edgeinfer.transport import Message
@@ -80,6 +80,20 @@ def test_parse_rtt() -> None:
             _parse_rtt(bad)
 
 
+def test_policy_keys_are_the_recipes_and_bad_ones_are_one_line_errors() -> None:
+    config, doc = policy_config("--compare", '{"cloudLimitBackoff": 0.9, "cloudQuantile": 0.8}')
+    assert (config.cloud_limit_backoff, config.cloud_quantile) == (0.9, 0.8)
+    assert doc == {"cloudLimitBackoff": 0.9, "cloudQuantile": 0.8}
+    for bad, says in (
+        ("{", "not JSON"),
+        ("[1]", "expected a JSON object"),
+        ('{"cloudQuantile": "high"}', "placement.cloudQuantile has the wrong type"),
+        ('{"cloudLimitBackof": 0.9}', "unknown placement keys: cloudLimitBackof"),
+    ):
+        with pytest.raises(EdgeinferError, match=says):
+            policy_config("--compare", bad)
+
+
 def test_bench_without_a_model_store_is_a_one_line_error(tmp_path: Path) -> None:
     assert main(["bench", "offload", "--model-dir", str(tmp_path)]) == 2
 
@@ -88,12 +102,15 @@ def test_bench_without_a_model_store_is_a_one_line_error(tmp_path: Path) -> None
 def test_bench_offload_short_run_on_a_tiny_model(tiny_store: Path, tmp_path: Path) -> None:
     out = tmp_path / "offload.json"
     argv = ["bench", "offload", "--model-dir", str(tiny_store), "--duration", "2", "--rounds", "2"]
-    code = main([*argv, "--loads", "0.5,2", "--json", str(out)])
+    ab = ["--policy", '{"deadlineMarginMs": 5}', "--compare", '{"cloudQuantile": 0.8}']
+    code = main([*argv, *ab, "--loads", "0.5,2", "--json", str(out)])
     assert code == 0
     report = json.loads(out.read_text())
     assert [(r["load"], r["policy"]) for r in report["runs"]] == [
-        (0.5, "off"), (0.5, "on"), (2.0, "off"), (2.0, "on"),
+        (0.5, "off"), (0.5, "on"), (0.5, "on-b"), (2.0, "off"), (2.0, "on"), (2.0, "on-b"),
     ]  # fmt: skip
+    assert report["policies"] == {"on": {"deadlineMarginMs": 5}, "on-b": {"cloudQuantile": 0.8}}
+    assert all("policy_state" in r for r in report["runs"] if r["policy"] != "off")
     for run in report["runs"]:
         assert run["lost"] == 0
         assert run["duplicates"] == 0
