@@ -594,7 +594,7 @@ def run(args: argparse.Namespace) -> int:
     if args.rounds < 1 or args.duration <= 0:
         raise EdgeinferError("--rounds must be at least 1 and --duration positive")
     policies = {"on": policy_config("--policy", args.policy)}
-    if getattr(args, "compare", None) is not None:
+    if args.compare is not None:
         policies["on-b"] = policy_config("--compare", args.compare)
 
     cores = sorted(os.sched_getaffinity(0))
