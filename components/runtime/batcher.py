@@ -174,7 +174,9 @@ class DynamicBatcher(Generic[T]):
 
     def _take(self, now: float, *, alone: bool = False) -> BatchPoll[T]:
         """`_poll` with a free lane; a batch takes its lanes."""
-        # A batch that may hold every lane may be a full one; otherwise it is a lane's.
+        # A batch that may hold every lane may be a full one; otherwise it is a lane's. (What has
+        # expired leaves first: it must not make the queue look longer than one batch.)
+        expired = self._expire(now)
         whole = (
             alone
             and self._running == 0
@@ -183,6 +185,7 @@ class DynamicBatcher(Generic[T]):
             and self._quiet
         )
         out = self._poll(now, self.max_batch_size if whole else self.lane_batch_size)
+        out.expired[:0] = expired
         if out.batch:
             alone = whole and not self._queue
             out.slots = self.lanes if alone else 1
@@ -197,13 +200,20 @@ class DynamicBatcher(Generic[T]):
         with self._cond:
             return self._poll(now, self.max_batch_size)
 
+    def _expire(self, now: float) -> list[Queued[T]]:
+        """Take the items past their deadline out of the queue (and out of the admitted count)."""
+        if not any(q.deadline is not None and q.deadline <= now for q in self._queue):
+            return []
+        expired: list[Queued[T]] = []
+        keep: deque[Queued[T]] = deque()
+        for q in self._queue:
+            (expired if q.deadline is not None and q.deadline <= now else keep).append(q)
+        self._queue = keep
+        self._admitted -= len(expired)
+        return expired
+
     def _poll(self, now: float, limit: int) -> BatchPoll[T]:
-        out: BatchPoll[T] = BatchPoll()
-        if any(q.deadline is not None and q.deadline <= now for q in self._queue):
-            keep: deque[Queued[T]] = deque()
-            for q in self._queue:
-                (out.expired if q.deadline is not None and q.deadline <= now else keep).append(q)
-            self._queue = keep
+        out: BatchPoll[T] = BatchPoll(expired=self._expire(now))
         if self._queue:
             delay = self.max_queue_delay_us / 1e6
             age = now - self._queue[0].enqueued
@@ -218,7 +228,7 @@ class DynamicBatcher(Generic[T]):
                 out.batch = [self._queue.popleft() for _ in range(n)]
             else:
                 out.wait_s = delay - age
-        self._admitted -= len(out.batch) + len(out.expired)
+        self._admitted -= len(out.batch)
         return out
 
     def get(self, timeout: float | None = None) -> BatchPoll[T]:
@@ -277,7 +287,10 @@ class DynamicBatcher(Generic[T]):
     @property
     def lane_batch_size(self) -> int:
         """The most items a batch on one lane holds: the setting, or 0 → `max_batch_size` shared
-        by the lanes (rounded up); never more than `max_batch_size`."""
+        by the lanes (rounded up); never more than `max_batch_size`. With one lane every batch
+        holds every lane, and may be full whatever the setting."""
+        if self.lanes == 1:  # every batch holds the one lane, on the whole session
+            return self.max_batch_size
         share = self.lane_batch_size_setting or -(-self.max_batch_size // self.lanes)
         return max(1, min(self.max_batch_size, share))
 

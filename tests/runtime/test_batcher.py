@@ -305,3 +305,29 @@ def test_a_lane_batch_holds_its_share_and_a_batch_with_every_lane_may_be_full() 
     assert b.lane_batch_size == 8  # never more than max_batch_size
     b.configure(lanes=1, lane_batch_size=0)
     assert b.lane_batch_size == 8  # one lane: the whole batch
+    b.configure(lane_batch_size=4)
+    assert b.lane_batch_size == 8  # … whatever the setting: every batch holds the one lane
+
+
+def test_one_lane_batches_are_full_under_load_whatever_the_lane_setting() -> None:
+    b, _ = make(lanes=1, max_batch_size=8, max_queue_size=32, lane_batch_size=4)
+    for item in "abcdefghij":
+        b.put(item, admitted=False)
+    b.contention = 1.0
+    poll = b.get(timeout=0)
+    assert len(poll.batch) == 8
+    assert poll.alone  # the whole session, as a one-lane runtime runs every batch
+
+
+def test_expired_items_do_not_count_against_a_batch_with_every_lane() -> None:
+    b, clock = make(lanes=2, max_batch_size=8, max_queue_size=32)
+    b.put("late", clock.t + 0.001, admitted=False)
+    for item in "abcdefgh":
+        b.put(item, admitted=False)
+    b.contention = 0.0
+    clock.t += 0.002
+    poll = b.get(timeout=0)
+    assert [q.item for q in poll.expired] == ["late"]
+    assert len(poll.batch) == 8  # nine queued, one expired: one full batch with every lane
+    assert poll.alone
+    assert b.outstanding == 0
