@@ -117,7 +117,8 @@ class CpuOptions:
     full_session_max_contention: float = 0.25
     # The most requests a batch on one lane holds; 0: its share of maxBatchSize (8 over 2 lanes: 4).
     # On one thread an image costs the same in a batch of 4 as of 8 (4.97 vs 4.98 ms here), and a
-    # batch of 8 makes every request in it wait twice as long. A batch with every core may be full.
+    # batch of 8 makes every request in it wait twice as long. A batch with every core may be full
+    # (with one lane, every batch).
     lane_max_batch_size: int = 0
 
 
