@@ -564,9 +564,11 @@ def test_self_test_warms_the_path_and_publishes_nothing(make_engine: Callable[..
 
 def test_apply_config_resubscribes_and_resizes_the_decode_pool(make_engine: Callable[..., Engine]) -> None:
     cfg = RuntimeConfig(max_batch_size=2)
+    cfg.cpu.lanes = 2  # however many cores this process may use
     h = Harness(make_engine(cfg), cfg)
     try:
         new = RuntimeConfig(max_batch_size=2, subscribe_iot=False, decode_threads=1, max_queue_delay_us=0)
+        new.cpu.lanes = 2
         new.cpu.lane_max_batch_size = 1
         h.server.apply_config(new)
         assert h.server.batcher.max_queue_delay_us == 0

@@ -103,8 +103,12 @@ def test_bench_offload_short_run_on_a_tiny_model(tiny_store: Path, tmp_path: Pat
     out = tmp_path / "offload.json"
     argv = ["bench", "offload", "--model-dir", str(tiny_store), "--duration", "2", "--rounds", "2"]
     ab = ["--policy", '{"deadlineMarginMs": 5}', "--compare", '{"cloudQuantile": 0.8}']
+    import os
+
+    affinity = os.sched_getaffinity(0)
     code = main([*argv, *ab, "--loads", "0.5,2", "--json", str(out)])
     assert code == 0
+    assert os.sched_getaffinity(0) == affinity  # pinned to one core while it ran, not after
     report = json.loads(out.read_text())
     assert [(r["load"], r["policy"]) for r in report["runs"]] == [
         (0.5, "off"), (0.5, "on"), (0.5, "on-b"), (2.0, "off"), (2.0, "on"), (2.0, "on-b"),
