@@ -187,8 +187,8 @@ class DynamicBatcher(Generic[T]):
         out = self._poll(now, self.max_batch_size if whole else self.lane_batch_size)
         out.expired[:0] = expired
         if out.batch:
-            alone = whole and not self._queue
-            out.slots = self.lanes if alone else 1
+            # A whole batch took the queue: it fits one batch and nothing runs or is on its way.
+            out.slots = self.lanes if whole else 1
             out.lanes = self.lanes
             self._running += out.slots
         return out
