@@ -31,6 +31,7 @@ from edgeinfer.runtime.providers import (
     file_sha256,
     loaded_provider,
     plan_for,
+    preload_gpu_libraries,
     provider_attempts,
     session_options,
 )
@@ -75,6 +76,7 @@ class Engine:
     # CPU lanes (see CpuOptions.lanes): a one-thread session that up to `lanes` batches share at once.
     lane_session: Any = None
     lanes: int = 1
+    gpu_libraries: str | None = None  # what preload_gpu_libraries said, when a GPU provider was asked
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -95,6 +97,7 @@ class Engine:
         platform = platform or PlatformInfo.detect()
         factory = session_factory or _ort_session
         order, skipped = provider_attempts(cfg.execution_providers, platform.available)
+        gpu_libraries = preload_gpu_libraries(order) if session_factory is None else None
         attempts = [Attempt(s.split(":")[0], s.split(": ", 1)[1]) for s in skipped]
         size = cfg.input_size or int(manifest.preprocessing.preferred_input[0])
         input_name = manifest.inputs[0].name if manifest.inputs else "input"
@@ -158,6 +161,7 @@ class Engine:
                 apply_softmax=_softmax_hint(outputs[0].name),
                 lane_session=lane_session,
                 lanes=lanes,
+                gpu_libraries=gpu_libraries,
             )
             log.info(
                 "inference runs on %s with model %s %s variant %s (%s)%s%s",
@@ -252,6 +256,7 @@ class Engine:
             "lanes": self.lanes,
             "cache_dir": self.plan.cache_dir,
             "attempts": [f"{a.provider}: {a.outcome}" for a in self.attempts],
+            "gpu_libraries": self.gpu_libraries,
         }
 
 

@@ -8,16 +8,20 @@ Pure functions over plain values so every decision is unit-tested without a GPU:
   and profile shapes (an engine built for another of these is invalid, and TRT would rebuild it at
   every start without a stable cache folder);
 - `loaded_provider` — what really runs: ORT falls back silently when CUDA/TensorRT libraries fail to
-  load, so the session's own `get_providers()` is the only truth.
+  load, so the session's own `get_providers()` is the only truth;
+- `preload_gpu_libraries` — loads the CUDA and cuDNN of the `nvidia-*` wheels before the first GPU
+  session, since nothing else points ORT's pip build at them.
 
 `PlatformInfo.detect()` gathers the versions and the GPU name cheaply (no subprocess).
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import importlib.metadata
+import io
 import json
 import logging
 import os
@@ -58,7 +62,15 @@ class PlatformInfo:
 
 def detect_trt_version() -> str:
     """TensorRT's version from its Python/lib wheels, or the Jetson/Debian header; `unknown` if none."""
-    for dist in ("tensorrt", "tensorrt-cu12", "tensorrt-cu12-libs", "tensorrt-libs", "tensorrt-cu11"):
+    for dist in (
+        "tensorrt",
+        "tensorrt-cu13",
+        "tensorrt-cu13-libs",
+        "tensorrt-cu12",
+        "tensorrt-cu12-libs",
+        "tensorrt-libs",
+        "tensorrt-cu11",
+    ):
         try:
             return importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
@@ -263,6 +275,47 @@ def apply_process_options(cfg: RuntimeConfig) -> None:
 
     cv2.setNumThreads(cfg.cpu.opencv_threads)
     sys.setswitchinterval(cfg.cpu.python_switch_interval_us / 1e6)
+
+
+_PRELOADED: dict[int, str] = {}
+
+
+def preload_gpu_libraries(order: Sequence[str], ort_module: Any = None) -> str | None:
+    """Load CUDA and cuDNN for ORT's GPU providers, once per process; a note for the log, or None
+    when `order` asks for no GPU provider.
+
+    `onnxruntime-gpu[cuda,cudnn]` (what the installer asks for) brings them as `nvidia-*` wheels, but
+    the provider libraries carry no RUNPATH to them: unless they are loaded first (`preload_dlls`,
+    ORT >= 1.21) or on the loader path, the CUDA provider fails to load and ORT runs on the CPU.
+    Where the libraries come from the system (JetPack, a CUDA install) this finds them there too.
+    """
+    if not any(normalize_provider(p) in (TRT, CUDA) for p in order):
+        return None
+    if ort_module is None:
+        import onnxruntime
+
+        ort_module = onnxruntime
+    key = id(ort_module)
+    if key in _PRELOADED:
+        return _PRELOADED[key]
+    preload = getattr(ort_module, "preload_dlls", None)
+    if preload is None:
+        note = "no preload_dlls in this ONNX Runtime: CUDA and cuDNN come from the loader path"
+    else:
+        said = io.StringIO()  # preload_dlls reports on stdout, which is the component's log
+        try:
+            with contextlib.redirect_stdout(said):
+                preload()
+        except Exception as exc:
+            reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            note = f"preload_dlls failed: {reason}"
+        else:
+            lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in said.getvalue().splitlines()]
+            lines = [line for line in lines if line]
+            note = "CUDA and cuDNN preloaded" if not lines else "preload_dlls: " + "; ".join(lines)[:300]
+    _PRELOADED[key] = note
+    log.info("GPU libraries: %s", note)
+    return note
 
 
 def loaded_provider(session_providers: Sequence[str], wanted: str) -> tuple[str, bool]:

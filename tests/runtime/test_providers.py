@@ -18,6 +18,7 @@ from edgeinfer.runtime.providers import (
     PlatformInfo,
     loaded_provider,
     plan_for,
+    preload_gpu_libraries,
     profile_shapes,
     provider_attempts,
     session_options,
@@ -127,6 +128,44 @@ def test_cuda_and_cpu_plans() -> None:
 def test_loaded_provider() -> None:
     assert loaded_provider([TRT, CUDA, CPU], TRT) == (TRT, True)
     assert loaded_provider([CPU], TRT) == (CPU, False)
+
+
+class FakeOrt:
+    """An `onnxruntime` module as far as `preload_gpu_libraries` sees it."""
+
+    def __init__(self, says: str = "", fails: bool = False) -> None:
+        self.calls = 0
+        self.says = says
+        self.fails = fails
+
+    def preload_dlls(self) -> None:
+        self.calls += 1
+        if self.says:
+            print(self.says)
+        if self.fails:
+            raise RuntimeError("Invalid parameter of directory=None. The directory does not exist!")
+
+
+def test_gpu_libraries_are_preloaded_once_and_only_for_a_gpu_provider(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ort = FakeOrt()
+    assert preload_gpu_libraries([CPU], ort) is None
+    assert ort.calls == 0
+    assert preload_gpu_libraries(["cuda", CPU], ort) == "CUDA and cuDNN preloaded"
+    assert preload_gpu_libraries([TRT, CUDA, CPU], ort) == "CUDA and cuDNN preloaded"
+    assert ort.calls == 1
+
+    # What preload_dlls prints (colour codes and all) goes to the note, not to the component's stdout.
+    loud = FakeOrt(says="\x1b[33mFailed to load libcudnn.so.9: not found\x1b[0m")
+    assert preload_gpu_libraries([CUDA], loud) == "preload_dlls: Failed to load libcudnn.so.9: not found"
+    assert capsys.readouterr().out == ""
+    note = preload_gpu_libraries([TRT], FakeOrt(fails=True))
+    assert note is not None
+    assert note.startswith("preload_dlls failed: Invalid parameter")
+    older = preload_gpu_libraries([CUDA], object())  # ORT before 1.21
+    assert older is not None
+    assert "loader path" in older
 
 
 class FakeSession:
