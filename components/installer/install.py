@@ -267,6 +267,20 @@ except Exception as exc:
     print(json.dumps(out)); sys.exit(0)
 out["version"] = ort.__version__
 out["available"] = list(ort.get_available_providers())
+# CUDA/cuDNN (and TensorRT) from the nvidia-* wheels load only when preloaded, as the runtime does.
+gpu = [p for p in json.loads(sys.argv[2]) if p != "CPUExecutionProvider"]
+if gpu:
+    try:
+        try:
+            from edgeinfer.runtime.providers import preload_gpu_libraries
+            out["gpu_libraries"] = preload_gpu_libraries(gpu)
+        except ImportError:  # the project is not installed in this environment
+            import contextlib, io
+            with contextlib.redirect_stdout(io.StringIO()):
+                ort.preload_dlls()
+            out["gpu_libraries"] = "preload_dlls"
+    except Exception as exc:
+        out["gpu_libraries"] = "preload failed: %s: %s" % (type(exc).__name__, exc)
 x = numpy.array([[-1.0, 0.0, 1.0, 2.0]], dtype=numpy.float32)
 for p in json.loads(sys.argv[2]):
     try:

@@ -20,6 +20,7 @@ __all__ = [
     "CPU",
     "CUDA",
     "DEFAULT_ALLOW_LIST",
+    "DEFAULT_ONNXRUNTIME_GPU_VERSIONS",
     "DEFAULT_PACKAGES",
     "DEFAULT_PACKAGE_VERSIONS",
     "ORT_PACKAGES",
@@ -55,6 +56,11 @@ DEFAULT_PACKAGES = ["numpy", "opencv-python-headless", "awsiotsdk", "PyYAML", "r
 # Pins: a set known to work together (the project's CI environment). Override per fleet in the
 # deployment's configuration (`packageVersions`), e.g. for Python 3.10 devices.
 DEFAULT_ONNXRUNTIME_VERSION = "1.32.0"
+# onnxruntime-gpu per CUDA major. PyPI's builds are for CUDA 12 up to 1.26.0 and for CUDA 13 from
+# 1.27.0, and they lag the CPU package (1.31.1 while `onnxruntime` is at 1.32.0): one pin for both
+# would name a wheel that does not exist. A machine whose driver runs a newer CUDA than any key takes
+# the newest key's build (drivers run older CUDA majors).
+DEFAULT_ONNXRUNTIME_GPU_VERSIONS = {"12": "1.26.0", "13": "1.31.1"}
 DEFAULT_PACKAGE_VERSIONS = {
     "numpy": "2.4.6",
     "opencv-python-headless": "5.0.0.93",
@@ -69,11 +75,11 @@ DEFAULT_PACKAGE_VERSIONS = {
 DEFAULT_ALLOW_LIST: list[dict[str, Any]] = [
     {"name": "linux-x86_64-cpu", "os": "linux", "architectures": ["x86_64"], "accelerators": ["cpu"]},
     {
-        "name": "linux-x86_64-cuda12",
+        "name": "linux-x86_64-cuda",
         "os": "linux",
         "architectures": ["x86_64"],
         "accelerators": ["cuda"],
-        "cudaMajors": ["12"],
+        "cudaMajors": ["12", "13"],
         "minDriverVersion": "525.60",
     },
     {"name": "linux-aarch64-cpu", "os": "linux", "architectures": ["aarch64"], "accelerators": ["cpu"]},
@@ -216,14 +222,19 @@ class InstallerConfig:
     )
     allowCpuFallback: bool = True  # noqa: N815 (GPU found but not allowed → CPU plan, with a warning)
     enableTensorRT: bool = False  # noqa: N815
-    onnxruntimeVersion: str = DEFAULT_ONNXRUNTIME_VERSION  # noqa: N815
+    onnxruntimeVersion: str = DEFAULT_ONNXRUNTIME_VERSION  # noqa: N815 (CPU, and Jetson's index)
+    onnxruntimeGpuVersions: dict[str, str] = field(  # noqa: N815 (CUDA major → onnxruntime-gpu)
+        default_factory=lambda: dict(DEFAULT_ONNXRUNTIME_GPU_VERSIONS)
+    )
     packages: list[str] = field(default_factory=lambda: list(DEFAULT_PACKAGES))
     packageVersions: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_PACKAGE_VERSIONS))  # noqa: N815
     indexUrl: str = ""  # noqa: N815 (empty: pip's own configuration)
     extraIndexUrls: list[str] = field(default_factory=list)  # noqa: N815
     jetsonIndexUrl: str = ""  # noqa: N815 (e.g. a Jetson AI Lab index for your JetPack)
     jetsonWheelUrl: str = ""  # noqa: N815 (or one onnxruntime-gpu wheel URL / path)
-    tensorrtPackage: str = "tensorrt-cu12"  # noqa: N815 (pip package when TensorRT is asked but absent)
+    # The pip requirement when TensorRT is asked but absent; empty: TensorRT 10's libraries for the
+    # CUDA major of the onnxruntime-gpu build (its TensorRT provider links libnvinfer.so.10).
+    tensorrtPackage: str = ""  # noqa: N815
     wheelhouse: str = ""  # empty: the unpacked artifact `wheelhouse/`, when present
     offline: bool = False  # never contact an index (a wheelhouse is required)
     usePipConfig: bool = False  # noqa: N815 (honour the machine's pip.conf / PIP_* variables)
@@ -253,7 +264,7 @@ class InstallerConfig:
             default = getattr(defaults, key)
             if key == "allowList":
                 kwargs[key] = [AllowRule.from_mapping(r) for r in _as_list(key, value)]
-            elif key == "packageVersions":
+            elif key in ("packageVersions", "onnxruntimeGpuVersions"):
                 kwargs[key] = {str(k): str(v) for k, v in _as_map(key, value).items()}
             elif isinstance(default, bool):
                 kwargs[key] = _as_bool(key, value)
@@ -327,6 +338,24 @@ def _select(info: PlatformInfo, config: InstallerConfig) -> tuple[str, AllowRule
     )
 
 
+def _gpu_build(info: PlatformInfo, config: InstallerConfig) -> tuple[str, str]:
+    """(CUDA major, onnxruntime-gpu version) for this machine: the newest build its driver runs."""
+    machine = info.cuda_major or ""
+    builds = sorted(
+        (int(k), k)
+        for k in config.onnxruntimeGpuVersions
+        if k.isdigit() and (not machine.isdigit() or int(k) <= int(machine))
+    )
+    if not builds:
+        known = ", ".join(sorted(config.onnxruntimeGpuVersions)) or "none"
+        raise UnsupportedPlatformError(
+            f"no onnxruntime-gpu build for CUDA {machine or 'unknown'} "
+            f"in onnxruntimeGpuVersions (has: {known})"
+        )
+    major = builds[-1][1]
+    return major, config.onnxruntimeGpuVersions[major].strip()
+
+
 def choose(info: PlatformInfo, config: InstallerConfig) -> Plan:
     """Check the allow-list and plan the package set for this platform."""
     accelerator, rule, notes = _select(info, config)
@@ -338,17 +367,26 @@ def choose(info: PlatformInfo, config: InstallerConfig) -> Plan:
     extra = list(config.extraIndexUrls)
     expected = [CPU]
     extras_pkgs: list[str] = []
+    cuda_major = ""
     if accelerator == "cpu":
         package = "onnxruntime"
         ort_req = f"onnxruntime=={version}" if version else "onnxruntime"
     elif accelerator == "cuda":
         package = "onnxruntime-gpu"
-        # CUDA/cuDNN runtime libraries from PyPI (nvidia-* wheels) when the system has none.
-        want_libs = info.cudnn_version is None or info.cuda_version is None
+        cuda_major, gpu_version = _gpu_build(info, config)
+        # CUDA/cuDNN runtime libraries from PyPI (nvidia-* wheels) when the system has none, or
+        # has another CUDA major than the build.
+        system_major = (info.cuda_version or "").split(".")[0] or None
+        want_libs = info.cudnn_version is None or system_major != cuda_major
         spec = "onnxruntime-gpu[cuda,cudnn]" if want_libs else "onnxruntime-gpu"
         if want_libs:
-            notes.append("no system CUDA runtime/cuDNN found: taking them from the nvidia-* wheels")
-        ort_req = f"{spec}=={version}" if version else spec
+            found_cuda = f"CUDA {info.cuda_version}" if info.cuda_version else "no CUDA runtime"
+            found_cudnn = "cuDNN" if info.cudnn_version else "no cuDNN"
+            notes.append(
+                f"the system has {found_cuda} and {found_cudnn}; onnxruntime-gpu {gpu_version} is "
+                f"built for CUDA {cuda_major}: taking CUDA and cuDNN from the nvidia-* wheels"
+            )
+        ort_req = f"{spec}=={gpu_version}" if gpu_version else spec
         expected = [CUDA, CPU]
         extras_pkgs.append("nvidia-ml-py")  # NVML: the telemetry component's GPU figures
     else:  # jetson
@@ -369,11 +407,10 @@ def choose(info: PlatformInfo, config: InstallerConfig) -> Plan:
         if info.tensorrt_version is None:
             if accelerator == "jetson":
                 notes.append("TensorRT asked but not found: install JetPack's TensorRT")
-            elif config.tensorrtPackage:
-                extras_pkgs.append(config.tensorrtPackage)
-                notes.append(
-                    f"TensorRT asked but not found on the system: installing {config.tensorrtPackage}"
-                )
+            else:
+                trt = config.tensorrtPackage or f"tensorrt-cu{cuda_major}-libs<11"
+                extras_pkgs.append(trt)
+                notes.append(f"TensorRT asked but not found on the system: installing {trt}")
     elif config.enableTensorRT:
         notes.append("TensorRT asked, but this plan runs on the CPU")
     requirements = [ort_req, *extras_pkgs, *config.packages]

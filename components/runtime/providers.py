@@ -18,15 +18,17 @@ Pure functions over plain values so every decision is unit-tested without a GPU:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import glob
 import hashlib
+import importlib
 import importlib.metadata
 import io
 import json
 import logging
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -277,44 +279,84 @@ def apply_process_options(cfg: RuntimeConfig) -> None:
     sys.setswitchinterval(cfg.cpu.python_switch_interval_us / 1e6)
 
 
-_PRELOADED: dict[int, str] = {}
+# What was loaded, once per process (per module, so that tests can bring their own).
+_ORT_PRELOADED: dict[Any, str] = {}
+_TRT_PRELOADED: dict[Any, str] = {}
 
 
-def preload_gpu_libraries(order: Sequence[str], ort_module: Any = None) -> str | None:
-    """Load CUDA and cuDNN for ORT's GPU providers, once per process; a note for the log, or None
-    when `order` asks for no GPU provider.
+def _first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+
+
+def _preload_dlls(ort_module: Any) -> str:
+    preload = getattr(ort_module, "preload_dlls", None)
+    if preload is None:
+        return "no preload_dlls in this ONNX Runtime: CUDA and cuDNN come from the loader path"
+    said = io.StringIO()  # preload_dlls reports on stdout, which is the component's log
+    try:
+        with contextlib.redirect_stdout(said):
+            preload()
+    except Exception as exc:
+        return f"preload_dlls failed: {_first_line(exc)}"
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in said.getvalue().splitlines()]
+    lines = [line for line in lines if line]
+    return "CUDA and cuDNN preloaded" if not lines else "preload_dlls: " + "; ".join(lines)[:300]
+
+
+TRT_LIBRARIES = ("libnvinfer.so", "libnvinfer_plugin.so", "libnvonnxparser.so")
+
+
+def _load_tensorrt_libs(import_module: Callable[[str], Any], load: Callable[[str], Any]) -> str:
+    """The wheel's package loads its libraries when imported; loading the ones the TensorRT provider
+    links once more by path costs nothing and does not depend on how the wheel does it."""
+    try:
+        package = import_module("tensorrt_libs")
+        folders = list(getattr(package, "__path__", []))
+        loaded = []
+        for stem in TRT_LIBRARIES:
+            for path in sorted(glob.glob(os.path.join(folders[0], stem + ".*")) if folders else []):
+                if re.search(r"\.so\.\d+$", path):
+                    load(path)
+                    loaded.append(os.path.basename(path))
+    except ModuleNotFoundError:
+        return "TensorRT from the loader path (no tensorrt_libs wheel)"
+    except Exception as exc:  # a wheel for another CUDA, a broken install: say so, ORT decides
+        return f"tensorrt_libs failed to load: {_first_line(exc)}"
+    return f"TensorRT from the tensorrt_libs wheel ({', '.join(loaded) or 'no libraries found'})"
+
+
+def preload_gpu_libraries(
+    order: Sequence[str],
+    ort_module: Any = None,
+    import_module: Callable[[str], Any] = importlib.import_module,
+    load: Callable[[str], Any] = ctypes.CDLL,
+) -> str | None:
+    """Load CUDA and cuDNN (and TensorRT, when asked) for ORT's GPU providers, once per process; a
+    note for the log, or None when `order` asks for no GPU provider.
 
     `onnxruntime-gpu[cuda,cudnn]` (what the installer asks for) brings them as `nvidia-*` wheels, but
     the provider libraries carry no RUNPATH to them: unless they are loaded first (`preload_dlls`,
     ORT >= 1.21) or on the loader path, the CUDA provider fails to load and ORT runs on the CPU.
     Where the libraries come from the system (JetPack, a CUDA install) this finds them there too.
+    TensorRT's pip wheel (`tensorrt-cuNN-libs`, package `tensorrt_libs`) is the same case for the
+    libnvinfer that the TensorRT provider links.
     """
-    if not any(normalize_provider(p) in (TRT, CUDA) for p in order):
+    wanted = {normalize_provider(p) for p in order}
+    if not wanted & {TRT, CUDA}:
         return None
     if ort_module is None:
         import onnxruntime
 
         ort_module = onnxruntime
-    key = id(ort_module)
-    if key in _PRELOADED:
-        return _PRELOADED[key]
-    preload = getattr(ort_module, "preload_dlls", None)
-    if preload is None:
-        note = "no preload_dlls in this ONNX Runtime: CUDA and cuDNN come from the loader path"
-    else:
-        said = io.StringIO()  # preload_dlls reports on stdout, which is the component's log
-        try:
-            with contextlib.redirect_stdout(said):
-                preload()
-        except Exception as exc:
-            reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-            note = f"preload_dlls failed: {reason}"
-        else:
-            lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in said.getvalue().splitlines()]
-            lines = [line for line in lines if line]
-            note = "CUDA and cuDNN preloaded" if not lines else "preload_dlls: " + "; ".join(lines)[:300]
-    _PRELOADED[key] = note
-    log.info("GPU libraries: %s", note)
+    if ort_module not in _ORT_PRELOADED:
+        _ORT_PRELOADED[ort_module] = _preload_dlls(ort_module)
+        log.info("GPU libraries: %s", _ORT_PRELOADED[ort_module])
+    note = _ORT_PRELOADED[ort_module]
+    if TRT in wanted:
+        if import_module not in _TRT_PRELOADED:
+            _TRT_PRELOADED[import_module] = _load_tensorrt_libs(import_module, load)
+            log.info("GPU libraries: %s", _TRT_PRELOADED[import_module])
+        note += "; " + _TRT_PRELOADED[import_module]
     return note
 
 

@@ -80,7 +80,7 @@ def test_plan_x86_64_cpu() -> None:
 def test_plan_cuda_takes_cuda_libraries_from_wheels_when_absent() -> None:
     plan = choose(found("x86_64_cuda"), InstallerConfig())
     assert plan.accelerator == "cuda"
-    assert ort_requirements(plan.requirements) == ["onnxruntime-gpu[cuda,cudnn]==1.32.0"]
+    assert ort_requirements(plan.requirements) == ["onnxruntime-gpu[cuda,cudnn]==1.26.0"]  # CUDA 12
     assert plan.expected_providers == [CUDA, CPU]
     assert "nvidia-ml-py" in plan.requirements  # NVML for the telemetry's GPU figures
 
@@ -88,17 +88,44 @@ def test_plan_cuda_takes_cuda_libraries_from_wheels_when_absent() -> None:
 def test_plan_cuda_tensorrt_only_when_asked() -> None:
     info = found("x86_64_cuda_trt")
     plain = choose(info, InstallerConfig())
-    assert ort_requirements(plain.requirements) == ["onnxruntime-gpu==1.32.0"]
+    assert ort_requirements(plain.requirements) == ["onnxruntime-gpu==1.26.0"]  # the system's CUDA 12
     assert plain.expected_providers == [CUDA, CPU]
     asked = choose(info, InstallerConfig(enableTensorRT=True))
     assert asked.expected_providers == [TENSORRT, CUDA, CPU]
-    assert "tensorrt-cu12" not in asked.requirements  # the system has libnvinfer
+    assert not [r for r in asked.requirements if r.startswith("tensorrt")]  # the system has libnvinfer
 
 
 def test_plan_tensorrt_asked_but_absent_installs_the_pip_package() -> None:
     plan = choose(found("x86_64_cuda"), InstallerConfig(enableTensorRT=True))
-    assert "tensorrt-cu12" in plan.requirements
+    assert "tensorrt-cu12-libs<11" in plan.requirements  # ORT's TensorRT provider links libnvinfer.so.10
     assert plan.expected_providers[0] == TENSORRT
+    named = choose(
+        found("x86_64_cuda"), InstallerConfig(enableTensorRT=True, tensorrtPackage="tensorrt-cu12")
+    )
+    assert "tensorrt-cu12" in named.requirements
+
+
+def test_plan_cuda13_driver_takes_the_cuda13_build() -> None:
+    info = found("x86_64_cuda13")
+    assert info.cuda_major == "13"
+    plan = choose(info, InstallerConfig(enableTensorRT=True))
+    assert plan.rule == "linux-x86_64-cuda"
+    assert ort_requirements(plan.requirements) == ["onnxruntime-gpu[cuda,cudnn]==1.31.1"]
+    assert "tensorrt-cu13-libs<11" in plan.requirements
+    assert any("built for CUDA 13" in note for note in plan.notes)
+
+
+def test_plan_gpu_build_is_the_newest_the_driver_runs() -> None:
+    info = found("x86_64_cuda13")
+    assert info.gpu is not None
+    info.gpu.cuda_driver_version = "14.1"  # a newer driver runs the CUDA 13 build
+    config = InstallerConfig.from_mapping(
+        {"onnxruntimeGpuVersions": '{"12": "1.26.0", "13": "1.31.0"}', "allowList": [{"name": "any"}]}
+    )
+    assert ort_requirements(choose(info, config).requirements) == ["onnxruntime-gpu[cuda,cudnn]==1.31.0"]
+    only13 = InstallerConfig(onnxruntimeGpuVersions={"13": "1.31.1"})
+    with pytest.raises(UnsupportedPlatformError, match=r"^no onnxruntime-gpu build for CUDA 12 .*has: 13\)$"):
+        choose(found("x86_64_cuda"), only13)
 
 
 def test_plan_jetson_needs_an_index_or_wheel() -> None:

@@ -153,7 +153,7 @@ def test_gpu_libraries_are_preloaded_once_and_only_for_a_gpu_provider(
     assert preload_gpu_libraries([CPU], ort) is None
     assert ort.calls == 0
     assert preload_gpu_libraries(["cuda", CPU], ort) == "CUDA and cuDNN preloaded"
-    assert preload_gpu_libraries([TRT, CUDA, CPU], ort) == "CUDA and cuDNN preloaded"
+    assert preload_gpu_libraries(["cuda"], ort) == "CUDA and cuDNN preloaded"
     assert ort.calls == 1
 
     # What preload_dlls prints (colour codes and all) goes to the note, not to the component's stdout.
@@ -166,6 +166,35 @@ def test_gpu_libraries_are_preloaded_once_and_only_for_a_gpu_provider(
     older = preload_gpu_libraries([CUDA], object())  # ORT before 1.21
     assert older is not None
     assert "loader path" in older
+
+
+def test_tensorrt_libraries_come_from_the_wheel_when_there_is_one(tmp_path: Path) -> None:
+    for name in ("libnvinfer.so.10", "libnvinfer.so.10.16.1", "libnvonnxparser.so.10", "libcudart.so.13"):
+        (tmp_path / name).write_bytes(b"")
+    wheel = type("Module", (), {"__path__": [str(tmp_path)]})()
+    loaded: list[str] = []
+
+    def has_wheel(name: str) -> Any:
+        assert name == "tensorrt_libs"
+        return wheel
+
+    def no_wheel(name: str) -> Any:
+        raise ModuleNotFoundError(name)
+
+    ort = FakeOrt()
+    note = preload_gpu_libraries([TRT, CUDA], ort, has_wheel, loaded.append)
+    assert note == (
+        "CUDA and cuDNN preloaded; "
+        "TensorRT from the tensorrt_libs wheel (libnvinfer.so.10, libnvonnxparser.so.10)"
+    )
+    assert [Path(p).name for p in loaded] == ["libnvinfer.so.10", "libnvonnxparser.so.10"]
+    assert preload_gpu_libraries([TRT], ort, has_wheel, loaded.append) == note
+    assert len(loaded) == 2  # once per process
+    assert ort.calls == 1
+    assert preload_gpu_libraries([CUDA], ort, has_wheel, loaded.append) == "CUDA and cuDNN preloaded"
+    system = preload_gpu_libraries([TRT], FakeOrt(), no_wheel, loaded.append)
+    assert system is not None
+    assert system.endswith("TensorRT from the loader path (no tensorrt_libs wheel)")
 
 
 class FakeSession:
