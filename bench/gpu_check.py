@@ -13,9 +13,10 @@ Checks, in a couple of minutes at most:
    configuration must reuse it (no new engine file, much faster creation);
 4. the same answers on every provider: the sample photos through each engine that loads, against
    the FP32 model on the CPU (top-1 and the largest probability difference);
-5. warm latency per batch size for every provider that loads, and on CUDA the options the runtime
-   chose against the alternatives (IO binding off, EXHAUSTIVE conv search) — medians over repeated
-   runs, ratios only, never judged against absolute times.
+5. warm latency per batch size (each at its own shape, `cuda.fixedBatch` off) for every provider
+   that loads, and on CUDA the options the runtime chose against the alternatives (IO binding off,
+   EXHAUSTIVE conv search) — medians over repeated runs of one size, ratios only, never judged
+   against absolute times. bench/gpu_diag.py measures what changing sizes cost.
 Exit status: 0 when the expected provider loaded, the answers agree and the cache was reused.
 """
 
@@ -178,7 +179,8 @@ def main() -> int:
         if providers[0] not in ort.get_available_providers():
             continue
         try:
-            engine, created = engine_for(manifest, providers, work, top, **cuda)
+            # Each batch size at its own shape (not padded to the largest): what a size costs.
+            engine, created = engine_for(manifest, providers, work, top, **{"fixed_batch": False, **cuda})
         except Exception as exc:
             out["providers"][label] = {"error": str(exc)[:300]}
             continue

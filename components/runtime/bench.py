@@ -430,7 +430,9 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         raise EdgeinferError(str(exc)) from None
     images = bench_images()
     payloads = request_payloads(images)
-    cfg = RuntimeConfig(execution_providers=["CPUExecutionProvider"])
+    # The raw pipeline runs on the provider the runtime is given (`--config '{"executionProviders": …}'`).
+    providers = args.config.get("executionProviders", runtime_config(1, {})["executionProviders"])
+    cfg = RuntimeConfig(execution_providers=list(providers))
     cfg.max_batch_size = args.max_batch_size
 
     print(f"raw pipeline: {manifest.name} {manifest.version}, {len(images)} images 640×480", file=sys.stderr)

@@ -77,10 +77,13 @@ class Engine:
     lane_session: Any = None
     lanes: int = 1
     gpu_libraries: str | None = None  # what preload_gpu_libraries said, when a GPU provider was asked
+    # Every run at this batch size, padded (`cuda.fixedBatch` on a GPU provider); 0: as it comes.
+    fixed_batch: int = 0
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._binding = self.session.io_binding() if self.plan.io_binding and self.provider != CPU else None
+        self._warm_threads: set[int] = set()
 
     # ------------------------------------------------------------------------------------------ create
 
@@ -162,6 +165,7 @@ class Engine:
                 lane_session=lane_session,
                 lanes=lanes,
                 gpu_libraries=gpu_libraries,
+                fixed_batch=cfg.max_batch_size if really != CPU and cfg.cuda.fixed_batch else 0,
             )
             log.info(
                 "inference runs on %s with model %s %s variant %s (%s)%s%s",
@@ -196,9 +200,27 @@ class Engine:
     def short_provider(self) -> str:
         return SHORT_NAMES.get(self.provider, self.provider)
 
+    @property
+    def thread_bound(self) -> bool:
+        """A GPU provider keeps its cuBLAS/cuDNN handles per thread: the first run on a thread costs
+        ~3 ms more (H200), so the runtime runs its batches on engine threads it warmed."""
+        return self.provider != CPU
+
+    def warm_thread(self) -> None:
+        """One run on this thread, unless it has run this engine before."""
+        if threading.get_ident() in self._warm_threads:
+            return
+        self.run(np.zeros((1, self.input_size, self.input_size, 3), dtype=np.uint8))
+
     def run(self, batch: np.ndarray, *, lane: bool = False) -> np.ndarray:
         """uint8 NHWC batch → class probabilities `[N, classes]` float32. `lane`: on the one-thread
         session, beside other lanes' batches (ORT sessions take concurrent runs)."""
+        n = batch.shape[0]
+        if self.fixed_batch and n < self.fixed_batch:
+            padded = np.zeros((self.fixed_batch, *batch.shape[1:]), dtype=batch.dtype)
+            padded[:n] = batch
+            batch = padded
+        self._warm_threads.add(threading.get_ident())
         if lane and self.lane_session is not None:
             out = self.lane_session.run([self.output_name], {self.input_name: batch})[0]
             with self._lock:
@@ -213,7 +235,7 @@ class Engine:
                 else:
                     out = self.session.run([self.output_name], {self.input_name: batch})[0]
                 self.executions += 1
-        out = np.asarray(out, dtype=np.float32).reshape(batch.shape[0], -1)
+        out = np.asarray(out, dtype=np.float32).reshape(batch.shape[0], -1)[:n]
         if self.apply_softmax is None:
             self.apply_softmax = not _looks_like_probabilities(out)
         return _softmax(out) if self.apply_softmax else out
@@ -257,6 +279,7 @@ class Engine:
             "cache_dir": self.plan.cache_dir,
             "attempts": [f"{a.provider}: {a.outcome}" for a in self.attempts],
             "gpu_libraries": self.gpu_libraries,
+            "fixed_batch": self.fixed_batch,
         }
 
 

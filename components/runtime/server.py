@@ -217,13 +217,22 @@ class InferenceServer:
         self._subs.clear()
 
     def _add_engine_threads(self, lanes: int) -> None:
-        """One engine thread per lane (`_threads[0]` is the reply thread)."""
+        """One engine thread per lane (`_threads[0]` is the reply thread); back when each has warmed
+        itself up (see `Engine.thread_bound`)."""
+        started = []
         while len(self._threads) - 1 < max(1, lanes):
+            ready = threading.Event()
             t = threading.Thread(
-                target=self._engine_loop, name=f"edgeinfer-engine-{len(self._threads)}", daemon=True
+                target=self._engine_loop,
+                args=(ready,),
+                name=f"edgeinfer-engine-{len(self._threads)}",
+                daemon=True,
             )
             t.start()
             self._threads.append(t)
+            started.append(ready)
+        for ready in started:
+            ready.wait(timeout=30)
 
     def stop(self) -> None:
         self._unsubscribe()
@@ -395,7 +404,8 @@ class InferenceServer:
             self._fail(job, ErrorCode.OVERLOADED, f"the queue is full ({self.cfg.max_queue_size} requests)")
             return
         if inline:
-            self._decode(job, alone=True)
+            # Decoded here; run here too, unless the provider is bound to the engine threads.
+            self._decode(job, alone=not self.engine.thread_bound)
             return
         try:
             self._decode_pool.submit(self._decode, job)
@@ -499,8 +509,19 @@ class InferenceServer:
         # answers it here; otherwise the poll is empty and an engine thread takes it.
         self._run_poll(poll, inline_replies=True)
 
-    def _engine_loop(self) -> None:
+    def _engine_loop(self, ready: threading.Event | None = None) -> None:
         while self._running:
+            engine = self.engine
+            if engine.thread_bound:  # at start, and after an engine swap
+                try:
+                    engine.warm_thread()
+                except Exception:
+                    log.exception(
+                        "warming %s up on %s failed", engine.provider, threading.current_thread().name
+                    )
+            if ready is not None:
+                ready.set()
+                ready = None
             self._run_poll(self.batcher.get(timeout=0.1))
 
     def _run_poll(self, poll: BatchPoll[Job], *, inline_replies: bool = False) -> None:

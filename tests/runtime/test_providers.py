@@ -381,3 +381,43 @@ def test_cuda_runs_through_io_binding(tiny_store: Path, tmp_path: Path) -> None:
     assert probs.shape == (2, 10)
     assert int(probs[0].argmax()) == 3
     assert abs(float(probs[0].sum()) - 1.0) < 1e-5  # logits → softmax
+
+
+def test_gpu_batches_run_at_one_shape_on_warmed_threads(tiny_store: Path, tmp_path: Path) -> None:
+    import threading
+
+    import numpy as np
+
+    sessions: list[BindingSession] = []
+
+    def make(path: str, so: Any, providers: list[str], options: list[dict[str, Any]]) -> BindingSession:
+        sessions.append(BindingSession(path, providers, {CUDA, CPU}))
+        return sessions[-1]
+
+    store = Manifest.load(tiny_store)
+    engine = Engine.create(store, RuntimeConfig(), str(tmp_path), platform=GPU, session_factory=make)
+    assert (engine.fixed_batch, engine.thread_bound) == (8, True)
+    images = np.full((3, 32, 32, 3), 7, dtype=np.uint8)
+    assert engine.run(images).shape == (3, 10)
+    fed = sessions[-1].binding.batch
+    assert fed.shape == (8, 32, 32, 3)  # padded to maxBatchSize: one input shape for every run
+    assert (fed[:3] == 7).all()
+    assert not fed[3:].any()
+
+    # A thread's first run is its warm-up; the next warm_thread on it does nothing.
+    engine.warm_thread()
+    assert sessions[-1].runs == 1
+    other = threading.Thread(target=engine.warm_thread)
+    other.start()
+    other.join()
+    assert sessions[-1].runs == 2
+
+    cfg = RuntimeConfig()
+    cfg.cuda.fixed_batch = False
+    loose = Engine.create(store, cfg, str(tmp_path), platform=GPU, session_factory=make)
+    loose.run(images)
+    assert (loose.fixed_batch, sessions[-1].binding.batch.shape[0]) == (0, 3)
+    cpu = Engine.create(
+        store, RuntimeConfig(), str(tmp_path), platform=PlatformInfo("1.20.0"), session_factory=make
+    )
+    assert (cpu.provider, cpu.fixed_batch, cpu.thread_bound) == (CPU, 0, False)
