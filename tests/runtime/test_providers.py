@@ -56,8 +56,10 @@ def test_trt_plan_options_and_cache_dir(tmp_path: Path) -> None:
     assert trt["trt_engine_cache_path"] == trt["trt_timing_cache_path"] == plan.cache_dir
     assert plan.cache_dir is not None
     assert plan.cache_dir.startswith(str(tmp_path / "trt-cache"))
-    assert trt["trt_profile_min_shapes"] == "input:1x256x256x3"
-    assert trt["trt_profile_opt_shapes"] == trt["trt_profile_max_shapes"] == "input:8x256x256x3"
+    # Every batch runs padded to maxBatchSize (cuda.fixedBatch): the profile holds that shape alone.
+    assert trt["trt_profile_min_shapes"] == trt["trt_profile_opt_shapes"] == "input:8x256x256x3"
+    assert trt["trt_profile_max_shapes"] == "input:8x256x256x3"
+    assert profile_shapes("input", 8, 256)["trt_profile_min_shapes"] == "input:1x256x256x3"
     assert plan.provider_options[1]["cudnn_conv_algo_search"] == "HEURISTIC"
     fp32 = plan_for(
         TRT,
