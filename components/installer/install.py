@@ -274,11 +274,22 @@ if gpu:
         try:
             from edgeinfer.runtime.providers import preload_gpu_libraries
             out["gpu_libraries"] = preload_gpu_libraries(gpu)
-        except ImportError:  # the project is not installed in this environment
+        except ImportError:  # the project is not in this environment: the same, by hand
             import contextlib, io
             with contextlib.redirect_stdout(io.StringIO()):
                 ort.preload_dlls()
             out["gpu_libraries"] = "preload_dlls"
+            if "TensorrtExecutionProvider" in gpu:
+                import ctypes, glob, importlib, os
+                try:
+                    libs = importlib.import_module("tensorrt_libs").__path__[0]
+                    for stem in ("libnvinfer.so", "libnvinfer_plugin.so", "libnvonnxparser.so"):
+                        for path in sorted(glob.glob(os.path.join(libs, stem + ".*"))):
+                            if path.rsplit(".", 1)[-1].isdigit():
+                                ctypes.CDLL(path)
+                    out["gpu_libraries"] += "; tensorrt_libs"
+                except ModuleNotFoundError:
+                    pass
     except Exception as exc:
         out["gpu_libraries"] = "preload failed: %s: %s" % (type(exc).__name__, exc)
 x = numpy.array([[-1.0, 0.0, 1.0, 2.0]], dtype=numpy.float32)

@@ -338,13 +338,15 @@ def _select(info: PlatformInfo, config: InstallerConfig) -> tuple[str, AllowRule
     )
 
 
-def _gpu_build(info: PlatformInfo, config: InstallerConfig) -> tuple[str, str]:
-    """(CUDA major, onnxruntime-gpu version) for this machine: the newest build its driver runs."""
+def _gpu_build(info: PlatformInfo, config: InstallerConfig) -> tuple[str, str, bool]:
+    """(CUDA major, onnxruntime-gpu version, whether the system's CUDA stack serves it) for this
+    machine: the build for the system's own CUDA when it has cuDNN (and TensorRT, when asked) for it,
+    else the newest build its driver runs (its CUDA and cuDNN then come from the nvidia-* wheels)."""
     machine = info.cuda_major or ""
     builds = sorted(
         (int(k), k)
         for k in config.onnxruntimeGpuVersions
-        if k.isdigit() and (not machine.isdigit() or int(k) <= int(machine))
+        if k.isdigit() and machine.isdigit() and int(k) <= int(machine)
     )
     if not builds:
         known = ", ".join(sorted(config.onnxruntimeGpuVersions)) or "none"
@@ -352,8 +354,14 @@ def _gpu_build(info: PlatformInfo, config: InstallerConfig) -> tuple[str, str]:
             f"no onnxruntime-gpu build for CUDA {machine or 'unknown'} "
             f"in onnxruntimeGpuVersions (has: {known})"
         )
+    system = (info.cuda_version or "").split(".")[0]
+    complete = info.cudnn_version is not None and (
+        not config.enableTensorRT or info.tensorrt_version is not None
+    )
+    if complete and system in {k for _, k in builds}:
+        return system, config.onnxruntimeGpuVersions[system].strip(), True
     major = builds[-1][1]
-    return major, config.onnxruntimeGpuVersions[major].strip()
+    return major, config.onnxruntimeGpuVersions[major].strip(), False
 
 
 def choose(info: PlatformInfo, config: InstallerConfig) -> Plan:
@@ -368,16 +376,15 @@ def choose(info: PlatformInfo, config: InstallerConfig) -> Plan:
     expected = [CPU]
     extras_pkgs: list[str] = []
     cuda_major = ""
+    system_stack = False
     if accelerator == "cpu":
         package = "onnxruntime"
         ort_req = f"onnxruntime=={version}" if version else "onnxruntime"
     elif accelerator == "cuda":
         package = "onnxruntime-gpu"
-        cuda_major, gpu_version = _gpu_build(info, config)
-        # CUDA/cuDNN runtime libraries from PyPI (nvidia-* wheels) when the system has none, or
-        # has another CUDA major than the build.
-        system_major = (info.cuda_version or "").split(".")[0] or None
-        want_libs = info.cudnn_version is None or system_major != cuda_major
+        cuda_major, gpu_version, system_stack = _gpu_build(info, config)
+        # CUDA/cuDNN runtime libraries from PyPI (nvidia-* wheels) unless the system's serve the build.
+        want_libs = not system_stack
         spec = "onnxruntime-gpu[cuda,cudnn]" if want_libs else "onnxruntime-gpu"
         if want_libs:
             found_cuda = f"CUDA {info.cuda_version}" if info.cuda_version else "no CUDA runtime"
@@ -404,13 +411,14 @@ def choose(info: PlatformInfo, config: InstallerConfig) -> Plan:
         expected = [CUDA, CPU]
     if config.enableTensorRT and accelerator in ("cuda", "jetson"):
         expected = [TENSORRT, *expected]
-        if info.tensorrt_version is None:
-            if accelerator == "jetson":
+        if accelerator == "jetson":
+            if info.tensorrt_version is None:
                 notes.append("TensorRT asked but not found: install JetPack's TensorRT")
-            else:
-                trt = config.tensorrtPackage or f"tensorrt-cu{cuda_major}-libs<11"
-                extras_pkgs.append(trt)
-                notes.append(f"TensorRT asked but not found on the system: installing {trt}")
+        elif info.tensorrt_version is None or not system_stack:
+            # None on the system, or one built for the system's CUDA while the build is for another.
+            trt = config.tensorrtPackage or f"tensorrt-cu{cuda_major}-libs<11"
+            extras_pkgs.append(trt)
+            notes.append(f"installing {trt}: no TensorRT on the system for CUDA {cuda_major}")
     elif config.enableTensorRT:
         notes.append("TensorRT asked, but this plan runs on the CPU")
     requirements = [ort_req, *extras_pkgs, *config.packages]

@@ -85,10 +85,10 @@ class CudaOptions:
     do_copy_in_default_stream: bool = True
     device_id: int = 0
     io_binding: bool = True  # not an ORT option: run through session.io_binding() on this provider
-    # Not an ORT option: every batch on a GPU provider (CUDA, TensorRT) runs at maxBatchSize, padded.
-    # ORT 1.31's CUDA provider spent ~190 ms of CPU on every run whose input shape differed from the
-    # previous run's, even for shapes warmed before (H200, cuDNN 9), against 1.5 ms for batch 8 and
-    # 1.0 ms for batch 1 at one shape: one shape is much cheaper than the images it saves.
+    # Not an ORT option: every batch on the CUDA provider runs at maxBatchSize, padded. ORT 1.31's
+    # CUDA provider spent 190-250 ms of CPU on every run whose input shape differed from the previous
+    # run's, even for shapes warmed before (H200, cuDNN 9), against 1.5 ms for batch 8 and 1.0 ms for
+    # batch 1 at one shape. (TensorRT takes any shape in its profile without that cost.)
     fixed_batch: bool = True
 
 

@@ -25,7 +25,9 @@ from edgeinfer.model.manifest import Manifest, ManifestError, Variant
 from edgeinfer.runtime.config import RuntimeConfig
 from edgeinfer.runtime.providers import (
     CPU,
+    CUDA,
     SHORT_NAMES,
+    TRT,
     PlatformInfo,
     ProviderPlan,
     file_sha256,
@@ -77,13 +79,13 @@ class Engine:
     lane_session: Any = None
     lanes: int = 1
     gpu_libraries: str | None = None  # what preload_gpu_libraries said, when a GPU provider was asked
-    # Every run at this batch size, padded (`cuda.fixedBatch` on a GPU provider); 0: as it comes.
+    # Every run at this batch size, padded (`cuda.fixedBatch` on the CUDA provider); 0: as it comes.
     fixed_batch: int = 0
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._binding = self.session.io_binding() if self.plan.io_binding and self.provider != CPU else None
-        self._warm_threads: set[int] = set()
+        self._thread = threading.local()  # .warm: this thread has run this engine
 
     # ------------------------------------------------------------------------------------------ create
 
@@ -165,7 +167,7 @@ class Engine:
                 lane_session=lane_session,
                 lanes=lanes,
                 gpu_libraries=gpu_libraries,
-                fixed_batch=cfg.max_batch_size if really != CPU and cfg.cuda.fixed_batch else 0,
+                fixed_batch=cfg.max_batch_size if really == CUDA and cfg.cuda.fixed_batch else 0,
             )
             log.info(
                 "inference runs on %s with model %s %s variant %s (%s)%s%s",
@@ -202,25 +204,27 @@ class Engine:
 
     @property
     def thread_bound(self) -> bool:
-        """A GPU provider keeps its cuBLAS/cuDNN handles per thread: the first run on a thread costs
-        ~3 ms more (H200), so the runtime runs its batches on engine threads it warmed."""
-        return self.provider != CPU
+        """The CUDA and TensorRT providers keep their handles (cuBLAS/cuDNN, execution contexts) per
+        thread: the first run on a thread cost 3-6 ms more (H200), so the runtime runs their batches
+        on engine threads that warmed themselves up."""
+        return self.provider in (CUDA, TRT)
 
     def warm_thread(self) -> None:
         """One run on this thread, unless it has run this engine before."""
-        if threading.get_ident() in self._warm_threads:
-            return
-        self.run(np.zeros((1, self.input_size, self.input_size, 3), dtype=np.uint8))
+        if not getattr(self._thread, "warm", False):
+            self.run(np.zeros((1, self.input_size, self.input_size, 3), dtype=np.uint8))
 
     def run(self, batch: np.ndarray, *, lane: bool = False) -> np.ndarray:
         """uint8 NHWC batch → class probabilities `[N, classes]` float32. `lane`: on the one-thread
         session, beside other lanes' batches (ORT sessions take concurrent runs)."""
         n = batch.shape[0]
+        if self.fixed_batch and n > self.fixed_batch:  # a batch queued before an engine swap
+            step = self.fixed_batch
+            return np.concatenate([self.run(batch[i : i + step], lane=lane) for i in range(0, n, step)])
         if self.fixed_batch and n < self.fixed_batch:
             padded = np.zeros((self.fixed_batch, *batch.shape[1:]), dtype=batch.dtype)
             padded[:n] = batch
             batch = padded
-        self._warm_threads.add(threading.get_ident())
         if lane and self.lane_session is not None:
             out = self.lane_session.run([self.output_name], {self.input_name: batch})[0]
             with self._lock:
@@ -235,6 +239,7 @@ class Engine:
                 else:
                     out = self.session.run([self.output_name], {self.input_name: batch})[0]
                 self.executions += 1
+        self._thread.warm = True
         out = np.asarray(out, dtype=np.float32).reshape(batch.shape[0], -1)[:n]
         if self.apply_softmax is None:
             self.apply_softmax = not _looks_like_probabilities(out)
@@ -246,6 +251,8 @@ class Engine:
         top = max_batch or self.max_batch_size
         rng = np.random.default_rng(0)
         image = rng.integers(0, 256, (self.input_size, self.input_size, 3), dtype=np.uint8)
+        if self.fixed_batch:  # every size is one shape: its first run is nobody's, or batch 1 looks slow
+            self.run(image[None])
         for n in range(1, top + 1):
             batch = np.ascontiguousarray(np.broadcast_to(image, (n, *image.shape)))
             k = runs if n in (1, top) else 1

@@ -133,15 +133,14 @@ def provider_attempts(order: Sequence[str], available: Sequence[str]) -> tuple[l
     return tried, skipped
 
 
-def profile_shapes(input_name: str, max_batch: int, size: int, *, fixed: bool = False) -> dict[str, str]:
-    """`trt_profile_min/opt/max_shapes` for a dynamic batch at a fixed common image size; `fixed`:
-    every batch runs at `max_batch` (`cuda.fixedBatch`), so the profile holds that shape alone."""
+def profile_shapes(input_name: str, max_batch: int, size: int) -> dict[str, str]:
+    """`trt_profile_min/opt/max_shapes` for a dynamic batch at a fixed common image size."""
 
     def shape(n: int) -> str:
         return f"{input_name}:{n}x{size}x{size}x3"
 
     return {
-        "trt_profile_min_shapes": shape(max_batch if fixed else 1),
+        "trt_profile_min_shapes": shape(1),
         "trt_profile_opt_shapes": shape(max_batch),
         "trt_profile_max_shapes": shape(max_batch),
     }
@@ -198,7 +197,7 @@ def plan_for(
     """
     if wanted == TRT:
         t = cfg.tensorrt
-        shapes = profile_shapes(input_name, cfg.max_batch_size, input_size, fixed=cfg.cuda.fixed_batch)
+        shapes = profile_shapes(input_name, cfg.max_batch_size, input_size)
         int8 = bool(t.trt_int8_enable and quantized)  # QDQ models quantize explicitly; FP32 would
         key = trt_cache_key(  # need a calibration table
             model_sha256=model_sha256,

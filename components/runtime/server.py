@@ -232,7 +232,8 @@ class InferenceServer:
             self._threads.append(t)
             started.append(ready)
         for ready in started:
-            ready.wait(timeout=30)
+            if not ready.wait(timeout=30):
+                log.warning("an engine thread did not warm up in 30 s; serving anyway")
 
     def stop(self) -> None:
         self._unsubscribe()
@@ -510,19 +511,21 @@ class InferenceServer:
         self._run_poll(poll, inline_replies=True)
 
     def _engine_loop(self, ready: threading.Event | None = None) -> None:
-        while self._running:
-            engine = self.engine
-            if engine.thread_bound:  # at start, and after an engine swap
-                try:
-                    engine.warm_thread()
-                except Exception:
-                    log.exception(
-                        "warming %s up on %s failed", engine.provider, threading.current_thread().name
-                    )
-            if ready is not None:
+        try:
+            while self._running:
+                engine = self.engine
+                if engine.thread_bound:  # at start, and after an engine swap
+                    try:
+                        engine.warm_thread()
+                    except Exception:
+                        log.exception("warming %s up on an engine thread failed", engine.provider)
+                if ready is not None:
+                    ready.set()
+                    ready = None
+                self._run_poll(self.batcher.get(timeout=0.1))
+        finally:
+            if ready is not None:  # stopped before it began
                 ready.set()
-                ready = None
-            self._run_poll(self.batcher.get(timeout=0.1))
 
     def _run_poll(self, poll: BatchPoll[Job], *, inline_replies: bool = False) -> None:
         """Answer what expired, run the batch; whatever goes wrong, every job gets its one answer and

@@ -115,6 +115,19 @@ def test_plan_cuda13_driver_takes_the_cuda13_build() -> None:
     assert any("built for CUDA 13" in note for note in plan.notes)
 
 
+def test_plan_prefers_the_build_for_a_complete_system_cuda_stack() -> None:
+    info = found("x86_64_cuda_trt")  # system CUDA 12.6, cuDNN 9, TensorRT 10 (built for CUDA 12)
+    assert info.gpu is not None
+    info.gpu.cuda_driver_version = "13.0"  # a driver that would run the CUDA 13 build too
+    plan = choose(info, InstallerConfig(enableTensorRT=True))
+    assert ort_requirements(plan.requirements) == ["onnxruntime-gpu==1.26.0"]  # no GB of wheels
+    assert not [r for r in plan.requirements if r.startswith("tensorrt")]
+    info.cudnn_version = None  # incomplete: the CUDA 13 build, and a TensorRT for it
+    plan = choose(info, InstallerConfig(enableTensorRT=True))
+    assert ort_requirements(plan.requirements) == ["onnxruntime-gpu[cuda,cudnn]==1.31.1"]
+    assert "tensorrt-cu13-libs<11" in plan.requirements
+
+
 def test_plan_gpu_build_is_the_newest_the_driver_runs() -> None:
     info = found("x86_64_cuda13")
     assert info.gpu is not None

@@ -56,10 +56,8 @@ def test_trt_plan_options_and_cache_dir(tmp_path: Path) -> None:
     assert trt["trt_engine_cache_path"] == trt["trt_timing_cache_path"] == plan.cache_dir
     assert plan.cache_dir is not None
     assert plan.cache_dir.startswith(str(tmp_path / "trt-cache"))
-    # Every batch runs padded to maxBatchSize (cuda.fixedBatch): the profile holds that shape alone.
-    assert trt["trt_profile_min_shapes"] == trt["trt_profile_opt_shapes"] == "input:8x256x256x3"
-    assert trt["trt_profile_max_shapes"] == "input:8x256x256x3"
-    assert profile_shapes("input", 8, 256)["trt_profile_min_shapes"] == "input:1x256x256x3"
+    assert trt["trt_profile_min_shapes"] == "input:1x256x256x3"
+    assert trt["trt_profile_opt_shapes"] == trt["trt_profile_max_shapes"] == "input:8x256x256x3"
     assert plan.provider_options[1]["cudnn_conv_algo_search"] == "HEURISTIC"
     fp32 = plan_for(
         TRT,
@@ -414,6 +412,12 @@ def test_gpu_batches_run_at_one_shape_on_warmed_threads(tiny_store: Path, tmp_pa
     other.join()
     assert sessions[-1].runs == 2
 
+    # A batch over the size (queued before an engine swap) runs in pieces of it.
+    big = np.concatenate([images, images, images, images])
+    assert engine.run(big).shape == (12, 10)
+    assert sessions[-1].runs == 4
+    assert sessions[-1].binding.batch.shape[0] == 8
+
     cfg = RuntimeConfig()
     cfg.cuda.fixed_batch = False
     loose = Engine.create(store, cfg, str(tmp_path), platform=GPU, session_factory=make)
@@ -423,3 +427,10 @@ def test_gpu_batches_run_at_one_shape_on_warmed_threads(tiny_store: Path, tmp_pa
         store, RuntimeConfig(), str(tmp_path), platform=PlatformInfo("1.20.0"), session_factory=make
     )
     assert (cpu.provider, cpu.fixed_batch, cpu.thread_bound) == (CPU, 0, False)
+
+    # TensorRT takes any shape in its profile without a cost: not padded, but bound to its threads.
+    def trt(path: str, so: Any, providers: list[str], options: list[dict[str, Any]]) -> BindingSession:
+        return BindingSession(path, providers, {TRT, CUDA, CPU})
+
+    on_trt = Engine.create(store, RuntimeConfig(), str(tmp_path), platform=GPU, session_factory=trt)
+    assert (on_trt.provider, on_trt.fixed_batch, on_trt.thread_bound) == (TRT, 0, True)

@@ -298,6 +298,39 @@ def test_idle_request_runs_to_completion_on_the_arriving_thread(
         assert engine.lanes_seen == [False]  # alone: on every thread, not a lane
 
 
+class BoundRecorder(ThreadRecorder):
+    """A GPU-like engine: its runs belong on the engine threads, which warm themselves up first."""
+
+    thread_bound = True
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
+        self.warmed: list[int] = []
+
+    def warm_thread(self) -> None:
+        if threading.get_ident() not in self.warmed:
+            self.warmed.append(threading.get_ident())
+
+
+def test_a_gpu_engine_runs_on_engine_threads_warmed_before_start_returns(
+    make_engine: Callable[..., Engine],
+) -> None:
+    cfg = RuntimeConfig(max_batch_size=2)
+    cfg.cpu.lanes = 2
+    engine = BoundRecorder(make_engine(cfg))
+    with serving(engine, cfg) as (bus, server):
+        engine_threads = {t.ident for t in server._threads[1:]}
+        assert len(engine_threads) == 2
+        assert set(engine.warmed) == engine_threads  # warmed before start() returned
+        bus.publish(INFER, json.dumps({"id": "a", "image": b64(solid_jpeg((250, 1, 1)))}).encode())
+        wait_for(lambda: len(bus.messages_on(RESULT)) == 1)
+        [res] = [Result.parse(m.payload) for m in bus.messages_on(RESULT)]
+        assert res.status == "ok"
+        # Idle, yet not run on the arriving thread: on a warmed engine thread.
+        assert engine.threads[0] != threading.get_ident()
+        assert engine.threads[0] in engine_threads
+
+
 def test_message_on_the_heels_of_the_last_is_pipelined(make_engine: Callable[..., Engine]) -> None:
     cfg = RuntimeConfig(max_batch_size=2)
     engine = ThreadRecorder(make_engine(cfg))
