@@ -511,14 +511,16 @@ class InferenceServer:
         self._run_poll(poll, inline_replies=True)
 
     def _engine_loop(self, ready: threading.Event | None = None) -> None:
+        failed: Engine | None = None  # an engine whose warm-up failed here is not tried again
         try:
             while self._running:
                 engine = self.engine
-                if engine.thread_bound:  # at start, and after an engine swap
+                if engine.thread_bound and engine is not failed:  # at start, and after a swap
                     try:
                         engine.warm_thread()
                     except Exception:
                         log.exception("warming %s up on an engine thread failed", engine.provider)
+                        failed = engine
                 if ready is not None:
                     ready.set()
                     ready = None

@@ -331,6 +331,28 @@ def test_a_gpu_engine_runs_on_engine_threads_warmed_before_start_returns(
         assert engine.threads[0] in engine_threads
 
 
+class FailingWarmUp(BoundRecorder):
+    calls = 0
+
+    def warm_thread(self) -> None:
+        self.calls += 1
+        raise RuntimeError("CUDA failure 700: an illegal memory access was encountered")
+
+
+def test_a_failed_warm_up_is_logged_once_per_thread_and_serving_goes_on(
+    make_engine: Callable[..., Engine],
+) -> None:
+    cfg = RuntimeConfig(max_batch_size=2)
+    cfg.cpu.lanes = 1
+    engine = FailingWarmUp(make_engine(cfg))
+    with serving(engine, cfg) as (bus, _server):
+        bus.publish(INFER, json.dumps({"id": "a", "image": b64(solid_jpeg((250, 1, 1)))}).encode())
+        wait_for(lambda: len(bus.messages_on(RESULT)) == 1)
+        time.sleep(0.3)  # a few turns of the engine loop
+        assert Result.parse(bus.messages_on(RESULT)[0].payload).status == "ok"
+        assert engine.calls == 1  # tried once on the one engine thread, not at every turn
+
+
 def test_message_on_the_heels_of_the_last_is_pipelined(make_engine: Callable[..., Engine]) -> None:
     cfg = RuntimeConfig(max_batch_size=2)
     engine = ThreadRecorder(make_engine(cfg))
