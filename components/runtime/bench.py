@@ -22,6 +22,7 @@ import math
 import os
 import random
 import re
+import shlex
 import shutil
 import statistics
 import sys
@@ -42,6 +43,7 @@ COMPONENT = "com.edgeinfer.InferenceRuntime"
 STORE = "com.edgeinfer.ModelStore"
 INSTALLER = "com.edgeinfer.RuntimeInstaller"
 CLIENT = "com.edgeinfer.BenchClient"
+ECHO = "com.edgeinfer.BenchEcho"
 THING = "bench-thing"
 SAT_ROUNDS = 3  # saturation runs, each beside a batched-loop run; medians reported
 # Segments of the 70 % load, each at 70 % of a saturation measured just before it (the machine's
@@ -62,10 +64,13 @@ TARGETS = {
 # ------------------------------------------------------------------------------------ device layout
 
 
-def prepare_device(root: Path, store_dir: Path, recipes_src: Path = RECIPES) -> tuple[Path, Path]:
+def prepare_device(
+    root: Path, store_dir: Path, recipes_src: Path = RECIPES, *, echo: bool = False
+) -> tuple[Path, Path]:
     """A recipes/ + artifacts/ pair for the simulated core: the runtime's real recipe, a ModelStore
     recipe listing the built store's files, an installer stand-in that links this Python environment
-    where the real installer puts its venv, and a client component the load generator connects as."""
+    where the real installer puts its venv, and a client component the load generator connects as.
+    `echo`: also the echo component (`edgeinfer.runtime.echo`), the transport's floor."""
     import yaml
 
     recipes = root / "recipes"
@@ -120,7 +125,12 @@ def prepare_device(root: Path, store_dir: Path, recipes_src: Path = RECIPES) -> 
         },
         "Manifests": [{"Platform": {"os": "linux"}, "Lifecycle": {}}],
     }
-    for doc in (store, installer, client):
+    docs: list[dict[str, Any]] = [store, installer, client]
+    if echo:
+        docs.append(echo_recipe(version))
+    else:
+        (recipes / f"{ECHO}.yaml").unlink(missing_ok=True)
+    for doc in docs:
         (recipes / f"{doc['ComponentName']}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     dest = artifacts / STORE / version
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -128,6 +138,38 @@ def prepare_device(root: Path, store_dir: Path, recipes_src: Path = RECIPES) -> 
         dest.unlink() if dest.is_symlink() else shutil.rmtree(dest)
     dest.symlink_to(Path(store_dir).resolve(), target_is_directory=True)
     return recipes, artifacts
+
+
+def echo_recipe(version: str) -> dict[str, Any]:
+    """The echo component: this Python environment, the runtime's IPC path, its own two topics."""
+    prefix = "edgeinfer/{iot:thingName}/echo"
+    return {
+        "RecipeFormatVersion": "2020-01-25",
+        "ComponentName": ECHO,
+        "ComponentVersion": version,
+        "ComponentConfiguration": {
+            "DefaultConfiguration": {
+                "accessControl": {
+                    "aws.greengrass.ipc.pubsub": {
+                        f"{ECHO}:pubsub:1": {
+                            "operations": ["aws.greengrass#SubscribeToTopic"],
+                            "resources": [f"{prefix}/infer"],
+                        },
+                        f"{ECHO}:pubsub:2": {
+                            "operations": ["aws.greengrass#PublishToTopic"],
+                            "resources": [f"{prefix}/result"],
+                        },
+                    }
+                }
+            }
+        },
+        "Manifests": [
+            {
+                "Platform": {"os": "linux"},
+                "Lifecycle": {"Run": f"{shlex.quote(sys.executable)} -m edgeinfer.runtime.echo"},
+            }
+        ],
+    }
 
 
 def wait_ready(sim: Any, timeout: float = 120.0) -> None:
@@ -231,12 +273,14 @@ class RawPipeline:
 
 @dataclass
 class Driver:
-    """Sends requests on one bus and matches results by id (client-side clock)."""
+    """Sends requests on one bus and matches results by id (client-side clock). `echo`: to the echo
+    component's topics instead of the runtime's."""
 
     bus: Any
     target: str
     thing: str
     payloads: list[bytes]
+    echo: bool = False
     sent: dict[str, float] = field(default_factory=dict)
     done: dict[str, float] = field(default_factory=dict)
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -244,10 +288,9 @@ class Driver:
     def __post_init__(self) -> None:
         self.cond = threading.Condition()
         self.seq = 0
-        self.prefix = f"{self.target}-{os.getpid()}-"
-        self.sub = self.bus.subscribe(
-            f"edgeinfer/{self.thing}/result", self._on, target=self.target, inline=True
-        )
+        self.prefix = f"{self.target}{'-echo' if self.echo else ''}-{os.getpid()}-"
+        self.topics = f"edgeinfer/{self.thing}{'/echo' if self.echo else ''}"
+        self.sub = self.bus.subscribe(f"{self.topics}/result", self._on, target=self.target, inline=True)
 
     def _on(self, msg: Any) -> None:
         now = time.perf_counter()
@@ -269,7 +312,7 @@ class Driver:
         body = self.payloads[self.seq % len(self.payloads)].replace(b"__ID__", rid.encode(), 1)
         self.sent[rid] = time.perf_counter()
         self.bus.publish(
-            f"edgeinfer/{self.thing}/infer", body, target=self.target, qos=1 if self.target == "iot" else 0
+            f"{self.topics}/infer", body, target=self.target, qos=1 if self.target == "iot" else 0
         )
         return rid
 
@@ -450,6 +493,9 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
 
     root = Path(tempfile.mkdtemp(prefix="edgeinfer-bench-"))
     recipes, artifacts = prepare_device(root / "device", store_dir)
+    # The measured core also runs the echo component (the transport's floor); the start figures come
+    # from cores without it, whose start it would share the CPU with.
+    echo_recipes, echo_artifacts = prepare_device(root / "device-echo", store_dir, echo=True)
     runtime_cfg = runtime_config(args.max_batch_size, getattr(args, "config", {}))
     out: dict[str, Any] = {"raw": raw, "model": {"name": manifest.name, "version": manifest.version}}
     print("simulated core: starting the runtime", file=sys.stderr)
@@ -462,7 +508,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
 
     starts: list[float] = []
     firsts: list[float] = []
-    for i in range(max(0, args.starts - 1)):  # extra cold starts, for the medians of the start figures
+    for i in range(max(1, args.starts)):  # cold starts, for the medians of the start figures
         sim = Simulator(
             recipes, artifacts, thing=THING, work_dir=root / f"core{i}", config_merge={COMPONENT: runtime_cfg}
         )
@@ -477,30 +523,39 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             sim.stop()
     sim = Simulator(
-        recipes, artifacts, thing=THING, work_dir=root / "core", config_merge={COMPONENT: runtime_cfg}
+        echo_recipes,
+        echo_artifacts,
+        thing=THING,
+        work_dir=root / "core",
+        config_merge={COMPONENT: runtime_cfg},
     )
     try:
         t0 = time.perf_counter()
         sim.start()
         wait_ready(sim)
         deploy_to_running = time.perf_counter() - t0
+        sim.wait_for_report(ECHO, "RUNNING", timeout=60)
         local_bus, (local, hop) = connect(sim)
+        echo = Driver(local_bus, "local", THING, payloads, echo=True)
         iot_bus = MqttPubSub.connect_tcp(*sim.broker)
         iot = Driver(iot_bus, "iot", THING, payloads)
-        firsts.append(local.wait(local.send()))
+        for _ in range(20):  # the echo's first answers (its process, the nucleus's routes)
+            echo.wait(echo.send())
         # The simulated nucleus and the load generator share this interpreter: its start-up objects
         # (ORT, OpenCV, the SDK) made a full collection ~14 ms, a pause that would land in the
         # runtime's figures. Frozen here as the runtime freezes its own before RUNNING.
         gc.collect()
         gc.freeze()
         time.sleep(0.2)
-        print("closed loop: local pub/sub, IoT Core", file=sys.stderr)
+        print("closed loop: local pub/sub, the echo component, IoT Core", file=sys.stderr)
         # Side by side: each runtime request right after one raw decode + run of the same image, so
-        # both see the same machine (it is shared and its load drifts).
-        raw_lat, local_lat = [], []
+        # both see the same machine (it is shared and its load drifts); then the same request to the
+        # echo, which follows the runtime's request as the runtime's follows the raw run.
+        raw_lat, local_lat, echo_lat = [], [], []
         for _ in range(args.requests):
             raw_lat.append(raw_pipe.once(local.seq + 1))
             local_lat.append(local.wait(local.send()))
+            echo_lat.append(echo.wait(echo.send()))
         stages = {
             k: statistics.median(
                 float(r["latency_ms"][k]) for r in local.results.values() if "latency_ms" in r
@@ -544,11 +599,11 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         rate = mid["rps"]
         at70p, _ = local.open_loop(rate, args.duration / 2, poisson=True)
         local.close()
+        echo.close()
         iot.close()
         local_bus.close()
         iot_bus.close()
         log_text = sim.logs(COMPONENT)
-        starts.append(running_ms_from_log(log_text) or float("nan"))
     finally:
         sim.stop()
         if not args.keep:
@@ -575,6 +630,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         "local_p50_ms": warm_p50,
         "local_runtime_stages_p50_ms": stages,
         "ipc_hop_p50_ms": statistics.median(hop) if hop else float("nan"),
+        "echo_p50_ms": statistics.median(echo_lat),
+        "echo_p99_ms": pct(echo_lat, 99),
         "local_p99_ms": pct(local_lat, 99),
         "iot_p50_ms": statistics.median(iot_lat),
         "iot_p99_ms": pct(iot_lat, 99),
@@ -594,6 +651,10 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     rt = out["runtime"]
     out["ratios"] = {
         "p50_ratio": warm_p50 / raw["p50_ms"],
+        # What a runtime with no compute scores: the raw pipeline plus the echo's round trip.
+        "p50_ratio_floor": (raw["p50_ms"] + rt["echo_p50_ms"]) / raw["p50_ms"],
+        # The runtime's own share: its end-to-end p50 less the echo's, over the raw pipeline's.
+        "p50_ratio_beyond_transport": (warm_p50 - rt["echo_p50_ms"]) / raw["p50_ms"],
         "iot_p50_ratio": rt["iot_p50_ms"] / raw["p50_ms"],
         "throughput_ratio": throughput_ratio,
         "p99_over_p50_at_70pct": rt["load70_p99_ms"] / rt["load70_p50_ms"],
@@ -625,6 +686,7 @@ def table_lines(out: dict[str, Any]) -> list[str]:
             f"{rt['local_p50_ms']:.2f} / {rt['local_p99_ms']:.2f} ms",
             f"p50 {ratios['p50_ratio']:.2f}× raw (≤ 1.3)",
         ),
+        *echo_rows(rt, ratios),
         (
             "  inside the runtime (p50)",
             " / ".join(f"{k} {v:.2f}" for k, v in rt["local_runtime_stages_p50_ms"].items()),
@@ -684,6 +746,24 @@ def table_lines(out: dict[str, Any]) -> list[str]:
     failed = [k for k, ok in out["pass"].items() if not ok]
     lines.append("  targets: " + ("all met" if not failed else "missed: " + ", ".join(failed)))
     return lines
+
+
+def echo_rows(rt: dict[str, Any], ratios: dict[str, float]) -> list[tuple[str, str, str]]:
+    """The echo component's rows (results recorded before it existed have none)."""
+    if "echo_p50_ms" not in rt:
+        return []
+    return [
+        (
+            "echo component p50 / p99",
+            f"{rt['echo_p50_ms']:.2f} / {rt['echo_p99_ms']:.2f} ms",
+            f"transport floor: raw + echo = {ratios['p50_ratio_floor']:.2f}× raw",
+        ),
+        (
+            "  runtime p50 less the echo's",
+            f"{rt['local_p50_ms'] - rt['echo_p50_ms']:.2f} ms",
+            f"{ratios['p50_ratio_beyond_transport']:.2f}× raw (for information)",
+        ),
+    ]
 
 
 def _run(args: argparse.Namespace) -> int:

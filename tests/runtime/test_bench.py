@@ -11,6 +11,7 @@ from edgeinfer.cli import build_parser
 from edgeinfer.runtime.bench import (
     CLIENT,
     COMPONENT,
+    ECHO,
     bench_images,
     median_segment,
     pct,
@@ -93,3 +94,26 @@ def test_table_shows_the_median_segment_and_every_segment() -> None:
     assert "21.30 / 74.00 ms at 149 req/s" in text
     assert "p99 3.47× p50 (≤ 2), median segment" in text
     assert "3.47× at 149, 5.09× at 142 (2 errors), 1.78× at 107" in text
+    assert "echo" not in text  # recorded before the echo component existed
+    doc["runtime"] |= {"echo_p50_ms": 2.9, "echo_p99_ms": 8.7}
+    doc["ratios"] |= {"p50_ratio_floor": (5.2 + 2.9) / 5.2, "p50_ratio_beyond_transport": (7.9 - 2.9) / 5.2}
+    text = "\n".join(table_lines(doc))
+    assert "2.90 / 8.70 ms" in text
+    assert "transport floor: raw + echo = 1.56× raw" in text
+    assert "5.00 ms" in text
+    assert "0.96× raw (for information)" in text
+
+
+def test_device_layout_with_the_echo(tiny_store: Path, tmp_path: Path) -> None:
+    recipes, _ = prepare_device(tmp_path / "dev", tiny_store, echo=True)
+    echo = yaml.safe_load((recipes / f"{ECHO}.yaml").read_text())
+    assert echo["Manifests"][0]["Lifecycle"]["Run"].endswith(" -m edgeinfer.runtime.echo")
+    grants = echo["ComponentConfiguration"]["DefaultConfiguration"]["accessControl"][
+        "aws.greengrass.ipc.pubsub"
+    ]
+    assert sorted(r for g in grants.values() for r in g["resources"]) == [
+        "edgeinfer/{iot:thingName}/echo/infer",
+        "edgeinfer/{iot:thingName}/echo/result",
+    ]
+    prepare_device(tmp_path / "dev", tiny_store)  # the same folder without it
+    assert not (recipes / f"{ECHO}.yaml").exists()
