@@ -173,7 +173,7 @@ def main() -> int:
         return 0
 
     cmd = [sys.executable, "-m", "edgeinfer", "bench", "runtime", "--model-dir", args.model_dir]
-    cmd += ["--config", args.config, "--requests", "100", "--duration", "6", "--starts", "1"]
+    cmd += ["--config", args.config, "--requests", "100", "--duration", "6", "--starts", "0"]
     cmd += ["--json", str(out / "runtime-diag.json")]
     bench = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert bench.stderr is not None

@@ -7,7 +7,10 @@ In one run, on the same 640×480 JPEGs and the same model variant:
 - **runtime**: the real component on the simulated core; a load generator sends requests over local
   pub/sub (through the real Greengrass IPC, as another component) and over IoT Core (mosquitto):
   closed-loop latency, saturated throughput, p99/p50 at 70 % of it (three segments, each sized from
-  a saturation run just before it; the median segment counts), start → RUNNING, first request.
+  a saturation run just before it; the median segment counts), start → RUNNING, first request;
+- **echo**: a component on the same core that takes the runtime's IPC path but answers at once,
+  without decode or inference (`edgeinfer.runtime.echo`): the transport's floor, interleaved with
+  the closed loop. Raw + echo is the best p50 ratio any runtime could reach through this transport.
 
 Every figure is a ratio measured side by side (see DESIGN.md, "Performance").
 """
@@ -225,7 +228,7 @@ def pct(values: Sequence[float], q: float) -> float:
 class RawPipeline:
     """decode + run in this process with the runtime's configuration: the baseline."""
 
-    def __init__(self, store_dir: Path, images: list[bytes], cfg: Any) -> None:
+    def __init__(self, store_dir: Path, images: list[bytes], cfg: Any, work_dir: Path) -> None:
         import cv2
 
         from edgeinfer.model.manifest import Manifest
@@ -236,7 +239,7 @@ class RawPipeline:
         # run) then has the runtime's options, spinning included; the lanes' session stays idle.
         self.images = images
         self.batch = cfg.max_batch_size
-        self.engine = Engine.create(Manifest.load(store_dir), cfg, tempfile.mkdtemp(prefix="edgeinfer-raw-"))
+        self.engine = Engine.create(Manifest.load(store_dir), cfg, str(work_dir))
         self.engine.warm_up()
 
     def once(self, i: int) -> float:
@@ -463,8 +466,6 @@ def request_payloads(images: list[bytes]) -> list[bytes]:
 def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     from edgeinfer.model.manifest import Manifest, ManifestError, default_store_dir
     from edgeinfer.runtime.config import RuntimeConfig
-    from edgeinfer.sim import Simulator
-    from edgeinfer.transport.mqtt import MqttPubSub
 
     store_dir = Path(args.model_dir) if args.model_dir else default_store_dir()
     try:
@@ -472,14 +473,28 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     except ManifestError as exc:
         raise EdgeinferError(str(exc)) from None
     images = bench_images()
-    payloads = request_payloads(images)
     # The raw pipeline runs on the provider the runtime is given (`--config '{"executionProviders": …}'`).
     providers = args.config.get("executionProviders", runtime_config(1, {})["executionProviders"])
     cfg = RuntimeConfig(execution_providers=list(providers))
     cfg.max_batch_size = args.max_batch_size
 
+    root = Path(tempfile.mkdtemp(prefix="edgeinfer-bench-"))
+    try:
+        return _measure(args, root, store_dir=store_dir, manifest=manifest, images=images, cfg=cfg)
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _measure(
+    args: argparse.Namespace, root: Path, *, store_dir: Path, manifest: Any, images: list[bytes], cfg: Any
+) -> dict[str, Any]:
+    from edgeinfer.sim import Simulator
+    from edgeinfer.transport.mqtt import MqttPubSub
+
+    payloads = request_payloads(images)
     print(f"raw pipeline: {manifest.name} {manifest.version}, {len(images)} images 640×480", file=sys.stderr)
-    raw_pipe = RawPipeline(store_dir, images, cfg)
+    raw_pipe = RawPipeline(store_dir, images, cfg, root / "raw")
     rounds = max(10, args.requests // 8)
     quiet_lat = [raw_pipe.once(i) for i in range(args.requests)]
     rps_before, cpu_per_image = raw_pipe.batched(rounds)
@@ -491,10 +506,10 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         "batched_loop_cpu_ms_per_image": cpu_per_image,
     }
 
-    root = Path(tempfile.mkdtemp(prefix="edgeinfer-bench-"))
     recipes, artifacts = prepare_device(root / "device", store_dir)
-    # The measured core also runs the echo component (the transport's floor); the start figures come
-    # from cores without it, whose start it would share the CPU with.
+    # The measured core also runs the echo component (the transport's floor). The start figures come
+    # from cores of their own without it, since its start would share the CPU with the runtime's;
+    # with `--starts 0` they come from the measured core, echo and all (one core start less).
     echo_recipes, echo_artifacts = prepare_device(root / "device-echo", store_dir, echo=True)
     runtime_cfg = runtime_config(args.max_batch_size, getattr(args, "config", {}))
     out: dict[str, Any] = {"raw": raw, "model": {"name": manifest.name, "version": manifest.version}}
@@ -508,7 +523,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
 
     starts: list[float] = []
     firsts: list[float] = []
-    for i in range(max(1, args.starts)):  # cold starts, for the medians of the start figures
+    for i in range(args.starts):  # cold starts, for the medians of the start figures
         sim = Simulator(
             recipes, artifacts, thing=THING, work_dir=root / f"core{i}", config_merge={COMPONENT: runtime_cfg}
         )
@@ -536,10 +551,17 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         deploy_to_running = time.perf_counter() - t0
         sim.wait_for_report(ECHO, "RUNNING", timeout=60)
         local_bus, (local, hop) = connect(sim)
+        if not starts:
+            firsts.append(local.wait(local.send()))
+            starts.append(running_ms_from_log(sim.logs(COMPONENT)) or float("nan"))
         echo = Driver(local_bus, "local", THING, payloads, echo=True)
         iot_bus = MqttPubSub.connect_tcp(*sim.broker)
         iot = Driver(iot_bus, "iot", THING, payloads)
-        for _ in range(20):  # the echo's first answers (its process, the nucleus's routes)
+        # Unmeasured first answers from both (processes, the nucleus's routes), as many for each so
+        # that the two drivers then send the same image in each round.
+        for _ in range(2 * len(payloads) - local.seq % len(payloads)):
+            local.wait(local.send())
+        for _ in range(2 * len(payloads)):
             echo.wait(echo.send())
         # The simulated nucleus and the load generator share this interpreter: its start-up objects
         # (ORT, OpenCV, the SDK) made a full collection ~14 ms, a pause that would land in the
@@ -549,8 +571,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(0.2)
         print("closed loop: local pub/sub, the echo component, IoT Core", file=sys.stderr)
         # Side by side: each runtime request right after one raw decode + run of the same image, so
-        # both see the same machine (it is shared and its load drifts); then the same request to the
-        # echo, which follows the runtime's request as the runtime's follows the raw run.
+        # both see the same machine (it is shared and its load drifts); then the same image to the
+        # echo, whose request follows the runtime's as the runtime's follows the raw run.
         raw_lat, local_lat, echo_lat = [], [], []
         for _ in range(args.requests):
             raw_lat.append(raw_pipe.once(local.seq + 1))
@@ -606,8 +628,6 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         log_text = sim.logs(COMPONENT)
     finally:
         sim.stop()
-        if not args.keep:
-            shutil.rmtree(root, ignore_errors=True)
     provider = re.findall(r"inference runs on (\S+) with model \S+ \S+ variant (\S+)", log_text)
     raw["p50_ms"] = statistics.median(raw_lat)
     raw["p99_ms"] = pct(raw_lat, 99)
@@ -651,10 +671,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     rt = out["runtime"]
     out["ratios"] = {
         "p50_ratio": warm_p50 / raw["p50_ms"],
-        # What a runtime with no compute scores: the raw pipeline plus the echo's round trip.
-        "p50_ratio_floor": (raw["p50_ms"] + rt["echo_p50_ms"]) / raw["p50_ms"],
-        # The runtime's own share: its end-to-end p50 less the echo's, over the raw pipeline's.
-        "p50_ratio_beyond_transport": (warm_p50 - rt["echo_p50_ms"]) / raw["p50_ms"],
+        **floor_ratios(raw_lat, local_lat, echo_lat),
         "iot_p50_ratio": rt["iot_p50_ms"] / raw["p50_ms"],
         "throughput_ratio": throughput_ratio,
         "p99_over_p50_at_70pct": rt["load70_p99_ms"] / rt["load70_p50_ms"],
@@ -672,6 +689,23 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def floor_ratios(raw: Sequence[float], local: Sequence[float], echo: Sequence[float]) -> dict[str, float]:
+    """The p50 ratio against the transport's floor, from the interleaved rounds (raw, runtime, echo).
+
+    `p50_ratio_floor`: what a runtime whose only cost beyond the raw pipeline is the transport would
+    score, (raw p50 + echo p50) / raw p50. `p50_ratio_beyond_transport`: the runtime's round trip less
+    the echo's in the same round (the median of those differences, which a drift in the machine's
+    speed moves less than a difference of medians), over the raw p50: decode, inference and whatever
+    the runtime adds to them.
+    """
+    raw_p50 = statistics.median(raw)
+    return {
+        "p50_ratio_floor": (raw_p50 + statistics.median(echo)) / raw_p50,
+        "p50_ratio_beyond_transport": statistics.median(a - b for a, b in zip(local, echo, strict=True))
+        / raw_p50,
+    }
+
+
 def print_table(out: dict[str, Any]) -> None:
     print("\n".join(table_lines(out)))
 
@@ -686,12 +720,12 @@ def table_lines(out: dict[str, Any]) -> list[str]:
             f"{rt['local_p50_ms']:.2f} / {rt['local_p99_ms']:.2f} ms",
             f"p50 {ratios['p50_ratio']:.2f}× raw (≤ 1.3)",
         ),
-        *echo_rows(rt, ratios),
         (
             "  inside the runtime (p50)",
             " / ".join(f"{k} {v:.2f}" for k, v in rt["local_runtime_stages_p50_ms"].items()),
             f"one IPC hop {rt['ipc_hop_p50_ms']:.2f} ms",
         ),
+        *echo_rows(rt, ratios, raw),
         (
             "runtime IoT Core p50 / p99",
             f"{rt['iot_p50_ms']:.2f} / {rt['iot_p99_ms']:.2f} ms",
@@ -748,19 +782,21 @@ def table_lines(out: dict[str, Any]) -> list[str]:
     return lines
 
 
-def echo_rows(rt: dict[str, Any], ratios: dict[str, float]) -> list[tuple[str, str, str]]:
+def echo_rows(
+    rt: dict[str, Any], ratios: dict[str, float], raw: dict[str, Any]
+) -> list[tuple[str, str, str]]:
     """The echo component's rows (results recorded before it existed have none)."""
     if "echo_p50_ms" not in rt:
         return []
     return [
         (
-            "echo component p50 / p99",
+            "echo component p50 / p99 (no compute)",
             f"{rt['echo_p50_ms']:.2f} / {rt['echo_p99_ms']:.2f} ms",
             f"transport floor: raw + echo = {ratios['p50_ratio_floor']:.2f}× raw",
         ),
         (
-            "  runtime p50 less the echo's",
-            f"{rt['local_p50_ms'] - rt['echo_p50_ms']:.2f} ms",
+            "runtime less the echo, paired (p50)",
+            f"{ratios['p50_ratio_beyond_transport'] * raw['p50_ms']:.2f} ms",
             f"{ratios['p50_ratio_beyond_transport']:.2f}× raw (for information)",
         ),
     ]
@@ -798,7 +834,15 @@ def register_bench(subparsers: Any) -> None:
         "--duration", type=float, default=15.0, help="seconds at 70 %% load, in 3 segments (default 15)"
     )
     p.add_argument("--max-batch-size", type=int, default=8)
-    p.add_argument("--starts", type=int, default=3, help="cold starts for the start figures (median)")
+    p.add_argument(
+        "--starts",
+        type=int,
+        default=3,
+        choices=range(11),
+        metavar="N",
+        help="cold starts on cores of their own, before the measured core, for the start figures "
+        "(median; default 3; 0: the measured core's own start, beside the echo component's)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the simulated core's folder")
     p.add_argument(
         "--config",

@@ -4,7 +4,9 @@ and no inference. `edgeinfer bench runtime` uses it to measure the transport's f
 The echo takes the runtime's path through the transport: the same IPC client, an inline
 subscription, the request's JSON and base64 parsed by `parse_request`, and a result-sized answer
 published without waiting. Its round trip is what a runtime with zero compute would take through the
-same nucleus. So the runtime's end-to-end latency minus the echo's is what the runtime itself adds.
+same nucleus: the raw pipeline's time plus the echo's round trip is the best any runtime could reach
+through this transport, and the runtime's round trip less the echo's is decode, inference and what
+the runtime adds to them.
 
 It listens on `edgeinfer/{thing}/echo/infer` and answers on `edgeinfer/{thing}/echo/result` (its
 recipe grants no other topic, so `reply_to` is not followed). A bad request gets its error result, as
@@ -14,11 +16,13 @@ the runtime gives.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,7 +37,8 @@ from edgeinfer.messages import (
     parse_request,
 )
 
-log = logging.getLogger(__name__)
+# Named, not __name__: run with -m, this module is __main__.
+log = logging.getLogger("edgeinfer.runtime.echo")
 
 PROVIDER = "echo"
 # A result the size of the runtime's: five predictions with ImageNet-length labels.
@@ -56,16 +61,14 @@ class Echo:
         bus: Any,
         thing: str,
         *,
-        max_bytes: int = 16 * 1024 * 1024,
-        wall: Callable[[], float] | None = None,
+        max_bytes: int = 4 * 1024 * 1024,  # the runtime's default maxPayloadBytes
+        wall: Callable[[], float] = time.time,
     ) -> None:
-        import time
-
         self.bus = bus
         self.thing = thing
         self.max_bytes = max_bytes
-        self.wall = wall or time.time
-        self.answered = 0
+        self.wall = wall
+        self.sent = 0  # answers handed to the transport (a refusal comes back later, logged)
         self._sub: Any = None
 
     def start(self) -> None:
@@ -104,7 +107,7 @@ class Echo:
         except Exception as exc:
             log.warning("answer to %s not published: %s", result.id, exc)
             return
-        self.answered += 1
+        self.sent += 1
 
     @staticmethod
     def _published(exc: Exception | None) -> None:
@@ -134,13 +137,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     echo = Echo(bus, thing)
-    echo.start()
-    bus.update_state("RUNNING")
+    try:
+        echo.start()
+        bus.update_state("RUNNING")
+    except TransportError as exc:
+        print(f"edgeinfer echo: {exc}", file=sys.stderr)
+        with contextlib.suppress(TransportError):
+            bus.update_state("ERRORED")
+        bus.close()
+        return 1
     log.info("echo RUNNING on %s", echo_infer_topic(thing))
     stop.wait()
     echo.stop()
     bus.close()
-    log.info("echo stopped after %d answers", echo.answered)
+    log.info("echo stopped after %d answers", echo.sent)
     return 0
 
 

@@ -13,6 +13,7 @@ from edgeinfer.runtime.bench import (
     COMPONENT,
     ECHO,
     bench_images,
+    floor_ratios,
     median_segment,
     pct,
     prepare_device,
@@ -96,12 +97,20 @@ def test_table_shows_the_median_segment_and_every_segment() -> None:
     assert "3.47× at 149, 5.09× at 142 (2 errors), 1.78× at 107" in text
     assert "echo" not in text  # recorded before the echo component existed
     doc["runtime"] |= {"echo_p50_ms": 2.9, "echo_p99_ms": 8.7}
-    doc["ratios"] |= {"p50_ratio_floor": (5.2 + 2.9) / 5.2, "p50_ratio_beyond_transport": (7.9 - 2.9) / 5.2}
+    doc["ratios"] |= floor_ratios([5.2, 5.0, 5.4], [7.9, 8.1, 8.0], [2.9, 3.3, 2.4])
     text = "\n".join(table_lines(doc))
     assert "2.90 / 8.70 ms" in text
     assert "transport floor: raw + echo = 1.56× raw" in text
-    assert "5.00 ms" in text
+    assert "5.00 ms" in text  # the median of the paired differences 5.0, 4.8 and 5.6
     assert "0.96× raw (for information)" in text
+
+
+def test_floor_ratios_pair_each_round() -> None:
+    # The machine slows down halfway: a difference of medians would mix rounds, the pairs do not.
+    raw, local, echo = [5.0, 5.0, 5.0, 5.0], [8.0, 8.0, 12.0, 12.0], [3.0, 3.0, 7.0, 7.0]
+    got = floor_ratios(raw, local, echo)
+    assert got["p50_ratio_floor"] == (5.0 + 5.0) / 5.0
+    assert got["p50_ratio_beyond_transport"] == 1.0  # 5 ms beyond the echo in every round
 
 
 def test_device_layout_with_the_echo(tiny_store: Path, tmp_path: Path) -> None:

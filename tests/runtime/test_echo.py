@@ -13,7 +13,7 @@ from edgeinfer.messages import ErrorCode, Result
 from edgeinfer.runtime.bench import CLIENT, COMPONENT, ECHO, THING, Driver, prepare_device, request_payloads
 from edgeinfer.runtime.echo import PROVIDER, Echo, echo_infer_topic, echo_result_topic, main
 from edgeinfer.sim import MosquittoBroker, Simulator
-from edgeinfer.transport import MemoryBus, TransportError
+from edgeinfer.transport import MemoryBus, Message, TransportError
 
 from .conftest import solid_jpeg
 
@@ -24,7 +24,7 @@ def answers(bus: MemoryBus) -> list[Result]:
 
 def test_answers_each_request_once_without_inference() -> None:
     bus = MemoryBus()
-    echo = Echo(bus, THING, wall=lambda: 0.0)
+    echo = Echo(bus, THING, wall=lambda: 0.0)  # the clock passed in: a fixed timestamp
     echo.start()
     image = base64.b64encode(solid_jpeg((120, 80, 40), (640, 480))).decode()
     bus.publish(echo_infer_topic(THING), json.dumps({"id": "a", "image": image, "top_k": 3}).encode())
@@ -35,7 +35,7 @@ def test_answers_each_request_once_without_inference() -> None:
     assert {r.status for r in got} == {"ok"}
     assert {r.provider for r in got} == {PROVIDER}
     assert got[0].timestamp == "1970-01-01T00:00:00.000Z"
-    assert echo.answered == 2
+    assert echo.sent == 2
     echo.stop()
     bus.publish(echo_infer_topic(THING), json.dumps({"id": "c", "image": image}).encode())
     assert len(answers(bus)) == 2  # unsubscribed
@@ -72,8 +72,18 @@ def test_an_answer_that_cannot_be_sent_is_logged_not_raised(caplog: pytest.LogCa
     echo = Echo(bus, THING)
     echo.start()
     bus.publish(echo_infer_topic(THING), b'{"id": "x", "image": "AAAA"}')
-    assert echo.answered == 0
+    assert echo.sent == 0
     assert "answer to x not published" in caplog.text
+
+
+def test_an_answer_the_nucleus_refuses_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    bus = MemoryBus()
+    echo = Echo(bus, THING)
+    echo.start()
+    bus.fail_publish = True  # the answer's publish fails; MemoryBus reports it through on_done
+    echo.handle(Message(echo_infer_topic(THING), b'{"id": "x", "image": "AAAA"}', "local"))
+    assert echo.sent == 1  # handed to the transport, which then refused it
+    assert "answer not published: publish to edgeinfer/bench-thing/echo/result failed" in caplog.text
 
 
 def test_main_outside_greengrass_says_so(
@@ -116,4 +126,6 @@ def test_echo_component_on_the_simulated_core(
             bus.close()
     finally:
         sim.stop()
-    assert "echo RUNNING on edgeinfer/bench-thing/echo/infer" in sim.logs(ECHO)
+    logs = sim.logs(ECHO)
+    assert "echo RUNNING on edgeinfer/bench-thing/echo/infer" in logs
+    assert "echo stopped after 3 answers" in logs  # SIGTERM: a clean stop
