@@ -81,6 +81,8 @@ def aws_errors() -> Iterator[None]:
         raise AwsError(str(exc)) from None
     except bex.NoRegionError:
         raise AwsError("no AWS region: pass --region") from None
+    except bex.InvalidRegionError as exc:
+        raise AwsError(f"not an AWS region: {exc.kwargs.get('region_name', exc)!r}") from None
     except (bex.EndpointConnectionError, bex.ConnectTimeoutError) as exc:
         raise AwsError(f"cannot reach AWS: {exc}") from None
     except bex.ClientError as exc:

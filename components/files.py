@@ -6,11 +6,12 @@ import contextlib
 import hashlib
 import os
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from edgeinfer.errors import EdgeinferError
 
-__all__ = ["atomic_write", "sha256_file", "write_output"]
+__all__ = ["atomic_write", "check_replaceable", "new_parents", "sha256_file", "write_output"]
 
 
 def sha256_file(path: Path) -> str:
@@ -53,3 +54,46 @@ def write_output(path: Path, data: bytes) -> None:
         atomic_write(path, data)
     except OSError as exc:
         raise EdgeinferError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def check_replaceable(path: Path, what: str, ours: Callable[[Path], bool]) -> None:
+    """Refuse to let a build replace `path` unless it is absent, an empty folder, or a `what` that
+    `ours` recognises: an `--out` pointed at the wrong folder must never delete someone's files."""
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise EdgeinferError(f"{path} exists and is not a folder")
+    try:
+        empty = not any(path.iterdir())
+    except OSError as exc:
+        raise EdgeinferError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not empty and not ours(path):
+        raise EdgeinferError(
+            f"refusing to replace {path}: it holds files and is not {what}; choose a new or empty folder"
+        )
+
+
+@contextlib.contextmanager
+def new_parents(path: Path) -> Iterator[None]:
+    """Create the missing folders above `path`; if the block fails, remove those of them that are
+    still empty, so a failed build leaves no trace. A file where a folder should be is a one-line
+    `EdgeinferError`."""
+    created: list[Path] = []
+    parent = path.parent
+    while not parent.exists():
+        created.append(parent)
+        parent = parent.parent
+    if not parent.is_dir():
+        raise EdgeinferError(f"cannot write {path}: {parent} is not a folder")
+    try:
+        for folder in reversed(created):
+            folder.mkdir(exist_ok=True)
+    except OSError as exc:
+        raise EdgeinferError(f"cannot write {path}: {exc.strerror or exc}") from None
+    try:
+        yield
+    except BaseException:
+        for folder in created:  # deepest first; rmdir leaves any that something filled
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise

@@ -146,20 +146,61 @@ def _backend(args: argparse.Namespace) -> Any:
         raise EdgeinferError(f"cannot load the model: {exc}") from None
 
 
+def _check(args: argparse.Namespace) -> frozenset[str] | None:
+    """Refuse what would start a router that cannot work, before anything loads; returns the
+    --known-things set (None: any thing)."""
+    import math
+    import re
+
+    from edgeinfer.messages import is_thing_name
+    from edgeinfer.runtime.config import is_known_provider
+
+    for flag, value, low in (
+        ("--workers", args.workers, 1),
+        ("--threads", args.threads, 0),
+        ("--max-batch-size", args.max_batch_size, 1),
+        ("--max-queue", args.max_queue, 1),
+    ):
+        if value < low:
+            raise EdgeinferError(f"{flag} must be at least {low}, not {value}")
+    if not (math.isfinite(args.report_every) and args.report_every > 0):
+        raise EdgeinferError(f"--report-every must be a positive number of seconds, not {args.report_every}")
+    # The group is one level of a $share/{group}/... filter, and the IoT policy's resource.
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,128}", args.group):
+        raise EdgeinferError(
+            f"--group: not a shared-subscription group name (letters, digits, _ and -): {args.group!r}"
+        )
+    if not args.sagemaker_endpoint:
+        names = [p.strip() for p in args.providers.split(",")]
+        unknown = [p for p in names if not is_known_provider(p)]
+        if unknown or not any(names):
+            raise EdgeinferError(
+                f"--providers: unknown provider {', '.join(map(repr, unknown)) or repr(args.providers)} "
+                "(tensorrt, cuda, cpu or ORT's provider names, comma-separated)"
+            )
+    if not args.known_things:
+        return None
+    things = [t.strip() for t in args.known_things.split(",") if t.strip()]
+    bad = [t for t in things if not is_thing_name(t)]
+    if bad or not things:
+        raise EdgeinferError(
+            f"--known-things: not thing names: {', '.join(map(repr, bad or [args.known_things]))}"
+        )
+    return frozenset(things)
+
+
 def run(args: argparse.Namespace) -> int:
+    from edgeinfer.cloud.aws_cli import aws_errors
     from edgeinfer.cloud.router.router import Router, RouterConfig
 
-    if args.workers < 1:
-        raise EdgeinferError("--workers must be at least 1")
-    backend = _backend(args)
-    metrics = None
-    if args.cloudwatch:
-        from edgeinfer.cloud.router.metrics import CloudWatchMetrics
+    known = _check(args)
+    with aws_errors():  # SageMaker and CloudWatch clients: no region, a bad region → one line
+        backend = _backend(args)
+        metrics = None
+        if args.cloudwatch:
+            from edgeinfer.cloud.router.metrics import CloudWatchMetrics
 
-        metrics = CloudWatchMetrics(namespace=args.namespace, router=args.group, region_name=args.region)
-    known = (
-        frozenset(t.strip() for t in args.known_things.split(",") if t.strip()) if args.known_things else None
-    )
+            metrics = CloudWatchMetrics(namespace=args.namespace, router=args.group, region_name=args.region)
     pubsub = _connect(args)
     config = RouterConfig(
         group=args.group,

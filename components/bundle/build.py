@@ -43,7 +43,7 @@ import yaml
 
 from edgeinfer.bundle.wheel import build_wheel
 from edgeinfer.errors import EdgeinferError
-from edgeinfer.files import atomic_write, sha256_file
+from edgeinfer.files import atomic_write, check_replaceable, new_parents, sha256_file
 from edgeinfer.sim.recipe import RecipeError, artifact_filename, cget, read_recipe, recipe_files
 
 __all__ = [
@@ -346,6 +346,13 @@ def _dump_recipe(recipe: dict[str, Any]) -> bytes:
     return ("---\n" + text).encode()
 
 
+_LAYOUT = frozenset({"artifacts", "recipes"})
+
+
+def _bundle_entries(path: Path) -> set[str]:
+    return {entry.name for entry in path.iterdir()}
+
+
 def _write_layout(out_dir: Path, components: list[Component], recipe_names: Mapping[str, str]) -> None:
     """Write greengrass-build/ beside itself, then swap it in (never a half-written layout)."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -414,10 +421,18 @@ def build_bundle(
         names = {c.name: f"{c.name}-{c.version}.yaml" for c in components}
     written = artifacts
     try:  # an OSError here: an output folder that cannot be created or written
+        check_replaceable(
+            target, "a bundle layout (only artifacts/ and recipes/)", lambda p: _bundle_entries(p) <= _LAYOUT
+        )
         for comp in components:
             comp.artifacts = _artifacts_for(comp, artifacts, wheel, wheelhouse)
         written = target
-        _write_layout(target, components, names)
+        with new_parents(target):
+            _write_layout(target, components, names)
     except OSError as exc:
         raise BuildError(f"cannot write {written}: {exc.strerror or exc}") from None
+    except BuildError:
+        raise
+    except EdgeinferError as exc:  # the output folder's checks: the bundle's own error type
+        raise BuildError(str(exc)) from None
     return Bundle(root=project, artifacts_dir=artifacts, out_dir=target, components=components)

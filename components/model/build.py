@@ -25,6 +25,7 @@ import numpy as np
 
 from edgeinfer import __version__
 from edgeinfer.errors import EdgeinferError
+from edgeinfer.files import check_replaceable, new_parents
 from edgeinfer.model import gate, graph, images
 from edgeinfer.model.manifest import (
     CPU,
@@ -168,7 +169,12 @@ def _read_labels(path: Path, classes: int | None) -> list[str]:
         except json.JSONDecodeError as exc:
             raise EdgeinferError(f"labels file {path} is not valid JSON: {exc}") from None
         if isinstance(data, dict):  # {"0": "tench", ...}
-            data = [data[k] for k in sorted(data, key=int)]
+            keys = sorted(data, key=lambda k: int(k) if str(k).isdigit() else -1)
+            if [str(k) for k in keys] != [str(i) for i in range(len(keys))]:
+                raise EdgeinferError(
+                    f"labels file {path}: an object's keys must be the class indices 0, 1, 2, … as strings"
+                )
+            data = [data[k] for k in keys]
         if not isinstance(data, list):
             raise EdgeinferError(f"labels file {path} must hold a JSON list of class names")
         labels = [str(x) for x in data]
@@ -215,20 +221,39 @@ def build(options: BuildOptions, *, quiet: bool = False) -> Manifest:
             raise EdgeinferError(f"{what} takes 1 or 3 numbers, got {len(values)}")
     if options.std is not None and min(options.std) <= 0:
         raise EdgeinferError("--std must be positive")
+    if options.size is not None and not 16 <= options.size <= 4096:
+        raise EdgeinferError(f"--size must be 16-4096 pixels, not {options.size}")
+    if options.max_exclude < 0:
+        raise EdgeinferError(f"--max-exclude must be 0 or more, not {options.max_exclude}")
+    th = options.thresholds
+    for flag, value in (
+        ("--min-top1", th.min_top1),
+        ("--min-top1-confident", th.min_top1_confident),
+        ("--min-top5", th.min_top5),
+    ):
+        if not 0 <= value <= 1:  # fractions: 0.95 is 95 %; a gate of 5 could never pass
+            raise EdgeinferError(f"{flag} is a fraction from 0 to 1 (0.95 for 95 %), not {value}")
+    if th.max_mean_abs_logit_delta is not None and not th.max_mean_abs_logit_delta > 0:
+        raise EdgeinferError(f"--max-logit-delta must be positive, not {th.max_mean_abs_logit_delta}")
+    if options.labels is not None:
+        _read_labels(options.labels, None)  # a bad file fails now, not after the export
     if not options.force:
         hit = cached(options)
         if hit is not None:
             log.info("model store %s is up to date", hit.root)
             return hit
     out = options.output_dir()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    key = hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:16]
-    with _lock(Path(tempfile.gettempdir()) / f"edgeinfer-build-{key}.lock"):
-        if not options.force:  # another process may have built it while we waited
-            hit = cached(options)
-            if hit is not None:
-                return hit
-        return _build_locked(options, out, quiet)
+    check_replaceable(
+        out, "a model store (it has no manifest.json)", lambda p: (p / "manifest.json").is_file()
+    )
+    with new_parents(out):
+        key = hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:16]
+        with _lock(Path(tempfile.gettempdir()) / f"edgeinfer-build-{key}.lock"):
+            if not options.force:  # another process may have built it while we waited
+                hit = cached(options)
+                if hit is not None:
+                    return hit
+            return _build_locked(options, out, quiet)
 
 
 @contextmanager

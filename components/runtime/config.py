@@ -63,6 +63,11 @@ def normalize_provider(name: str) -> str:
     return PROVIDER_ALIASES.get(name.strip().lower(), name.strip())
 
 
+def is_known_provider(name: str) -> bool:
+    """An execution provider this project can name (an alias or ORT's name; loading is another matter)."""
+    return normalize_provider(name) in _KNOWN_PROVIDERS
+
+
 @dataclass
 class TensorrtOptions:
     """TensorRT execution provider options (ORT's names). Cache paths are filled in by the engine."""
@@ -212,7 +217,7 @@ class RuntimeConfig:
         if not self.execution_providers:
             out.append("executionProviders must name at least one provider")
         for name in self.execution_providers:
-            if normalize_provider(name) not in _KNOWN_PROVIDERS:
+            if not is_known_provider(name):
                 out.append(f"executionProviders: unknown provider {name!r}")
         if not 1 <= self.max_batch_size <= 256:
             out.append("maxBatchSize must be from 1 to 256")

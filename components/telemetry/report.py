@@ -36,6 +36,8 @@ def _load_json(path: Path) -> Any:
         text = path.read_text("utf-8")
     except OSError as exc:
         raise EdgeinferError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise EdgeinferError(f"{path} is not JSON or JSON Lines (not UTF-8 text)") from None
     try:
         return json.loads(text)
     except ValueError:

@@ -174,3 +174,22 @@ def test_model_store_from_a_changed_build_changes_its_digest(artifacts: Path, tm
     second = build_bundle(ROOT, artifacts_dir=artifacts, out_dir=tmp_path / "gb")
     after = {a.filename: a.digest for a in second.component("com.edgeinfer.ModelStore").artifacts}
     assert before["model_fp32.onnx"] != after["model_fp32.onnx"]
+
+
+def test_an_output_folder_with_other_files_is_never_replaced(artifacts: Path, tmp_path: Path) -> None:
+    out = tmp_path / "project"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(
+        BuildError, match=r"refusing to replace .*project: it holds files and is not a bundle"
+    ):
+        build_bundle(ROOT, artifacts_dir=artifacts, out_dir=out)
+    assert (out / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+def test_a_bundle_folder_is_rebuilt_in_place(artifacts: Path, tmp_path: Path) -> None:
+    out = tmp_path / "deep" / "gb"
+    build_bundle(ROOT, artifacts_dir=artifacts, out_dir=out)
+    build_bundle(ROOT, artifacts_dir=artifacts, out_dir=out)  # its own layout: replaced
+    assert sorted(p.name for p in out.iterdir()) == ["artifacts", "recipes"]

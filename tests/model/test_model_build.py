@@ -79,8 +79,8 @@ def test_build_fp32_only(tmp_path: Path, tiny_onnx: Path) -> None:
 
 def test_failed_gate_leaves_nothing(tmp_path: Path, tiny_onnx: Path) -> None:
     out = tmp_path / "store"
-    strict = Thresholds(1.01, 1.01, 1.01)
-    with pytest.raises(GateFailedError, match=r"short by \d+\.\d points"):
+    strict = Thresholds(max_mean_abs_logit_delta=1e-9)  # INT8 is never that close to FP32
+    with pytest.raises(GateFailedError, match=r"mean \|Δlogit\| \d+\.\d+ > 0\.000"):
         build(_options(tiny_onnx, out, thresholds=strict, sensitivity="off"), quiet=True)
     assert _leftovers(tmp_path) == ["tiny.onnx"]
 
@@ -172,11 +172,40 @@ def test_cli_empty_calibration_dir(
 def test_cli_failed_gate(tmp_path: Path, tiny_onnx: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
     code, err = _cli(
-        ["--onnx", str(tiny_onnx), "--out", str(out), "--min-top1", "1.01", "--sensitivity", "off"], capsys
+        ["--onnx", str(tiny_onnx), "--out", str(out), "--max-logit-delta", "1e-9", "--sensitivity", "off"],
+        capsys,
     )
     assert code == GateFailedError.exit_code
     assert "accuracy gate failed" in _one_line(err)
     assert not out.exists()
+
+
+def test_cli_impossible_gates_are_refused_before_building(
+    tmp_path: Path, tiny_onnx: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "a" / "out"
+    for flag, value in (
+        ("--min-top1", "5"),
+        ("--min-top5", "-0.1"),
+        ("--max-exclude", "-4"),
+        ("--size", "-5"),
+    ):
+        code, err = _cli(["--onnx", str(tiny_onnx), "--out", str(out), flag, value], capsys)
+        assert code == 2
+        assert flag in _one_line(err)
+    assert _leftovers(tmp_path) == ["tiny.onnx"]
+
+
+def test_a_folder_that_is_not_a_store_is_never_replaced(
+    tmp_path: Path, tiny_onnx: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    code, err = _cli(["--onnx", str(tiny_onnx), "--out", str(out)], capsys)
+    assert code == 2
+    assert "refusing to replace" in _one_line(err)
+    assert (out / "notes.txt").read_text() == "mine"
 
 
 def test_cli_build_info_classify(tmp_path: Path, tiny_onnx: Path, capsys: pytest.CaptureFixture[str]) -> None:

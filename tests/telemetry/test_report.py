@@ -125,6 +125,15 @@ def test_bad_input_is_one_line_and_nonzero(
     assert len(err.strip().splitlines()) == 1
 
 
+def test_a_binary_file_is_one_line_and_nonzero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "chart.png"
+    src.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
+    assert main(["report", str(src), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"edgeinfer: error: {src} is not JSON or JSON Lines (not UTF-8 text)"]
+    assert not (tmp_path / "out").exists()
+
+
 def test_unwritable_out_folder_is_one_line_and_nonzero(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

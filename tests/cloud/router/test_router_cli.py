@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from router_helpers import jpeg, wait_for
 
 from edgeinfer.cli import main
@@ -22,6 +23,42 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: object) -> None:
     assert main(["cloud", "router", "--broker", "127.0.0.1:1883", "--model-dir", str(tmp_path)]) == 2
     assert main(["cloud", "router", "--model-dir", str(tmp_path)]) == 2
     assert main(["cloud", "router", "--broker", "127.0.0.1:1883", "--workers", "0"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--report-every", "-1"], "--report-every must be a positive number of seconds"),
+        (["--report-every", "nan"], "--report-every must be a positive number of seconds"),
+        (["--group", "a/b"], "--group: not a shared-subscription group name"),
+        (["--group", ""], "--group: not a shared-subscription group name"),
+        (["--providers", "bogus"], "--providers: unknown provider 'bogus'"),
+        (["--threads", "-3"], "--threads must be at least 0"),
+        (["--max-batch-size", "0"], "--max-batch-size must be at least 1"),
+        (["--max-queue", "-1"], "--max-queue must be at least 1"),
+        (["--known-things", "bad thing,ok"], "--known-things: not thing names: 'bad thing'"),
+        (["--sagemaker-endpoint", "foo", "--region", "bad region"], "not an AWS region: 'bad region'"),
+    ],
+)
+def test_values_a_router_cannot_work_with_are_refused_in_one_line(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    assert main(["cloud", "router", "--broker", "127.0.0.1:1", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert message in err[0]
+
+
+def test_sagemaker_without_a_region_is_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))  # no region from a profile either
+    assert main(["cloud", "router", "--broker", "127.0.0.1:1", "--sagemaker-endpoint", "foo"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == ["edgeinfer: error: no AWS region: pass --region"]
 
 
 def test_router_process_serves_and_stops_cleanly(tiny_store: Path, broker: MosquittoBroker) -> None:
