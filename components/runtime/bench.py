@@ -12,7 +12,7 @@ In one run, on the same 640×480 JPEGs and the same model variant:
   without decode or inference (`edgeinfer.runtime.echo`): the transport's floor, interleaved with
   the closed loop. Raw + echo is the best p50 ratio any runtime could reach through this transport.
 
-Every figure is a ratio measured side by side (see DESIGN.md, "Performance").
+Every figure is a ratio measured side by side; README.md, "Benchmarks", has the recorded runs.
 """
 
 from __future__ import annotations

@@ -65,11 +65,16 @@ def register(subparsers: Any) -> None:
         ),
         epilog=(
             "examples:\n"
-            "  # the bundle on this project's venv (the installer links it instead of installing)\n"
-            "  edgeinfer sim up --detach \\\n"
-            r'      --config-merge "com.edgeinfer.RuntimeInstaller={\"existingVenv\": \"$VIRTUAL_ENV\"}"'
-            "\n"
-            "  edgeinfer sim up --component com.edgeinfer.Telemetry \\\n"
+            "  # the bundle built by 'edgeinfer build', on this project's venv (the installer links\n"
+            "  # it instead of installing); back once the runtime is warm\n"
+            "  edgeinfer sim up --detach --recipes greengrass-build/recipes \\\n"
+            r'      --config-merge "com.edgeinfer.RuntimeInstaller={\"existingVenv\": \"$PWD/.venv\"}"'
+            " \\\n"
+            "      --wait com.edgeinfer.InferenceRuntime\n"
+            "  # one component (and its dependencies) in the foreground\n"
+            "  edgeinfer sim up --recipes greengrass-build/recipes --component com.edgeinfer.Telemetry \\\n"
+            r'      --config-merge "com.edgeinfer.RuntimeInstaller={\"existingVenv\": \"$PWD/.venv\"}"'
+            " \\\n"
             "      --config-merge 'com.edgeinfer.Telemetry={\"windowSeconds\": 1}'\n"
             "  mosquitto_sub -p PORT -t 'edgeinfer/edgeinfer-sim/#'   (PORT: see 'edgeinfer sim status')"
         ),
@@ -105,6 +110,21 @@ def register(subparsers: Any) -> None:
     )
     up.add_argument("--region", default="us-east-1", help="AWS_REGION given to components")
     up.add_argument("--detach", action="store_true", help="start in the background and return")
+    up.add_argument(
+        "--wait",
+        action="append",
+        default=[],
+        metavar="COMPONENT",
+        help="with --detach, return only once COMPONENT has reported RUNNING itself (UpdateState), "
+        "e.g. com.edgeinfer.InferenceRuntime after its warm-up; repeatable",
+    )
+    up.add_argument(
+        "--wait-timeout",
+        type=float,
+        default=180.0,
+        metavar="S",
+        help="seconds to wait for the core and the --wait components (default 180)",
+    )
     _work_dir_arg(up)
     up.set_defaults(func=_up)
 
@@ -177,6 +197,10 @@ def _up(args: argparse.Namespace) -> int:
             "`edgeinfer sim down` first"
         )
     merges = parse_config_merge(args.config_merge)
+    if args.wait and not args.detach:
+        raise EdgeinferError("--wait needs --detach (in the foreground the status line shows the states)")
+    if not args.wait_timeout > 0:
+        raise EdgeinferError(f"--wait-timeout must be a positive number of seconds, not {args.wait_timeout}")
     if not args.recipes.is_dir():
         raise EdgeinferError(f"{args.recipes}: recipe folder not found")
     try:
@@ -261,23 +285,60 @@ def _detach(args: argparse.Namespace, work_dir: Path) -> int:
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
         )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        status = _read_status(work_dir)
-        if status and status.get("running") and status.get("pid") == proc.pid:
-            print(
-                f"simulated core '{status['thing']}' running (pid {proc.pid}), broker {status['broker']}, "
-                f"root {status['root']}; `edgeinfer sim status`, `edgeinfer sim down`"
-            )
-            return 0
-        if proc.poll() is not None:
-            lines = out_path.read_text(errors="replace").strip().splitlines()
-            error = next((ln for ln in reversed(lines) if "error" in ln.lower()), lines[-1] if lines else "")
-            raise EdgeinferError(
-                f"the simulated core did not start: {error.removeprefix('edgeinfer: error: ')}"
-            )
-        time.sleep(0.05)
-    raise EdgeinferError(f"the simulated core did not report in 60s; see {out_path}")
+    deadline = time.monotonic() + args.wait_timeout
+    status: dict[str, Any] | None = None
+    try:
+        while time.monotonic() < deadline:
+            status = _read_status(work_dir)
+            up = bool(status and status.get("running") and status.get("pid") == proc.pid)
+            if up and status is not None and _ready(status, args.wait):
+                print(
+                    f"simulated core '{status['thing']}' running (pid {proc.pid}), broker "
+                    f"{status['broker']}, root {status['root']}; "
+                    "`edgeinfer sim status`, `edgeinfer sim down`"
+                )
+                return 0
+            if proc.poll() is not None:
+                lines = out_path.read_text(errors="replace").strip().splitlines()
+                last = lines[-1] if lines else ""
+                error = next((ln for ln in reversed(lines) if "error" in ln.lower()), last)
+                raise EdgeinferError(
+                    f"the simulated core did not start: {error.removeprefix('edgeinfer: error: ')}"
+                )
+            time.sleep(0.05)
+        waiting = [n for n in args.wait if not _ready(status or {}, [n])]
+        what = (
+            f"{', '.join(waiting)} did not report RUNNING"
+            if waiting and status
+            else "the simulated core did not report"
+        )
+        raise EdgeinferError(f"{what} in {args.wait_timeout:g} s; see {out_path} and `edgeinfer sim logs`")
+    except BaseException:
+        # Nothing half-started is left behind: the core goes, and so does its status.
+        if proc.poll() is None:
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(30)
+        with contextlib.suppress(FileNotFoundError):
+            (work_dir / "status.json").unlink()
+        raise
+
+
+def _ready(status: dict[str, Any], wait: list[str]) -> bool:
+    """Every `wait` component has reported RUNNING itself; one that broke ends the wait."""
+    comps = status.get("components", {})
+    for name in wait:
+        info = comps.get(name)
+        if info is None:
+            if status.get("components"):
+                raise EdgeinferError(f"--wait {name}: not a component of this core ({', '.join(comps)})")
+            return False
+        if info.get("state") in ("BROKEN", "ERRORED") or info.get("reported") == "ERRORED":
+            state = info.get("reported") or info.get("state")
+            raise EdgeinferError(f"{name} is {state}: see `edgeinfer sim logs {name}`")
+        if info.get("reported") != "RUNNING":
+            return False
+    return True
 
 
 def _status(args: argparse.Namespace) -> int:

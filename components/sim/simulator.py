@@ -294,6 +294,7 @@ class Simulator:
         with self._cond:
             self._reports.setdefault(name, []).append(state)
             self._cond.notify_all()
+        self._write_status()
 
     def _write_status(self) -> None:
         if self.root == Path():
@@ -305,6 +306,7 @@ class Simulator:
     def _write_status_locked(self) -> None:
         with self._cond:
             states = dict(self._states)
+            reported = {n: r[-1] for n, r in self._reports.items() if r}
         data = {
             "pid": os.getpid(),
             "running": self.started,
@@ -315,6 +317,9 @@ class Simulator:
             "components": {
                 n: {
                     "state": s,
+                    # The component's own UpdateState (None until it reports): a Run component is
+                    # RUNNING once its process starts, ready only when it says so.
+                    "reported": reported.get(n),
                     "version": self._nucleus.components[n].recipe.version if self._nucleus else "",
                     "log": str(self.root / "logs" / f"{n}.log"),
                 }

@@ -10,7 +10,7 @@
    that the shared machine's drift hits both sides alike. The cost is `1 − median(on) / median(off)`.
 
 Without the saturated part, the share is estimated as per-request telemetry CPU over the per-request
-service time (`--service-ms`, default: the INT8 batch-8 figure of DESIGN.md on this machine class).
+service time (`--service-ms`, default: INT8 at batch 8 on 2 cores, as measured on this machine class).
 Target: ≤ 3 % of saturated throughput.
 """
 
@@ -477,6 +477,6 @@ def register_bench(subparsers: Any) -> None:
         type=float,
         default=18.0 / 8,
         help="per-request service time for the estimate when the runtime is not run "
-        "(default 2.25: INT8 batch 8 on 2 cores, DESIGN.md)",
+        "(default 2.25: INT8 at batch 8 on 2 cores, as measured on this machine class)",
     )
     p.set_defaults(func=_run)

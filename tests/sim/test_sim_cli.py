@@ -104,3 +104,50 @@ def test_empty_recipe_folder_bad_thing_and_bad_work_dir_exit_2(tmp_path: Path) -
     folder = edgeinfer("sim", "up", "--detach", "--work-dir", str(tmp_path / "a-file" / "c"), cwd=tmp_path)
     assert folder.returncode == 2
     assert folder.stderr.startswith("edgeinfer: error: cannot create the work folder")
+
+
+REPORTS = (
+    f'{sys.executable} -c "import time; time.sleep(0.5); '
+    "from edgeinfer.transport.ipc import GreengrassIpcBus; "
+    "GreengrassIpcBus.connect().update_state('RUNNING'); time.sleep(60)\""
+)
+
+
+def test_wait_returns_once_the_component_reported_running(
+    device: Device, tmp_path: Path, sim_broker: MosquittoBroker
+) -> None:
+    device.add("com.example.Slow", lifecycle={"Run": REPORTS})
+    common = ["--work-dir", str(tmp_path / "core"), "--broker", f"{sim_broker.host}:{sim_broker.port}"]
+    up = edgeinfer(
+        "sim", "up", "--detach", "--recipes", str(device.recipes), "--wait", "com.example.Slow", *common,
+        cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        assert up.returncode == 0, up.stderr
+        data = json.loads((tmp_path / "core" / "status.json").read_text())
+        assert data["components"]["com.example.Slow"]["reported"] == "RUNNING"
+    finally:
+        edgeinfer("sim", "down", "--work-dir", str(tmp_path / "core"), cwd=tmp_path)
+
+
+def test_a_wait_that_fails_leaves_no_core_behind(
+    device: Device, tmp_path: Path, sim_broker: MosquittoBroker
+) -> None:
+    device.add("com.example.Quiet", lifecycle={"Run": "sleep 60"})  # never reports
+    work = tmp_path / "core"
+    common = ["--work-dir", str(work), "--broker", f"{sim_broker.host}:{sim_broker.port}"]
+    base = ["sim", "up", "--detach", "--recipes", str(device.recipes), *common]
+    unknown = edgeinfer(*base, "--wait", "com.example.Nope", cwd=tmp_path)
+    assert unknown.returncode == 2
+    assert unknown.stderr.strip().splitlines() == [
+        "edgeinfer: error: --wait com.example.Nope: not a component of this core (com.example.Quiet)"
+    ]
+    late = edgeinfer(*base, "--wait", "com.example.Quiet", "--wait-timeout", "1.5", cwd=tmp_path)
+    assert late.returncode == 2
+    assert "com.example.Quiet did not report RUNNING in 1.5 s" in late.stderr
+    assert len(late.stderr.strip().splitlines()) == 1
+    assert not (work / "status.json").exists()
+    status = edgeinfer("sim", "status", "--work-dir", str(work), cwd=tmp_path)
+    assert status.returncode == 2
+    assert "no simulated core" in status.stderr
+    assert edgeinfer("sim", "up", "--wait", "x", *common, cwd=tmp_path).returncode == 2  # needs --detach
