@@ -93,7 +93,10 @@ def register(subparsers: Any) -> None:
     g.add_argument("--max-logit-delta", type=float, help="mean |Δlogit| (default: reported only)")
     o = b.add_argument_group("output")
     o.add_argument(
-        "--out", type=Path, help="store folder (default artifacts/com.edgeinfer.ModelStore/<version>)"
+        "--out",
+        type=Path,
+        help="store folder (default: artifacts/com.edgeinfer.ModelStore/<version>, the store the bundle "
+        "ships, for the default lite0; artifacts/models/<name>/<version> for --onnx, --name or --arch lite2)",
     )
     o.add_argument("--artifacts", type=Path, help="artifacts root (default ./artifacts)")
     o.add_argument("--force", action="store_true", help="rebuild even when nothing changed")
@@ -156,6 +159,16 @@ def _build(args: argparse.Namespace) -> int:
     what = f"built in {manifest.build_seconds:.0f} s" if fresh else "up to date"
     print(f"{what}: {manifest.root} ({manifest.name} {manifest.version})")
     _print_summary(manifest)
+    from edgeinfer.model.manifest import default_store_dir
+
+    shipped = default_store_dir(args.artifacts)
+    if Path(manifest.root).resolve() != shipped.resolve():
+        # `edgeinfer build` ships only the ModelStore folder: say so before a user deploys the old model.
+        print(
+            f"note: `edgeinfer build` ships {shipped}, not this store; to deploy this model, build it "
+            f"with --out {shipped}, or set the runtime's modelDir to this folder on the device",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -173,18 +173,20 @@ class Manifest:
                 schema_version=int(data.get("schema_version", SCHEMA_VERSION)),
                 root=root,
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ManifestError(f"malformed manifest: {exc!r}") from None
+        except KeyError as exc:
+            raise ManifestError(f"malformed manifest: missing key {exc.args[0]!r}") from None
+        except (TypeError, ValueError) as exc:
+            raise ManifestError(f"malformed manifest: {exc}") from None
 
     @classmethod
     def load(cls, folder: Path | str) -> Manifest:
         """Read `<folder>/manifest.json` (also accepts the manifest file itself)."""
         path = Path(folder)
-        if path.is_dir():
+        if path.is_dir() or path.suffix != ".json":  # a folder, or the name of one that is missing
             path = path / MANIFEST_FILE
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             raise ManifestError(
                 f"no model store at {path.parent} (missing {MANIFEST_FILE}; run 'edgeinfer model build')"
             ) from None
@@ -192,7 +194,10 @@ class Manifest:
             raise ManifestError(f"cannot read {path}: {exc}") from None
         if not isinstance(data, dict):
             raise ManifestError(f"malformed manifest {path}: not a JSON object")
-        return cls.from_dict(data, root=path.parent)
+        try:
+            return cls.from_dict(data, root=path.parent)
+        except ManifestError as exc:
+            raise ManifestError(f"{path}: {exc}") from None
 
     def save(self, folder: Path | str | None = None) -> Path:
         """Write `manifest.json` atomically (temp file in the same folder, then rename)."""

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from edgeinfer import __version__
 from edgeinfer.cli import main
 from edgeinfer.errors import EdgeinferError, GateFailedError
 from edgeinfer.model.build import BuildOptions, build, build_hash
@@ -178,6 +179,32 @@ def test_cli_failed_gate(tmp_path: Path, tiny_onnx: Path, capsys: pytest.Capture
     assert code == GateFailedError.exit_code
     assert "accuracy gate failed" in _one_line(err)
     assert not out.exists()
+
+
+def test_cli_says_when_the_store_is_not_the_one_the_bundle_ships(
+    tmp_path: Path, tiny_onnx: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "mine"
+    gates = ["--min-top1", "0", "--min-top1-confident", "0", "--min-top5", "0"]
+    artifacts = ["--artifacts", str(tmp_path / "artifacts")]
+    code, err = _cli(["--onnx", str(tiny_onnx), "--out", str(out), *artifacts, *gates], capsys)
+    assert code == 0
+    shipped = tmp_path / "artifacts" / "com.edgeinfer.ModelStore" / __version__
+    assert err.splitlines() == [
+        f"note: `edgeinfer build` ships {shipped}, not this store; to deploy this model, build it "
+        f"with --out {shipped}, or set the runtime's modelDir to this folder on the device"
+    ]
+
+
+def test_model_info_names_the_folder_it_looked_in(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["model", "info", "--store", str(tmp_path / "nowhere")]) == 2
+    assert f"no model store at {tmp_path / 'nowhere'} (missing manifest.json" in _one_line(
+        capsys.readouterr().err
+    )
+    (tmp_path / "manifest.json").write_text('{"name": "x"}')
+    assert main(["model", "info", "--store", str(tmp_path)]) == 2
+    err = _one_line(capsys.readouterr().err)
+    assert f"{tmp_path / 'manifest.json'}: malformed manifest: missing key" in err
 
 
 def test_cli_impossible_gates_are_refused_before_building(
