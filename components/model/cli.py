@@ -162,7 +162,7 @@ def _build(args: argparse.Namespace) -> int:
     from edgeinfer.model.manifest import default_store_dir
 
     shipped = default_store_dir(args.artifacts)
-    if Path(manifest.root).resolve() != shipped.resolve():
+    if manifest.root is not None and manifest.root.resolve() != shipped.resolve():
         # `edgeinfer build` ships only the ModelStore folder: say so before a user deploys the old model.
         print(
             f"note: `edgeinfer build` ships {shipped}, not this store; to deploy this model, build it "
