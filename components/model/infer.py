@@ -73,7 +73,7 @@ def decode(path: Path) -> np.ndarray:
     from edgeinfer.model.images import read_image
 
     if not path.is_file():
-        raise EdgeinferError(f"image {path} does not exist")
+        raise EdgeinferError(f"image {path} {'is a folder' if path.is_dir() else 'does not exist'}")
     image = read_image(path)
     if image is None:
         raise EdgeinferError(f"cannot decode {path}: not an image")

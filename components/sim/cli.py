@@ -82,7 +82,7 @@ def register(subparsers: Any) -> None:
     )
     up.add_argument("--recipes", default="recipes", type=Path, help="recipe folder (default: recipes)")
     up.add_argument(
-        "--artifacts", default="artifacts", type=Path, help="artifact folder (default: artifacts)"
+        "--artifacts", type=Path, help="artifact folder (default: ./artifacts, when there is one)"
     )
     up.add_argument(
         "--thing",
@@ -203,6 +203,10 @@ def _up(args: argparse.Namespace) -> int:
         raise EdgeinferError(f"--wait-timeout must be a positive number of seconds, not {args.wait_timeout}")
     if not args.recipes.is_dir():
         raise EdgeinferError(f"{args.recipes}: recipe folder not found")
+    if args.artifacts is not None and not args.artifacts.is_dir():
+        raise EdgeinferError(f"{args.artifacts}: artifact folder not found")
+    if args.artifacts is None:  # the default: ./artifacts when there is one (a recipe may need none)
+        args.artifacts = Path("artifacts")
     try:
         work_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -272,7 +276,9 @@ def _detach(args: argparse.Namespace, work_dir: Path) -> int:
     with contextlib.suppress(FileNotFoundError):
         (work_dir / "status.json").unlink()
     argv = [sys.executable, "-m", "edgeinfer", "sim", "up", "--work-dir", str(work_dir)]
-    argv += ["--recipes", str(args.recipes), "--artifacts", str(args.artifacts), "--thing", args.thing]
+    argv += ["--recipes", str(args.recipes), "--thing", args.thing]
+    if args.artifacts.is_dir():
+        argv += ["--artifacts", str(args.artifacts)]
     argv += ["--region", args.region]
     for item in args.config_merge:
         argv += ["--config-merge", item]

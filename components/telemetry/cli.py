@@ -64,7 +64,8 @@ def register(subparsers: Any) -> None:
         nargs="+",
         type=Path,
         metavar="FILE",
-        help="telemetry windows (e.g. from watch --record) or a benchmark JSON (bench/results/*.json)",
+        help="telemetry windows (e.g. from watch --record) or a benchmark JSON with p50 and p99 "
+        "figures (e.g. bench/results/runtime.json, sim.json, offload.json)",
     )
     report.add_argument(
         "--out", type=Path, default=Path("."), metavar="DIR", help="output folder (default: .)"
@@ -192,11 +193,15 @@ def _watch(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from edgeinfer.telemetry.report import plot_file
+    from edgeinfer.telemetry.report import load, plot_loaded
 
+    if args.out.exists() and not args.out.is_dir():
+        raise EdgeinferError(f"--out {args.out} is not a folder")
+    # Every input read before the first chart is written: a bad file leaves no partial output.
+    loaded = [(path, *load(path)) for path in args.files]
     written: list[Path] = []
-    for path in args.files:
-        written += plot_file(path, args.out)
+    for path, kind, data in loaded:
+        written += plot_loaded(path, kind, data, args.out)
     for out in written:
         print(out)
     if not written:

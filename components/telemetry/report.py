@@ -202,7 +202,11 @@ def plot_bench(series: Series, out_dir: Path, stem: str, title: str) -> list[Pat
 
 
 def plot_file(path: Path, out_dir: Path) -> list[Path]:
-    kind, data = load(path)
+    return plot_loaded(path, *load(path), out_dir)
+
+
+def plot_loaded(path: Path, kind: str, data: Any, out_dir: Path) -> list[Path]:
+    """Plot what `load(path)` returned."""
     if kind == "telemetry":
         return plot_telemetry(data, out_dir, path.stem)
     return plot_bench(data, out_dir, path.stem, f"{path.name}: p50 and p99 (ms)")

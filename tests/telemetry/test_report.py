@@ -143,5 +143,16 @@ def test_unwritable_out_folder_is_one_line_and_nonzero(
     in_the_way.write_text("")
     assert main(["report", str(src), "--out", str(in_the_way)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"edgeinfer: error: cannot write {in_the_way}")
-    assert len(err.strip().splitlines()) == 1
+    assert err.strip() == f"edgeinfer: error: --out {in_the_way} is not a folder"
+
+
+def test_a_bad_file_among_good_ones_writes_no_chart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"runtime": {"local_p50_ms": 9.0, "local_p99_ms": 14.0}}))
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"a": 1}')
+    assert main(["report", str(good), str(bad), "--out", str(tmp_path / "out")]) == 2
+    assert "bad.json: no latency figures found" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
