@@ -13,6 +13,9 @@ help:
 	@echo "make demo   build the model and run the bundle on a simulated Greengrass core"
 	@echo "make test   lint, type-check and run the whole test suite"
 	@echo "make bench  run the benchmarks and record them under bench/results/"
+	@echo "make test-fast  the tests without the slow ones (no lint, no type-check)"
+	@echo "make model  build the INT8 model store only"
+	@echo "make clean  remove build outputs, the model store and caches (not .venv)"
 
 $(STAMP): pyproject.toml setup.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

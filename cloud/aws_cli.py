@@ -35,7 +35,9 @@ def register(subparsers: Any) -> None:
     pub.add_argument("--artifacts", type=Path, help="artifact folder (default: <project>/artifacts)")
     pub.add_argument("--out", type=Path, help="GDK layout folder (default: <project>/greengrass-build)")
     pub.add_argument(
-        "--dry-run", action="store_true", help="check and show what would be done; change nothing"
+        "--dry-run",
+        action="store_true",
+        help="check and show what would be done; nothing changes in AWS (the local bundle is still built)",
     )
     pub.set_defaults(func=run_publish)
 

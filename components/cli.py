@@ -48,7 +48,8 @@ examples:
   edgeinfer sim up --detach --recipes greengrass-build/recipes \\
       --config-merge "com.edgeinfer.RuntimeInstaller={\\"existingVenv\\": \\"$PWD/.venv\\"}"
                                         run the built bundle on this project's own environment
-  edgeinfer bench model --json out.json compare FP32 and INT8 side by side
+  edgeinfer bench model --json out.json
+                                        compare FP32 and INT8 side by side
   edgeinfer watch --thing my-device     live latency dashboard from the broker
 
 Run 'edgeinfer COMMAND --help' for the options of each command.
@@ -86,7 +87,51 @@ def build_parser() -> argparse.ArgumentParser:
             importlib.import_module(name).register_bench(bench_sub)
     bench.set_defaults(func=lambda _args: _usage(bench))
     parser.set_defaults(func=lambda _args: _usage(parser))
+    _teach(parser)
     return parser
+
+
+_SWITCHES = (
+    argparse._HelpAction,
+    argparse._VersionAction,
+    argparse._StoreTrueAction,
+    argparse._StoreFalseAction,
+    argparse._CountAction,
+    argparse._AppendAction,
+)
+
+
+def _teach(parser: argparse.ArgumentParser) -> None:
+    """What every subcommand's --help gets, in one place: a description (its one-line help when it has
+    none), each option's default, and `-v` after the subcommand too (`edgeinfer cloud router … -v`)."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            _show_default(action)
+            continue
+        helps = {a.dest: a.help for a in action._choices_actions}
+        for name, child in action.choices.items():
+            if not child.description and helps.get(name):
+                child.description = str(helps[name])[:1].upper() + str(helps[name])[1:] + "."
+            if not any("-v" in a.option_strings for a in child._actions):
+                child.add_argument(
+                    "-v",
+                    "--verbose",
+                    action="count",
+                    default=argparse.SUPPRESS,  # absent: the count given before the subcommand
+                    help="more log output (-vv: debug)",
+                )
+            _teach(child)
+
+
+def _show_default(action: argparse.Action) -> None:
+    if not action.option_strings or isinstance(action, _SWITCHES) or action.help == argparse.SUPPRESS:
+        return
+    if action.default in (None, argparse.SUPPRESS, "", []):
+        return
+    if action.help and "default" in action.help.lower():
+        return
+    shown = f"(default: {action.default})"
+    action.help = f"{action.help} {shown}" if action.help else shown
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:

@@ -67,7 +67,7 @@ def register_bench(subparsers: Any) -> None:
         "--duration", type=float, default=12.0, help="seconds of arrivals per load and mode (default 12)"
     )
     p.add_argument("--rounds", type=int, default=4, help="off/on alternations per load (default 4)")
-    p.add_argument("--deadline-ms", type=float, default=100.0)
+    p.add_argument("--deadline-ms", type=float, default=100.0, help="every request's deadline_ms")
     p.add_argument("--rtt-ms", default="20-40", help="injected round trip, MIN-MAX ms (default 20-40)")
     p.add_argument("--loads", default=",".join(str(x) for x in DEFAULT_LOADS), help="load factors")
     p.add_argument("--max-batch-size", type=int, default=8, help="the edge's (default 8)")
@@ -88,7 +88,7 @@ def register_bench(subparsers: Any) -> None:
         metavar="JSON",
         help="placement keys of a second policy, 'on-b', alternating with off and on in the same run",
     )
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1, help="seed of the Poisson arrivals")
     p.add_argument(
         "--nice",
         type=int,

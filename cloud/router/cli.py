@@ -67,7 +67,7 @@ def register(subparsers: Any) -> None:
     backend.add_argument("--sagemaker-endpoint", metavar="NAME", help="use a SageMaker endpoint instead")
     backend.add_argument("--region", help="AWS region for SageMaker / CloudWatch")
     p.add_argument("--workers", type=int, default=1, help="worker threads (default 1)")
-    p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--max-batch-size", type=int, default=8, help="largest batch a worker runs")
     p.add_argument("--max-queue", type=int, default=256, help="waiting requests before OVERLOADED")
     p.add_argument("--known-things", metavar="T1,T2", help="only these things may offload")
     p.add_argument("--cloudwatch", action="store_true", help="publish metrics to CloudWatch")

@@ -104,13 +104,13 @@ def register(subparsers: Any) -> None:
     b.set_defaults(func=_build)
 
     c = sub.add_parser("classify", help="classify images with the built store: top-5 with labels and latency")
-    c.add_argument("images", nargs="+", type=Path, metavar="IMAGE")
+    c.add_argument("images", nargs="+", type=Path, metavar="IMAGE", help="image files (JPEG, PNG, …)")
     c.add_argument(
         "--store", type=Path, help="store folder (default artifacts/com.edgeinfer.ModelStore/<version>)"
     )
     c.add_argument("--provider", help="ONNX Runtime execution provider (default: the best available)")
     c.add_argument("--variant", help="force a variant by name: fp32, int8-cpu, int8-tensorrt")
-    c.add_argument("--top-k", type=int, default=5)
+    c.add_argument("--top-k", type=int, default=5, help="classes to print per image")
     c.add_argument("--json", action="store_true", help="one JSON object per image on stdout")
     c.set_defaults(func=_classify)
 

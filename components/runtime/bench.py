@@ -833,7 +833,7 @@ def register_bench(subparsers: Any) -> None:
     p.add_argument(
         "--duration", type=float, default=15.0, help="seconds at 70 %% load, in 3 segments (default 15)"
     )
-    p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--max-batch-size", type=int, default=8, help="the runtime's maxBatchSize")
     p.add_argument(
         "--starts",
         type=int,

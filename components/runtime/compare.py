@@ -192,7 +192,7 @@ def register_bench(subparsers: Any) -> None:
         "compare p99/p50 (e.g. 70 %% of saturation; default: off)",
     )
     p.add_argument("--duration", type=float, default=6.0, help="seconds at --rate per round (default 6)")
-    p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--max-batch-size", type=int, default=8, help="the runtime's maxBatchSize")
     p.add_argument("--model-dir", default="", help="model store folder (default: the built one)")
     p.add_argument("--json", metavar="FILE", help="write the pairs and medians as JSON")
     p.set_defaults(func=_run)

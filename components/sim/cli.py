@@ -135,7 +135,9 @@ def register(subparsers: Any) -> None:
 
     logs = sub.add_parser("logs", help="a component's log (stdout, stderr and lifecycle events)")
     logs.add_argument("component", help="component name, e.g. com.edgeinfer.InferenceRuntime")
-    logs.add_argument("-n", "--lines", type=_lines, default=0, help="only the last N lines")
+    logs.add_argument(
+        "-n", "--lines", type=_lines, help="only the last N lines (default: all; 0 with -f: only new ones)"
+    )
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     _work_dir_arg(logs)
     logs.set_defaults(func=_logs)
@@ -374,7 +376,9 @@ def _logs(args: argparse.Namespace) -> int:
         raise EdgeinferError(f"no log for {args.component} in {args.work_dir} (components: {known})")
     with path.open("r", encoding="utf-8", errors="replace") as f:
         lines = f.readlines()
-        sys.stdout.writelines(lines[-args.lines :] if args.lines else lines)
+        if args.lines is not None:
+            lines = lines[len(lines) - args.lines :]
+        sys.stdout.writelines(lines)
         sys.stdout.flush()
         while args.follow:
             line = f.readline()

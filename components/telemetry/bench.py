@@ -465,7 +465,7 @@ def register_bench(subparsers: Any) -> None:
         help="also write the telemetry windows of the saturated run (JSON Lines)",
     )
     p.add_argument("--requests", type=int, default=500, help="requests per saturated round")
-    p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--max-batch-size", type=int, default=8, help="the runtime's maxBatchSize")
     p.add_argument(
         "--timings-max-records", type=int, default=32, help="the runtime's timings.maxRecords (default 32)"
     )

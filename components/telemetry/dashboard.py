@@ -161,7 +161,7 @@ class Dashboard:
     @staticmethod
     def _latency_table(window: TelemetryWindow) -> Table:
         table = Table(
-            title=f"latency (ms), window {window.seq} of {window.window_s:g} s", title_justify="left"
+            title=f"latency (ms), window #{window.seq} ({window.window_s:g} s)", title_justify="left"
         )
         table.add_column("stage")
         for col in ("p50", "p90", "p99", "max"):

@@ -58,7 +58,7 @@ def test_frame_shows_stages_rates_offload_and_errors(clock: FakeClock) -> None:
     for stage in ("queue", "decode", "inference", "postprocess", "total"):
         assert stage in text
     assert "cam-1" in text
-    assert "window 2 of 10 s" in text
+    assert "window #2 (10 s)" in text
     assert "throughput 10.2/s" in text
     assert "offloaded 10 (10%)" in text
     assert "DEADLINE_EXCEEDED 2" in text
@@ -82,11 +82,11 @@ def test_gaps_and_restarts_are_shown(clock: FakeClock) -> None:
         dashboard.add_window(w)
     text = frame(dashboard)
     assert "2 window(s) missing" in text
-    assert "window 4 of" in text
+    assert "window #4 (" in text
     dashboard.add_window(windows[1])  # late, after an outage: fills a gap, does not become "last"
     text = frame(dashboard)
     assert "1 window(s) missing" in text
-    assert "window 4 of" in text
+    assert "window #4 (" in text
     dashboard.add_window(windows[0])  # a duplicate (at-least-once delivery): ignored
     assert "restart" not in frame(dashboard)
     clock.advance(1)

@@ -58,7 +58,7 @@ def test_watch_once_shows_what_the_broker_carried(
     assert codes == [0]
     out = capsys.readouterr().out
     assert "cam-7" in out
-    assert f"window {window.seq} of 10 s" in out
+    assert f"window #{window.seq} (10 s)" in out
     assert "throughput 3.0/s" in out
     assert "results (last 10 s) 0.2/s" in out
     lines = record.read_text().splitlines()
