@@ -67,6 +67,11 @@ _CLOSE_SENTINEL: Any = object()
 _ids = itertools.count(1)
 
 
+# Connection failures that retrying within seconds will not cure.
+_DEFINITE_FAILURES = ("CONNECTION_REFUSED", "DNS_INVALID_NAME", "DNS_QUERY_FAILED", "DNS_NO_ADDRESS")
+REFUSED_GRACE_S = 1.0
+
+
 def parse_broker(text: str, default_port: int = 1883) -> tuple[str, int]:
     """`HOST:PORT` (or `HOST`, or `[v6]:PORT`) → (host, port). Raises ValueError with a clear message."""
     text = text.strip()
@@ -284,12 +289,24 @@ class MqttPubSub:
         return self
 
     def start(self, timeout_s: float = 10.0) -> None:
-        """Start the client and wait until the broker accepted the connection."""
+        """Start the client and wait until the broker accepted the connection. A refusal that lasts
+        `REFUSED_GRACE_S` (nothing listens there, the name does not resolve) fails then, not after the
+        whole `timeout_s`: a broker that is just starting has that long to come up."""
         self._client.start()
-        if not self.wait_connected(timeout_s):
+        t0 = time.monotonic()
+        connected = False
+        while not connected and time.monotonic() - t0 < timeout_s:
+            connected = self.wait_connected(min(0.1, max(0.0, timeout_s - (time.monotonic() - t0))))
+            refused = any(code in (self._last_error or "") for code in _DEFINITE_FAILURES)
+            if not connected and refused and time.monotonic() - t0 >= REFUSED_GRACE_S:
+                break
+            if self._closed:
+                break
+        if not connected:
             reason = self._last_error or "no answer"
+            waited = time.monotonic() - t0
             self._shutdown(timeout_s=2.0)
-            raise TransportError(f"cannot connect to {self.describe} within {timeout_s:g} s: {reason}")
+            raise TransportError(f"cannot connect to {self.describe} within {waited:.1f} s: {reason}")
         log.debug("connected to %s as %s", self.describe, self.client_id)
 
     # ------------------------------------------------------------------------------------ state

@@ -119,6 +119,16 @@ def test_connect_to_closed_port_raises_transport_error(broker: Any) -> None:
         MqttPubSub.connect_tcp(broker.host, broker.port, timeout_s=1.0)
 
 
+def test_a_refused_connection_fails_without_waiting_the_whole_timeout(broker: Any) -> None:
+    import re
+
+    broker.stop()
+    with pytest.raises(TransportError, match="CONNECTION_REFUSED") as err:
+        MqttPubSub.connect_tcp(broker.host, broker.port, timeout_s=30.0)
+    waited = float(re.search(r"within (\d+\.\d) s", str(err.value)).group(1))  # type: ignore[union-attr]
+    assert waited < 30.0  # the refusal, seen for REFUSED_GRACE_S, ended the wait
+
+
 def test_outage_publish_fails_then_reconnects_and_resubscribes(
     broker: Any, connect: Callable[..., MqttPubSub]
 ) -> None:
