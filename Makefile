@@ -16,6 +16,8 @@ help:
 	@echo "make test-fast  the tests without the slow ones (no lint, no type-check)"
 	@echo "make model  build the INT8 model store only"
 	@echo "make clean  remove build outputs, the model store and caches (not .venv)"
+	@echo "make setup  the venv with the project and its extras, and mosquitto (what the others need)"
+	@echo "make lint   ruff check and ruff format --check;  make typecheck  mypy"
 
 $(STAMP): pyproject.toml setup.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

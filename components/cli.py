@@ -116,8 +116,9 @@ def _teach(parser: argparse.ArgumentParser) -> None:
                 child.add_argument(
                     "-v",
                     "--verbose",
+                    dest="verbose_after",  # added to the count given before the subcommand
                     action="count",
-                    default=argparse.SUPPRESS,  # absent: the count given before the subcommand
+                    default=argparse.SUPPRESS,
                     help="more log output (-vv: debug)",
                 )
             _teach(child)
@@ -130,7 +131,7 @@ def _show_default(action: argparse.Action) -> None:
         return
     if action.help and "default" in action.help.lower():
         return
-    shown = f"(default: {action.default})"
+    shown = f"(default: {action.default})".replace("%", "%%")  # argparse %-formats help
     action.help = f"{action.help} {shown}" if action.help else shown
 
 
@@ -142,6 +143,7 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.verbose += getattr(args, "verbose_after", 0)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

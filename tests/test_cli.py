@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from collections.abc import Iterator
 
-from edgeinfer.cli import build_parser
+import pytest
+
+from edgeinfer.cli import _teach, build_parser, main
 
 
 def parsers(
@@ -45,9 +48,24 @@ def test_every_option_says_what_it_does_and_its_default() -> None:
     assert hidden == []
 
 
-def test_verbose_before_or_after_the_subcommand() -> None:
-    parser = build_parser()
-    assert parser.parse_args(["cloud", "router", "--broker", "h:1"]).verbose == 0
-    assert parser.parse_args(["-v", "cloud", "router", "--broker", "h:1"]).verbose == 1
-    assert parser.parse_args(["cloud", "router", "--broker", "h:1", "-vv"]).verbose == 2
-    assert parser.parse_args(["bench", "runtime", "-v"]).verbose == 1
+def test_verbose_before_or_after_the_subcommand(monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgeinfer import cli
+
+    levels: list[int] = []
+    monkeypatch.setattr(cli.logging, "basicConfig", lambda **kw: levels.append(kw["level"]))
+    for argv in (
+        ["sim", "status", "--work-dir", "/nonexistent"],
+        ["-v", "sim", "status", "--work-dir", "/nonexistent"],
+        ["sim", "status", "--work-dir", "/nonexistent", "-v"],
+        ["-v", "sim", "status", "--work-dir", "/nonexistent", "-v"],
+    ):
+        assert main(argv) == 2  # no core there: a one-line error, after logging is set up
+    assert levels == [logging.WARNING, logging.INFO, logging.INFO, logging.DEBUG]
+
+
+def test_a_default_with_a_percent_sign_does_not_break_help(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser(prog="x")
+    parser.add_argument("--format", default="%Y-%m-%d", help="date format")
+    _teach(parser)
+    parser.print_help()
+    assert "(default: %Y-%m-%d)" in capsys.readouterr().out

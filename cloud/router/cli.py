@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import signal
 import sys
@@ -194,7 +195,8 @@ def run(args: argparse.Namespace) -> int:
     from edgeinfer.cloud.router.router import Router, RouterConfig
 
     known = _check(args)
-    with aws_errors():  # SageMaker and CloudWatch clients: no region, a bad region → one line
+    uses_aws = bool(args.sagemaker_endpoint or args.cloudwatch)  # botocore is the [cloud] extra's
+    with aws_errors() if uses_aws else contextlib.nullcontext():  # no region, a bad one → one line
         backend = _backend(args)
         metrics = None
         if args.cloudwatch:

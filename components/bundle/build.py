@@ -346,11 +346,25 @@ def _dump_recipe(recipe: dict[str, Any]) -> bytes:
     return ("---\n" + text).encode()
 
 
-_LAYOUT = frozenset({"artifacts", "recipes"})
+_JUNK = frozenset({".DS_Store", "Thumbs.db"})
 
 
-def _bundle_entries(path: Path) -> set[str]:
-    return {entry.name for entry in path.iterdir()}
+def _is_layout(path: Path, components: Iterable[str]) -> bool:
+    """A layout this tool (or GDK) wrote for these components: `recipes/` holds only their recipe
+    files (any version, or GDK's recipe.yaml) and `artifacts/` only their folders. A folder that
+    merely has the same two names, e.g. a greengrass-cli local deployment, is somebody's work."""
+    names = set(components)
+    if {e.name for e in path.iterdir()} - _JUNK - {"artifacts", "recipes"}:
+        return False
+    recipes, artifacts = path / "recipes", path / "artifacts"
+    for entry in recipes.iterdir() if recipes.is_dir() else ():
+        ours = entry.name == "recipe.yaml" or any(entry.name.startswith(f"{n}-") for n in names)
+        if not ours and entry.name not in _JUNK:
+            return False
+    return all(
+        entry.name in names or entry.name in _JUNK
+        for entry in (artifacts.iterdir() if artifacts.is_dir() else ())
+    )
 
 
 def _write_layout(out_dir: Path, components: list[Component], recipe_names: Mapping[str, str]) -> None:
@@ -422,7 +436,9 @@ def build_bundle(
     written = artifacts
     try:  # an OSError here: an output folder that cannot be created or written
         check_replaceable(
-            target, "a bundle layout (only artifacts/ and recipes/)", lambda p: _bundle_entries(p) <= _LAYOUT
+            target,
+            "a bundle layout of this project's components",
+            lambda p: _is_layout(p, recipes),
         )
         for comp in components:
             comp.artifacts = _artifacts_for(comp, artifacts, wheel, wheelhouse)

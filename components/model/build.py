@@ -169,7 +169,7 @@ def _read_labels(path: Path, classes: int | None) -> list[str]:
         except json.JSONDecodeError as exc:
             raise EdgeinferError(f"labels file {path} is not valid JSON: {exc}") from None
         if isinstance(data, dict):  # {"0": "tench", ...}
-            keys = sorted(data, key=lambda k: int(k) if str(k).isdigit() else -1)
+            keys = sorted(data, key=lambda k: int(k) if k.isascii() and k.isdigit() else -1)
             if [str(k) for k in keys] != [str(i) for i in range(len(keys))]:
                 raise EdgeinferError(
                     f"labels file {path}: an object's keys must be the class indices 0, 1, 2, … as strings"
@@ -243,9 +243,7 @@ def build(options: BuildOptions, *, quiet: bool = False) -> Manifest:
             log.info("model store %s is up to date", hit.root)
             return hit
     out = options.output_dir()
-    check_replaceable(
-        out, "a model store (it has no manifest.json)", lambda p: (p / "manifest.json").is_file()
-    )
+    check_replaceable(out, "a model store (no readable manifest.json)", _is_store)
     with new_parents(out):
         key = hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:16]
         with _lock(Path(tempfile.gettempdir()) / f"edgeinfer-build-{key}.lock"):
@@ -254,6 +252,15 @@ def build(options: BuildOptions, *, quiet: bool = False) -> Manifest:
                 if hit is not None:
                     return hit
             return _build_locked(options, out, quiet)
+
+
+def _is_store(path: Path) -> bool:
+    """A store this tool wrote: its manifest loads (a web app's manifest.json does not)."""
+    try:
+        Manifest.load(path)
+    except ManifestError:
+        return False
+    return True
 
 
 @contextmanager

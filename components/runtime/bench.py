@@ -548,6 +548,7 @@ def _measure(
         t0 = time.perf_counter()
         sim.start()
         wait_ready(sim)
+        # For information only: this core also starts the echo, beside the runtime.
         deploy_to_running = time.perf_counter() - t0
         sim.wait_for_report(ECHO, "RUNNING", timeout=60)
         local_bus, (local, hop) = connect(sim)

@@ -116,7 +116,7 @@ def register(subparsers: Any) -> None:
         default=[],
         metavar="COMPONENT",
         help="with --detach, return only once COMPONENT has reported RUNNING itself (UpdateState), "
-        "e.g. com.edgeinfer.InferenceRuntime after its warm-up; repeatable",
+        "e.g. com.edgeinfer.InferenceRuntime after its warm-up, or has FINISHED; repeatable",
     )
     up.add_argument(
         "--wait-timeout",
@@ -325,15 +325,19 @@ def _detach(args: argparse.Namespace, work_dir: Path) -> int:
         # Nothing half-started is left behind: the core goes, and so does its status.
         if proc.poll() is None:
             proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
+            try:
                 proc.wait(30)
+            except subprocess.TimeoutExpired:  # its components' stop timeouts: do not leave it
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         with contextlib.suppress(FileNotFoundError):
             (work_dir / "status.json").unlink()
         raise
 
 
 def _ready(status: dict[str, Any], wait: list[str]) -> bool:
-    """Every `wait` component has reported RUNNING itself; one that broke ends the wait."""
+    """Every `wait` component has reported RUNNING itself (or, without a Run step, FINISHED); one
+    that is BROKEN ends the wait (an ERRORED one is restarted by the nucleus, so it may yet come)."""
     comps = status.get("components", {})
     for name in wait:
         info = comps.get(name)
@@ -341,10 +345,9 @@ def _ready(status: dict[str, Any], wait: list[str]) -> bool:
             if status.get("components"):
                 raise EdgeinferError(f"--wait {name}: not a component of this core ({', '.join(comps)})")
             return False
-        if info.get("state") in ("BROKEN", "ERRORED") or info.get("reported") == "ERRORED":
-            state = info.get("reported") or info.get("state")
-            raise EdgeinferError(f"{name} is {state}: see `edgeinfer sim logs {name}`")
-        if info.get("reported") != "RUNNING":
+        if info.get("state") == "BROKEN":
+            raise EdgeinferError(f"{name} is BROKEN: see `edgeinfer sim logs {name}`")
+        if info.get("reported") != "RUNNING" and info.get("state") != "FINISHED":
             return False
     return True
 

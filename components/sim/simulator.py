@@ -105,6 +105,7 @@ class Simulator:
         self._states: dict[str, str] = {}
         self._history: dict[str, list[str]] = {}
         self._reports: dict[str, list[str]] = {}
+        self._reported: dict[str, str] = {}  # the last report since the component's last start
         self._nucleus: Nucleus | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -287,12 +288,15 @@ class Simulator:
         with self._cond:
             self._states[name] = state
             self._history.setdefault(name, []).append(state)
+            if state in ("STARTING", "INSTALLED"):  # a (re)start: what it reported before is stale
+                self._reported.pop(name, None)
             self._cond.notify_all()
         self._write_status()
 
     def _on_report(self, name: str, state: str) -> None:
         with self._cond:
             self._reports.setdefault(name, []).append(state)
+            self._reported[name] = state
             self._cond.notify_all()
         self._write_status()
 
@@ -306,7 +310,7 @@ class Simulator:
     def _write_status_locked(self) -> None:
         with self._cond:
             states = dict(self._states)
-            reported = {n: r[-1] for n, r in self._reports.items() if r}
+            reported = dict(self._reported)
         data = {
             "pid": os.getpid(),
             "running": self.started,

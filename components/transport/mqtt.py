@@ -69,7 +69,7 @@ _ids = itertools.count(1)
 
 # Connection failures that retrying within seconds will not cure.
 _DEFINITE_FAILURES = ("CONNECTION_REFUSED", "DNS_INVALID_NAME", "DNS_QUERY_FAILED", "DNS_NO_ADDRESS")
-REFUSED_GRACE_S = 1.0
+REFUSED_GRACE_S = 2.0  # a broker started beside this client (a service unit) has that long
 
 
 def parse_broker(text: str, default_port: int = 1883) -> tuple[str, int]:

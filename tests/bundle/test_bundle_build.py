@@ -193,3 +193,23 @@ def test_a_bundle_folder_is_rebuilt_in_place(artifacts: Path, tmp_path: Path) ->
     build_bundle(ROOT, artifacts_dir=artifacts, out_dir=out)
     build_bundle(ROOT, artifacts_dir=artifacts, out_dir=out)  # its own layout: replaced
     assert sorted(p.name for p in out.iterdir()) == ["artifacts", "recipes"]
+
+
+def test_a_layout_of_someone_elses_recipes_is_never_replaced(artifacts: Path, tmp_path: Path) -> None:
+    out = tmp_path / "local-deployment"  # as greengrass-cli's --recipeDir/--artifactDir pair
+    (out / "recipes").mkdir(parents=True)
+    (out / "recipes" / "com.example.Mine-1.0.0.yaml").write_text("mine")
+    (out / "artifacts" / "com.example.Mine").mkdir(parents=True)
+    with pytest.raises(BuildError, match="is not a bundle layout of this project's components"):
+        build_bundle(ROOT, artifacts_dir=artifacts, out_dir=out)
+    assert (out / "recipes" / "com.example.Mine-1.0.0.yaml").read_text() == "mine"
+
+
+def test_an_older_build_of_the_bundle_is_replaced(artifacts: Path, tmp_path: Path) -> None:
+    out = tmp_path / "gb"
+    (out / "recipes").mkdir(parents=True)
+    (out / "recipes" / "com.edgeinfer.InferenceRuntime-0.0.9.yaml").write_text("old")
+    (out / "artifacts" / "com.edgeinfer.InferenceRuntime" / "0.0.9").mkdir(parents=True)
+    (out / ".DS_Store").write_text("")
+    build_bundle(ROOT, artifacts_dir=artifacts, out_dir=out)
+    assert not (out / "recipes" / "com.edgeinfer.InferenceRuntime-0.0.9.yaml").exists()

@@ -223,6 +223,19 @@ def test_cli_impossible_gates_are_refused_before_building(
     assert _leftovers(tmp_path) == ["tiny.onnx"]
 
 
+def test_a_web_apps_manifest_does_not_make_a_store(
+    tmp_path: Path, tiny_onnx: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "webapp"
+    out.mkdir()
+    (out / "manifest.json").write_text('{"name": "My App", "start_url": "/"}')
+    (out / "index.html").write_text("<html></html>")
+    code, err = _cli(["--onnx", str(tiny_onnx), "--out", str(out)], capsys)
+    assert code == 2
+    assert "refusing to replace" in _one_line(err)
+    assert (out / "index.html").exists()
+
+
 def test_a_folder_that_is_not_a_store_is_never_replaced(
     tmp_path: Path, tiny_onnx: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -151,3 +151,27 @@ def test_a_wait_that_fails_leaves_no_core_behind(
     assert status.returncode == 2
     assert "no simulated core" in status.stderr
     assert edgeinfer("sim", "up", "--wait", "x", *common, cwd=tmp_path).returncode == 2  # needs --detach
+
+
+def test_wait_accepts_a_component_that_finished_and_one_restarted_after_an_error(
+    device: Device, tmp_path: Path, sim_broker: MosquittoBroker
+) -> None:
+    device.add("com.example.Setup", lifecycle={"Install": "true"})  # no Run: it ends FINISHED
+    flaky = (  # fails its first run; the nucleus restarts it, and then it reports RUNNING
+        "if [ -e first-run-done ]; then " + REPORTS + "; else touch first-run-done; exit 1; fi"
+    )
+    device.add("com.example.Flaky", lifecycle={"Run": flaky})
+    work = tmp_path / "core"
+    up = edgeinfer(
+        "sim", "up", "--detach", "--recipes", str(device.recipes), "--work-dir", str(work),
+        "--broker", f"{sim_broker.host}:{sim_broker.port}",
+        "--wait", "com.example.Setup", "--wait", "com.example.Flaky", "--wait-timeout", "60",
+        cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        assert up.returncode == 0, up.stderr
+        data = json.loads((work / "status.json").read_text())
+        assert data["components"]["com.example.Setup"]["state"] == "FINISHED"
+        assert data["components"]["com.example.Flaky"]["reported"] == "RUNNING"
+    finally:
+        edgeinfer("sim", "down", "--work-dir", str(work), cwd=tmp_path)
