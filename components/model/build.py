@@ -30,6 +30,7 @@ from edgeinfer.model import gate, graph, images
 from edgeinfer.model.manifest import (
     CPU,
     CUDA,
+    MANIFEST_FILE,
     TENSORRT,
     Manifest,
     ManifestError,
@@ -255,12 +256,13 @@ def build(options: BuildOptions, *, quiet: bool = False) -> Manifest:
 
 
 def _is_store(path: Path) -> bool:
-    """A store this tool wrote: its manifest loads (a web app's manifest.json does not)."""
+    """A store this tool wrote, of this version or an older one: its manifest.json is an object with
+    the store's `variants` (a web app's manifest.json is not)."""
     try:
-        Manifest.load(path)
-    except ManifestError:
+        doc = json.loads((path / MANIFEST_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
         return False
-    return True
+    return isinstance(doc, dict) and isinstance(doc.get("variants"), (list, dict)) and "name" in doc
 
 
 @contextmanager

@@ -236,6 +236,19 @@ def test_a_web_apps_manifest_does_not_make_a_store(
     assert (out / "index.html").exists()
 
 
+def test_a_store_of_an_older_manifest_schema_is_rebuilt(
+    tmp_path: Path, tiny_onnx: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "store"
+    out.mkdir()
+    (out / "manifest.json").write_text('{"name": "tiny", "variants": []}')  # no version: an old schema
+    (out / "model_fp32.onnx").write_bytes(b"old")
+    gates = ["--min-top1", "0", "--min-top1-confident", "0", "--min-top5", "0"]
+    code, _ = _cli(["--onnx", str(tiny_onnx), "--out", str(out), *gates], capsys)
+    assert code == 0
+    assert (out / "model_fp32.onnx").read_bytes() != b"old"
+
+
 def test_a_folder_that_is_not_a_store_is_never_replaced(
     tmp_path: Path, tiny_onnx: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
