@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 
 from edgeinfer.cli import build_parser
@@ -13,13 +15,16 @@ from edgeinfer.runtime.bench import (
     COMPONENT,
     ECHO,
     bench_images,
+    combine_runs,
     floor_ratios,
     median_segment,
     pct,
     prepare_device,
     request_payloads,
     running_ms_from_log,
+    summary_lines,
     table_lines,
+    verdict,
 )
 
 
@@ -126,3 +131,27 @@ def test_device_layout_with_the_echo(tiny_store: Path, tmp_path: Path) -> None:
     ]
     prepare_device(tmp_path / "dev", tiny_store)  # the same folder without it
     assert not (recipes / f"{ECHO}.yaml").exists()
+
+
+def test_several_runs_are_judged_by_each_ratios_median() -> None:
+    def run(p50: float, thr: float, tail: float) -> dict[str, Any]:
+        ratios = {"p50_ratio": p50, "throughput_ratio": thr, "p99_over_p50_at_70pct": tail}
+        return {"raw": {}, "runtime": {"local_p50_ms": p50}, "ratios": ratios, "pass": verdict(ratios)}
+
+    runs = [run(1.45, 0.79, 2.09), run(1.43, 0.86, 7.57), run(1.48, 0.85, 2.38)]
+    out = combine_runs(runs)
+    assert out["ratios"] == {"p50_ratio": 1.45, "throughput_ratio": 0.85, "p99_over_p50_at_70pct": 2.38}
+    assert out["ratio_ranges"]["throughput_ratio"] == [0.79, 0.86]
+    assert out["pass"] == {"p50_ratio": False, "throughput_ratio": True, "p99_over_p50_at_70pct": False}
+    assert out["runtime"] == {"local_p50_ms": 1.48}  # the last run's figures
+    text = "\n".join(summary_lines(out))
+    assert "over 3 runs (median, min-max):" in text
+    assert "throughput_ratio         0.85 (0.79-0.86)  target ≥ 0.85 ✓  (met in 2 of 3)" in text
+    assert "targets: missed: p50_ratio, p99_over_p50_at_70pct" in text
+
+
+def test_runs_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    from edgeinfer.cli import main
+
+    assert main(["bench", "runtime", "--runs", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "edgeinfer: error: --runs must be at least 1, not 0"
