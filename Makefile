@@ -63,7 +63,7 @@ demo: setup model
 
 bench: setup model
 	$(BIN)/edgeinfer bench model --json bench/results/model.json
-	$(BIN)/edgeinfer bench runtime --json bench/results/runtime.json
+	$(BIN)/edgeinfer bench runtime --runs 3 --json bench/results/runtime.json
 	$(BIN)/edgeinfer bench sim --json bench/results/sim.json
 	$(BIN)/edgeinfer bench telemetry --json bench/results/telemetry.json
 	$(BIN)/edgeinfer bench offload --json bench/results/offload.json
