@@ -223,19 +223,6 @@ def test_cli_impossible_gates_are_refused_before_building(
     assert _leftovers(tmp_path) == ["tiny.onnx"]
 
 
-def test_a_web_apps_manifest_does_not_make_a_store(
-    tmp_path: Path, tiny_onnx: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    out = tmp_path / "webapp"
-    out.mkdir()
-    (out / "manifest.json").write_text('{"name": "My App", "start_url": "/"}')
-    (out / "index.html").write_text("<html></html>")
-    code, err = _cli(["--onnx", str(tiny_onnx), "--out", str(out)], capsys)
-    assert code == 2
-    assert "refusing to replace" in _one_line(err)
-    assert (out / "index.html").exists()
-
-
 def test_a_store_of_an_older_manifest_schema_is_rebuilt(
     tmp_path: Path, tiny_onnx: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -249,16 +236,25 @@ def test_a_store_of_an_older_manifest_schema_is_rebuilt(
     assert (out / "model_fp32.onnx").read_bytes() != b"old"
 
 
+@pytest.mark.parametrize(
+    "files",
+    [
+        {"notes.txt": "mine"},
+        # A web app's manifest.json is not a store's.
+        {"manifest.json": '{"name": "My App", "start_url": "/"}', "index.html": "<html></html>"},
+    ],
+)
 def test_a_folder_that_is_not_a_store_is_never_replaced(
-    tmp_path: Path, tiny_onnx: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, tiny_onnx: Path, capsys: pytest.CaptureFixture[str], files: dict[str, str]
 ) -> None:
     out = tmp_path / "mine"
     out.mkdir()
-    (out / "notes.txt").write_text("mine")
+    for name, text in files.items():
+        (out / name).write_text(text)
     code, err = _cli(["--onnx", str(tiny_onnx), "--out", str(out)], capsys)
     assert code == 2
     assert "refusing to replace" in _one_line(err)
-    assert (out / "notes.txt").read_text() == "mine"
+    assert {p.name: p.read_text() for p in out.iterdir()} == files
 
 
 def test_cli_build_info_classify(tmp_path: Path, tiny_onnx: Path, capsys: pytest.CaptureFixture[str]) -> None:
