@@ -78,21 +78,23 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-_QKEY = re.compile(r"^(?:(?P<prefix>.+?)_)?(?P<q>p50|p90|p99|max|mean)(?:_ms)?$")
+_QKEY = re.compile(r"^(?:(?P<prefix>.+?)_)?(?P<q>p50|median|p90|p99|max|mean)(?:_ms)?$")
 
 
 def find_quantiles(doc: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, dict[str, float]]]:
     """Every group of numeric p50 and p99 figures, labelled by its key path (list items by `name`).
 
     Both spellings that benchmarks use are found: `{"p50": …, "p99": …}` objects and flat keys
-    that share a prefix, `{"local_p50_ms": …, "local_p99_ms": …}` (milliseconds either way).
+    that share a prefix, `{"local_p50_ms": …, "local_p99_ms": …}` (milliseconds either way); a
+    median stands for the p50 (`{"b1_median_ms": …, "b1_p99_ms": …}`).
     """
     if isinstance(doc, dict):
         groups: dict[str, dict[str, float]] = {}
         for key, value in doc.items():
             m = _QKEY.match(str(key))
             if m and _number(value):
-                groups.setdefault(m.group("prefix") or "", {})[m.group("q")] = float(value)
+                q = "p50" if m.group("q") == "median" else m.group("q")  # `bench model` says median
+                groups.setdefault(m.group("prefix") or "", {}).setdefault(q, float(value))
         for prefix, figures in groups.items():
             if "p50" in figures and "p99" in figures:
                 yield "/".join((*path, prefix) if prefix else path) or "latency", figures

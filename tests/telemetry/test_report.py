@@ -156,3 +156,8 @@ def test_a_bad_file_among_good_ones_writes_no_chart(
     assert main(["report", str(good), str(bad), "--out", str(tmp_path / "out")]) == 2
     assert "bad.json: no latency figures found" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_median_stands_for_the_p50() -> None:
+    doc = {"variants": {"int8-cpu": {"b1_median_ms": 5.4, "b1_p99_ms": 18.1, "b8_median_ms": 33.3}}}
+    assert list(find_quantiles(doc)) == [("variants/int8-cpu/b1", {"p50": 5.4, "p99": 18.1})]
