@@ -11,6 +11,7 @@ import datetime as _dt
 import hashlib
 import json
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -245,14 +246,12 @@ def build(options: BuildOptions, *, quiet: bool = False) -> Manifest:
             return hit
     out = options.output_dir()
     check_replaceable(out, "a model store (no readable manifest.json)", _is_store)
-    with new_parents(out):
-        key = hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:16]
-        with _lock(Path(tempfile.gettempdir()) / f"edgeinfer-build-{key}.lock"):
-            if not options.force:  # another process may have built it while we waited
-                hit = cached(options)
-                if hit is not None:
-                    return hit
-            return _build_locked(options, out, quiet)
+    with new_parents(out), _lock(out.parent):
+        if not options.force:  # another process may have built it while we waited
+            hit = cached(options)
+            if hit is not None:
+                return hit
+        return _build_locked(options, out, quiet)
 
 
 def _is_store(path: Path) -> bool:
@@ -266,16 +265,21 @@ def _is_store(path: Path) -> bool:
 
 
 @contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    """An exclusive lock between processes building the same store (parallel test sessions)."""
+def _lock(folder: Path) -> Iterator[None]:
+    """An exclusive lock between processes building a store in `folder` (parallel test sessions).
+    It is taken on the folder itself: a lock file beside the store, or in /tmp, would be one more
+    file left behind per store ever built."""
     import fcntl
 
-    with path.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def _build_locked(options: BuildOptions, out: Path, quiet: bool) -> Manifest:

@@ -353,3 +353,25 @@ def test_cli_labels_must_match_classes(
     assert code != 0
     assert "has 2 labels but the model has 5 classes" in _one_line(err)
     assert not out.exists()
+
+
+def test_the_build_lock_is_the_folder_itself(tmp_path: Path) -> None:
+    import fcntl
+    import os
+
+    from edgeinfer.model.build import _lock
+
+    def try_lock() -> bool:
+        fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)  # closing the descriptor drops a lock it took
+        return True
+
+    with _lock(tmp_path):
+        assert not try_lock()  # another builder waits
+    assert try_lock()
+    assert list(tmp_path.iterdir()) == []  # and no lock file is left anywhere
