@@ -17,9 +17,12 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgeinfer.errors import EdgeinferError
+
+if TYPE_CHECKING:
+    from edgeinfer.sim.broker import Inbox
 
 log = logging.getLogger(__name__)
 
@@ -134,10 +137,9 @@ def run(args: argparse.Namespace) -> int:
                 f"total p50 {statistics.median(r.latency_ms.total for r in ok):.1f} ms"
             )
 
-        try:
-            window = json.loads(telemetry.wait_for(1, timeout=15)[-1].payload)
-        except TimeoutError:
-            console.print("[yellow]no telemetry window arrived within 15 s[/]")
+        window = _first_busy_window(telemetry, timeout=15)
+        if window is None:
+            console.print("[yellow]no telemetry window with requests arrived within 15 s[/]")
         else:
             total = window.get("latency_ms", {}).get("total", {})
             console.print(
@@ -147,3 +149,21 @@ def run(args: argparse.Namespace) -> int:
             )
         console.print("states: " + ", ".join(f"{k}={v}" for k, v in sorted(sim.states().items())))
     return 0
+
+
+def _first_busy_window(inbox: Inbox, timeout: float) -> dict[str, Any] | None:
+    """The first telemetry window that counted requests: the telemetry component's windows run from
+    its own start, so the first one may have closed before the runtime answered anything."""
+    deadline = time.monotonic() + timeout
+    seen = 0
+    while time.monotonic() < deadline:
+        try:
+            messages = inbox.wait_for(seen + 1, timeout=max(0.1, deadline - time.monotonic()))
+        except TimeoutError:
+            return None
+        for message in messages[seen:]:
+            doc = json.loads(message.payload)
+            if isinstance(doc, dict) and doc.get("count"):
+                return doc
+        seen = len(messages)
+    return None
