@@ -19,7 +19,7 @@ help:
 	@echo "make setup  the venv with the project and its extras, and mosquitto (what the others need)"
 	@echo "make lint   ruff check and ruff format --check;  make typecheck  mypy"
 
-$(STAMP): pyproject.toml setup.py
+$(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet --progress-bar off -e ".[$(EXTRAS)]"
@@ -35,18 +35,11 @@ mosquitto:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq mosquitto mosquitto-clients >/dev/null; \
 	fi
 
-# mypy cannot follow setuptools' editable import hook, so it reads the package through a symlink tree
-# that mirrors the installed layout (edgeinfer -> components/, edgeinfer.cloud -> cloud/).
-build/typing: $(wildcard components/*) cloud
-	@rm -rf build/typing && mkdir -p build/typing/edgeinfer
-	@for f in components/*; do ln -s ../../../$$f build/typing/edgeinfer/; done
-	@ln -s ../../../cloud build/typing/edgeinfer/cloud
-
 lint: $(STAMP)
-	$(BIN)/ruff check components cloud tests bench
-	$(BIN)/ruff format --check components cloud tests bench
+	$(BIN)/ruff check components cloud bench tests
+	$(BIN)/ruff format --check components cloud bench tests
 
-typecheck: $(STAMP) build/typing
+typecheck: $(STAMP)
 	$(BIN)/mypy
 
 test: setup lint typecheck

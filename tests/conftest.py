@@ -6,7 +6,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers.tiny_store import write_tiny_store
+
+from tests.helpers import PROJECT
+
+ROOT = PROJECT
 
 
 @pytest.fixture(scope="session")
@@ -23,3 +27,8 @@ def model_store() -> Path:
     manifest = build(BuildOptions(artifacts=ROOT / "artifacts"), quiet=True)
     assert manifest.root is not None
     return manifest.root
+
+
+@pytest.fixture(scope="session")
+def tiny_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_store(tmp_path_factory.mktemp("tiny-store"))

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from model_store_fixtures import write_model_store
+
+from tests.helpers.model_store import write_model_store
 
 
 @pytest.fixture

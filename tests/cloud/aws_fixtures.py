@@ -11,11 +11,12 @@ from typing import Any
 import boto3
 import pytest
 from botocore.stub import Stubber
-from model_store_fixtures import ROOT, write_model_store
 from moto import mock_aws
 
 from edgeinfer.bundle.build import Bundle, build_bundle
-from edgeinfer.cloud.publish import Clients, component_arn
+from edgeinfer_cloud.publish import Clients, component_arn
+from tests.helpers import PROJECT as ROOT
+from tests.helpers.model_store import write_model_store
 
 REGION = "eu-central-1"
 BUCKET = "my-edge-artifacts"  # exactly what a user would type

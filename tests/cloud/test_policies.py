@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from edgeinfer import cli, messages
-from edgeinfer.cloud.policies import TEMPLATES, PolicyError, render, template
-from edgeinfer.cloud.router.router import RouterConfig, offload_filter
+from edgeinfer_cloud.policies import TEMPLATES, PolicyError, render, template
+from edgeinfer_cloud.router.router import RouterConfig, offload_filter
+from tests.helpers import PROJECT
 
 REGION, ACCOUNT = "eu-central-1", "111122223333"
 ARN = f"arn:aws:iot:{REGION}:{ACCOUNT}"
@@ -47,7 +48,7 @@ def router() -> dict[str, Any]:
 
 def test_templates_hold_no_account_and_use_the_thing_variable() -> None:
     for name, file in TEMPLATES.items():
-        text = (Path(__file__).resolve().parents[2] / "cloud" / "policies" / file).read_text()
+        text = (PROJECT / "cloud" / "edgeinfer_cloud" / "policies" / file).read_text()
         assert "<ACCOUNT_ID>" in text
         assert not re.search(r"\d{12}", text)
         assert THING_VAR in text, name

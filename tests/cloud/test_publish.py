@@ -11,7 +11,7 @@ from typing import Any
 
 import boto3
 import pytest
-from aws_fixtures import (
+from tests.cloud.aws_fixtures import (
     BUCKET,
     NOW,
     REGION,
@@ -29,8 +29,8 @@ from botocore.stub import Stubber
 
 from edgeinfer import cli
 from edgeinfer.bundle.build import Bundle
-from edgeinfer.cloud.publish import Clients, PublishError, publish
 from edgeinfer.progress import Progress
+from edgeinfer_cloud.publish import Clients, PublishError, publish
 
 __all__ = ["aws_env", "bundle", "clients"]  # fixtures
 

@@ -28,12 +28,13 @@ from edgeinfer.model.manifest import (
     Variant,
     sha256_file,
 )
-from edgeinfer.runtime.bench import wait_ready
 from edgeinfer.sim.pytest_plugin import SimulatorFactory
+from edgeinfer_bench.runtime import wait_ready
+from tests.helpers import PROJECT
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = PROJECT
 THING = "bundle-e2e"
 LABELS = ["red", "green", "blue"]
 

@@ -11,10 +11,11 @@ import pytest
 
 from edgeinfer.bundle.build import build_bundle
 from edgeinfer.sim.pytest_plugin import SimulatorFactory
+from tests.helpers import PROJECT
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = PROJECT
 INSTALLER = "com.edgeinfer.RuntimeInstaller"
 
 

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from edgeinfer.cloud.router.backends import OnnxBackend
-from edgeinfer.cloud.router.router import Router, RouterConfig
 from edgeinfer.messages import Result, TelemetryWindow
 from edgeinfer.model.samples import cat_image
-from edgeinfer.runtime.bench import COMPONENT as RUNTIME
-from edgeinfer.runtime.bench import RECIPES, prepare_device, wait_ready
 from edgeinfer.sim import MosquittoBroker, Simulator
 from edgeinfer.transport.mqtt import MqttPubSub
+from edgeinfer_bench.runtime import COMPONENT as RUNTIME
+from edgeinfer_bench.runtime import prepare_device, recipes_dir, wait_ready
+from edgeinfer_cloud.router.backends import OnnxBackend
+from edgeinfer_cloud.router.router import Router, RouterConfig
 
 pytestmark = pytest.mark.e2e
 
@@ -55,7 +55,7 @@ def device(
 ) -> Iterator[Simulator]:
     root = tmp_path_factory.mktemp("offload-e2e")
     recipes, artifacts = prepare_device(root / "device", store)
-    shutil.copy(RECIPES / f"{TELEMETRY}.yaml", recipes)
+    shutil.copy(recipes_dir() / f"{TELEMETRY}.yaml", recipes)
     sim = Simulator(
         recipes,
         artifacts,

@@ -19,10 +19,10 @@ import pytest
 
 from edgeinfer.messages import ErrorCode, Result, TelemetryWindow
 from edgeinfer.model.samples import cat_image
-from edgeinfer.runtime.bench import COMPONENT as RUNTIME
-from edgeinfer.runtime.bench import RECIPES, prepare_device, wait_ready
 from edgeinfer.sim import MosquittoBroker, Simulator
 from edgeinfer.telemetry.histogram import RELATIVE_PRECISION
+from edgeinfer_bench.runtime import COMPONENT as RUNTIME
+from edgeinfer_bench.runtime import prepare_device, recipes_dir, wait_ready
 
 pytestmark = pytest.mark.e2e
 
@@ -42,7 +42,7 @@ def device(
     root = tmp_path_factory.mktemp("tele-rt")
     store = write_tiny_store(root / "store")
     recipes, artifacts = prepare_device(root / "device", store)
-    shutil.copy(RECIPES / f"{TELEMETRY}.yaml", recipes)
+    shutil.copy(recipes_dir() / f"{TELEMETRY}.yaml", recipes)
     sim = Simulator(
         recipes,
         artifacts,

@@ -24,10 +24,11 @@ import yaml
 
 from edgeinfer.messages import TIMINGS_TOPIC, Latency, TelemetryWindow, TimingBatch, TimingRecord
 from edgeinfer.telemetry.histogram import RELATIVE_PRECISION
+from tests.helpers import PROJECT
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = PROJECT
 COMPONENT = "com.edgeinfer.Telemetry"
 THING = "tele-e2e"
 

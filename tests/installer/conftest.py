@@ -6,7 +6,7 @@ import importlib.metadata as md
 from pathlib import Path
 
 import pytest
-from installer_wheels import ORT_STACK, repack_installed
+from tests.helpers.installer_wheels import ORT_STACK, repack_installed
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from installer_wheels import make_wheel
+from tests.helpers.installer_wheels import make_wheel
 
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.installer.install import InstallError, Paths, run_installer

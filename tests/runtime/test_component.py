@@ -13,8 +13,7 @@ from edgeinfer.messages import Result
 from edgeinfer.runtime.__main__ import Component, process_age_ms
 from edgeinfer.runtime.config import default_recipe_configuration
 from edgeinfer.transport import MemoryBus
-
-from .conftest import solid_jpeg
+from tests.helpers.images import solid_jpeg
 
 THING = "c1"
 

@@ -15,8 +15,9 @@ from edgeinfer.runtime.config import (
     diff_keys,
     engine_keys_changed,
 )
+from tests.helpers import PROJECT
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = PROJECT
 RECIPE = ROOT / "recipes" / "com.edgeinfer.InferenceRuntime.yaml"
 SCHEMA = Path("/work/shared/schemas/greengrass-recipe.schema.json")
 

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 from edgeinfer.runtime.decode import DecodeError, decode_image, read_header, to_model_input
-
-from .conftest import solid_jpeg, solid_png
+from tests.helpers.images import solid_jpeg, solid_png
 
 
 def encode(ext: str, img: np.ndarray) -> bytes:

@@ -16,9 +16,6 @@ from typing import Any
 
 import pytest
 
-from edgeinfer.cloud.router.backends import OnnxBackend
-from edgeinfer.cloud.router.bench import EdgeBus
-from edgeinfer.cloud.router.router import Router, RouterConfig
 from edgeinfer.messages import Result, infer_topic, result_topic
 from edgeinfer.runtime.config import RuntimeConfig
 from edgeinfer.runtime.engine import Engine
@@ -27,8 +24,10 @@ from edgeinfer.runtime.server import InferenceServer
 from edgeinfer.sim.broker import MosquittoBroker
 from edgeinfer.transport import MemoryBus, Message
 from edgeinfer.transport.mqtt import MqttPubSub
-
-from .conftest import solid_jpeg
+from edgeinfer_bench.offload import EdgeBus
+from edgeinfer_cloud.router.backends import OnnxBackend
+from edgeinfer_cloud.router.router import Router, RouterConfig
+from tests.helpers.images import solid_jpeg
 
 THING = "edge-1"
 

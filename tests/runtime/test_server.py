@@ -23,8 +23,7 @@ from edgeinfer.runtime.engine import Engine
 from edgeinfer.runtime.placement import Decision, PlacementContext
 from edgeinfer.runtime.server import InferenceServer
 from edgeinfer.transport import MemoryBus, Message, Target, UnauthorizedError
-
-from .conftest import solid_jpeg, solid_png
+from tests.helpers.images import solid_jpeg, solid_png
 
 THING = "dev1"
 INFER = f"edgeinfer/{THING}/infer"

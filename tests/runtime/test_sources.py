@@ -11,8 +11,7 @@ import numpy as np
 from edgeinfer.messages import TimingRecord
 from edgeinfer.runtime.config import SourceConfig
 from edgeinfer.runtime.sources import FolderReader, SourceRunner, VideoReader
-
-from .conftest import solid_png
+from tests.helpers.images import solid_png
 
 
 class Sink:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from awsiot.greengrasscoreipc import connect
 from awsiot.greengrasscoreipc.clientv2 import GreengrassCoreIPCClientV2
-from sim_testkit import Device
+from tests.helpers.sim import Device
 
 from edgeinfer.sim import Simulator
 

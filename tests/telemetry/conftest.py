@@ -1,51 +1,12 @@
-"""Shared helpers for the telemetry tests: a fake clock and timing-record factories."""
+"""Fixtures of the telemetry tests."""
 
 from __future__ import annotations
 
-import random
-from dataclasses import dataclass
-
 import pytest
 
-from edgeinfer.messages import ErrorCode, Latency, TimingRecord
-
-
-@dataclass
-class FakeClock:
-    now: float = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from tests.helpers.clock import FakeClock
 
 
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
-
-
-def make_record(
-    rng: random.Random,
-    *,
-    status: str = "ok",
-    code: ErrorCode | None = None,
-    provider: str = "CPUExecutionProvider",
-    **flags: bool,
-) -> TimingRecord:
-    queue = rng.expovariate(1 / 3.0)
-    decode = rng.uniform(0.5, 2.0)
-    inference = rng.lognormvariate(1.0, 0.4)
-    post = rng.uniform(0.01, 0.2)
-    return TimingRecord(
-        id=f"r{rng.randrange(10**9)}",
-        status=status,  # type: ignore[arg-type]
-        latency_ms=Latency(queue, decode, inference, post, queue + decode + inference + post),
-        batch_size=rng.randint(1, 8),
-        provider=provider,
-        code=code,
-        queue_depth=rng.randint(0, 20),
-        end=1.7e9,
-        **flags,
-    )

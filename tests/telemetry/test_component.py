@@ -15,8 +15,8 @@ import pytest
 from edgeinfer.messages import TIMINGS_TOPIC, TelemetryWindow, TimingBatch, telemetry_topic
 from edgeinfer.telemetry.component import ConfigError, TelemetryComponent, TelemetryConfig
 from edgeinfer.transport import MemoryBus
-
-from .conftest import FakeClock, make_record
+from tests.helpers.clock import FakeClock
+from tests.helpers.telemetry import make_record
 
 
 def windows(bus: MemoryBus, thing: str = "dev") -> list[TelemetryWindow]:

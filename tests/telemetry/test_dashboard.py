@@ -10,8 +10,8 @@ from rich.console import Console
 from edgeinfer.messages import ErrorCode, Latency, Result, TimingBatch, error_result
 from edgeinfer.telemetry.dashboard import Dashboard, sparkline
 from edgeinfer.telemetry.window import WindowAggregator
-
-from .conftest import FakeClock, make_record
+from tests.helpers.clock import FakeClock
+from tests.helpers.telemetry import make_record
 
 
 def frame(dashboard: Dashboard, width: int = 140) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,8 +10,9 @@ import yaml
 from edgeinfer.bundle.build import validate_recipe
 from edgeinfer.messages import TIMINGS_TOPIC
 from edgeinfer.telemetry.component import TelemetryConfig
+from tests.helpers import PROJECT
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = PROJECT
 RECIPE = ROOT / "recipes" / "com.edgeinfer.Telemetry.yaml"
 
 

@@ -12,8 +12,8 @@ from edgeinfer.cli import main
 from edgeinfer.messages import TimingBatch
 from edgeinfer.telemetry.report import find_quantiles, load
 from edgeinfer.telemetry.window import WindowAggregator
-
-from .conftest import FakeClock, make_record
+from tests.helpers.clock import FakeClock
+from tests.helpers.telemetry import make_record
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

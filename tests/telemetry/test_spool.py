@@ -12,8 +12,8 @@ from edgeinfer.messages import TelemetryWindow, TimingBatch, telemetry_topic
 from edgeinfer.telemetry.spool import Spool, SpoolingPublisher, atomic_write
 from edgeinfer.telemetry.window import WindowAggregator
 from edgeinfer.transport import MemoryBus
-
-from .conftest import FakeClock, make_record
+from tests.helpers.clock import FakeClock
+from tests.helpers.telemetry import make_record
 
 TOPIC = telemetry_topic("dev")
 

@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 
 from edgeinfer.telemetry.system import Nvml, SystemSampler, parse_stat_cpu
-
-from .conftest import FakeClock
+from tests.helpers.clock import FakeClock
 
 
 def write_proc(root: Path, busy: int, idle: int, procs: dict[int, tuple[str, int, int]]) -> None:

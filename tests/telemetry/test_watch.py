@@ -11,8 +11,8 @@ import pytest
 from edgeinfer.cli import main
 from edgeinfer.messages import Latency, Result, TimingBatch, result_topic, telemetry_topic
 from edgeinfer.telemetry.window import WindowAggregator
-
-from .conftest import FakeClock, make_record
+from tests.helpers.clock import FakeClock
+from tests.helpers.telemetry import make_record
 
 
 def test_watch_once_shows_what_the_broker_carried(

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from edgeinfer.messages import ErrorCode, Latency, TelemetryWindow, TimingBatch, TimingRecord
 from edgeinfer.telemetry.histogram import RELATIVE_PRECISION
 from edgeinfer.telemetry.window import STAGES, WindowAggregator
-
-from .conftest import FakeClock, make_record
+from tests.helpers.clock import FakeClock
+from tests.helpers.telemetry import make_record
 
 
 def nearest_rank(values: list[float], q: float) -> float:

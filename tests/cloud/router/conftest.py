@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from router_helpers import FakeBackend
 
 from edgeinfer.sim.broker import MosquittoBroker
+from tests.helpers.router import FakeBackend
 
 
 @pytest.fixture

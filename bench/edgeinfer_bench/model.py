@@ -1,0 +1,262 @@
+"""`edgeinfer bench model`: FP32 against every INT8 variant, side by side in one run, CPU provider.
+
+The published graphs are timed as the runtime runs them (uint8 NHWC in, preprocessing inside the
+graph). Runs are interleaved across variants in rounds, so a noisy neighbour slows all of them alike;
+every figure that matters is a ratio against FP32 measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edgeinfer.errors import EdgeinferError
+from edgeinfer.files import write_output
+from edgeinfer.stats import percentile
+
+if TYPE_CHECKING:  # numpy loads on first use, so `edgeinfer --help` stays instant
+    import numpy as np
+
+NAIVE = "int8-cpu-naive"
+
+
+def register_bench(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "model",
+        help="FP32 vs INT8 variants of the model store: latency, throughput, agreement",
+        description="FP32 against every INT8 variant that runs here, side by side, CPU provider.",
+    )
+    p.add_argument(
+        "--store", type=Path, help="store folder (default artifacts/com.edgeinfer.ModelStore/<version>)"
+    )
+    p.add_argument("--json", type=Path, metavar="FILE", help="write the figures as JSON")
+    p.add_argument(
+        "--size", type=int, default=224, help="input images are SIZE x SIZE uint8 RGB (default 224)"
+    )
+    p.add_argument("--threads", type=int, default=0, help="ORT intra-op threads (default: all cores)")
+    p.add_argument("--rounds", type=int, default=10, help="interleaved rounds per batch size")
+    p.add_argument(
+        "--runs", type=int, default=20, help="batch-1 runs per variant per round (batch 8: a quarter)"
+    )
+    p.add_argument(
+        "--no-naive",
+        dest="naive",
+        action="store_false",
+        help="skip the reference row: int8-cpu behind float preprocessing (what the uint8 input saves)",
+    )
+    p.set_defaults(func=_run)
+
+
+def _inputs(size: int) -> np.ndarray:
+    import numpy as np
+
+    """8 real photos (the bundled samples, cycled, with flips) resized to size x size."""
+    from edgeinfer.model import images, samples
+
+    photos = [images.read_image(p) for p in samples.sample_images()]
+    usable = [p for p in photos if p is not None]
+    if not usable:
+        raise EdgeinferError("no sample images to benchmark with")
+    batch = []
+    for i in range(8):
+        photo = usable[i % len(usable)]
+        if i >= len(usable):
+            photo = np.ascontiguousarray(photo[:, ::-1])
+        batch.append(images.fit(photo, (size, size)))
+    return np.stack(batch)
+
+
+def _time(fn: Callable[[], object], runs: int, clock: Callable[[], float] = time.perf_counter) -> list[float]:
+    out = []
+    for _ in range(runs):
+        start = clock()
+        fn()
+        out.append((clock() - start) * 1e3)
+    return out
+
+
+def run_bench(
+    store: Path | None,
+    *,
+    size: int = 224,
+    threads: int = 0,
+    rounds: int = 10,
+    runs: int = 20,
+    naive: bool = True,
+) -> dict[str, Any]:
+    import numpy as np
+    import onnxruntime as ort
+
+    from edgeinfer.model import gate, infer
+    from edgeinfer.model.manifest import CPU, Manifest, default_store_dir
+
+    manifest = Manifest.load(store if store is not None else default_store_dir())
+    threads = threads or (os.cpu_count() or 1)
+    batch8 = _inputs(size)
+    batch1 = batch8[:1]
+    sessions: dict[str, Any] = {}
+    results: dict[str, dict[str, Any]] = {}
+    for variant in manifest.variants:
+        path = manifest.path(variant)
+        creates = []
+        sess = None
+        for _ in range(3):
+            start = time.perf_counter()
+            try:
+                sess = ort.InferenceSession(str(path), infer.session_options(threads), providers=[CPU])
+            except Exception as exc:  # a variant this build of ORT cannot run on the CPU
+                results[variant.name] = {"skipped": str(exc).splitlines()[0][:200]}
+                sess = None
+                break
+            creates.append((time.perf_counter() - start) * 1e3)
+        if sess is None:
+            continue
+        name = sess.get_inputs()[0].name
+        start = time.perf_counter()
+        sess.run(None, {name: batch1})
+        first = (time.perf_counter() - start) * 1e3
+        sess.run(None, {name: batch8})  # warm the batch-8 shape too
+        sessions[variant.name] = (sess, name)
+        results[variant.name] = {
+            "file": variant.file,
+            "precision": variant.precision,
+            "quant_format": variant.quant_format,
+            "session_create_ms": round(float(np.median(creates)), 2),
+            "first_run_ms": round(first, 2),
+            "_b1": [],
+            "_b8": [],
+        }
+    if naive and "int8-cpu" in sessions:
+        # reference row: the CPU INT8 graph with float preprocessing in front of it (not published)
+        import onnx
+
+        from edgeinfer.model.graph import naive_preprocessing
+
+        slow = naive_preprocessing(onnx.load(str(manifest.path(manifest.variant("int8-cpu")))))
+        if slow is not None:
+            start = time.perf_counter()
+            sess = ort.InferenceSession(
+                slow.SerializeToString(), infer.session_options(threads), providers=[CPU]
+            )
+            create = (time.perf_counter() - start) * 1e3
+            name = sess.get_inputs()[0].name
+            start = time.perf_counter()
+            sess.run(None, {name: batch1})
+            first = (time.perf_counter() - start) * 1e3
+            sess.run(None, {name: batch8})
+            sessions[NAIVE] = (sess, name)
+            results[NAIVE] = {
+                "file": "(int8-cpu with Cast/Sub/Mul/QuantizeLinear preprocessing; reference, not published)",
+                "precision": "int8",
+                "quant_format": "",
+                "session_create_ms": round(create, 2),
+                "first_run_ms": round(first, 2),
+                "_b1": [],
+                "_b8": [],
+            }
+    if "fp32" not in sessions:
+        raise EdgeinferError("the store's FP32 variant does not run here; nothing to compare against")
+
+    def runner(sess: Any, name: str, batch: np.ndarray) -> Callable[[], object]:
+        return lambda: sess.run(None, {name: batch})
+
+    # Interleaved rounds, so every variant sees the same noise; the order rotates each round and a few
+    # untimed runs after each switch let the previous session's spinning threads settle.
+    order = list(sessions)
+    for round_ in range(rounds):
+        turn = order[round_ % len(order) :] + order[: round_ % len(order)]
+        for batch, key, count in ((batch1, "_b1", runs), (batch8, "_b8", max(1, runs // 4))):
+            for vname in turn:
+                sess, name = sessions[vname]
+                _time(runner(sess, name, batch), 2)
+                results[vname][key] += _time(runner(sess, name, batch), count)
+    ref_logits = sessions["fp32"][0].run(None, {sessions["fp32"][1]: batch8})[0]
+    for vname in sessions:
+        r = results[vname]
+        b1, b8 = r.pop("_b1"), r.pop("_b8")
+        r["b1_median_ms"] = round(float(np.median(b1)), 3)
+        r["b1_p99_ms"] = round(percentile(b1, 99), 3)
+        r["b8_median_ms"] = round(float(np.median(b8)), 3)
+        r["b8_p99_ms"] = round(percentile(b8, 99), 3)
+        r["images_per_s_b1"] = round(1e3 / r["b1_median_ms"], 1)
+        r["images_per_s_b8"] = round(8e3 / r["b8_median_ms"], 1)
+        r["runs"] = {"b1": len(b1), "b8": len(b8)}
+    base = results["fp32"]
+    for vname, (sess, name) in sessions.items():
+        r = results[vname]
+        r["speedup_b1"] = round(base["b1_median_ms"] / r["b1_median_ms"], 3)
+        r["speedup_b8"] = round(base["b8_median_ms"] / r["b8_median_ms"], 3)
+        logits = sess.run(None, {name: batch8})[0]
+        r["agreement_bench_inputs"] = round(gate.agreement(ref_logits, logits)["top1"], 4)
+        held_out = (
+            manifest.validation.get("variants", {})
+            .get(vname if vname != NAIVE else "int8-cpu", {})
+            .get("final")
+        )
+        if held_out:
+            r["agreement_held_out"] = {
+                k: held_out[k] for k in ("top1", "top1_confident", "top5", "mean_abs_logit_delta", "count")
+            }
+    return {
+        "scenario": "model",
+        "store": str(manifest.root),
+        "model": {"name": manifest.name, "version": manifest.version},
+        "inputs": f"{size}x{size} uint8 RGB NHWC, preprocessing in the graph",
+        "provider": CPU,
+        "threads": threads,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "processor": platform.processor() or platform.machine(),
+            "onnxruntime": ort.__version__,
+        },
+        "variants": results,
+        "timestamp": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def table(report: dict[str, Any]) -> str:
+    head = (
+        f"{'variant':<14} {'create':>7} {'first':>7} {'b1 med':>7} {'b1 p99':>7} {'b8 med':>7} {'b8 p99':>7}"
+        f" {'img/s b8':>8} {'x b1':>5} {'x b8':>5} {'top-1':>6} {'conf':>6}"
+    )
+    lines = [
+        f"bench model: {report['model']['name']} {report['model']['version']}, {report['inputs']},"
+        f" {report['provider']}, {report['threads']} threads (ms; x = speed-up over fp32, same run)",
+        head,
+    ]
+    for name, r in report["variants"].items():
+        if "skipped" in r:
+            lines.append(f"{name:<14} skipped: {r['skipped']}")
+            continue
+        held = r.get("agreement_held_out")
+        top1 = f"{100 * held['top1']:.1f}%" if held else "-"
+        conf = f"{100 * held['top1_confident']:.1f}%" if held else "-"
+        lines.append(
+            f"{name:<14} {r['session_create_ms']:7.1f} {r['first_run_ms']:7.1f} {r['b1_median_ms']:7.2f}"
+            f" {r['b1_p99_ms']:7.2f} {r['b8_median_ms']:7.2f} {r['b8_p99_ms']:7.2f}"
+            f" {r['images_per_s_b8']:8.0f}"
+            f" {r['speedup_b1']:5.2f} {r['speedup_b8']:5.2f} {top1:>6} {conf:>6}"
+        )
+    lines.append(
+        "top-1 / conf: agreement with fp32 on the held-out set (all / where fp32 p > 0.5), from the build"
+    )
+    return "\n".join(lines)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.rounds < 1 or args.runs < 1:
+        raise EdgeinferError("--rounds and --runs must be at least 1")
+    report = run_bench(
+        args.store, size=args.size, threads=args.threads, rounds=args.rounds, runs=args.runs, naive=args.naive
+    )
+    print(table(report))
+    if args.json is not None:
+        write_output(args.json, (json.dumps(report, indent=2) + "\n").encode())
+    return 0

@@ -1,1 +1,0 @@
-"""edgeinfer.cloud: the hybrid router, publish and deploy to AWS, fleet telemetry, IoT policies."""

@@ -1,0 +1,1 @@
+"""edgeinfer_cloud: the hybrid router, publish and deploy to AWS, fleet telemetry, IoT policies."""

@@ -1,0 +1,166 @@
+"""`edgeinfer publish` and `edgeinfer deploy` (boto3 is imported only when they run)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from edgeinfer.errors import EdgeinferError
+
+
+class AwsError(EdgeinferError):
+    """An AWS call failed in a way the user can fix (credentials, permissions, network)."""
+
+
+def register(subparsers: Any) -> None:
+    pub = subparsers.add_parser(
+        "publish",
+        help="upload the bundle to S3 and create its Greengrass component versions",
+        description=(
+            "Build the bundle (quick, idempotent), upload every artifact to "
+            "s3://BUCKET/<component>/<version>/ and create the component versions in dependency "
+            "order. The bucket name is used exactly as given. Versions already published with "
+            "identical artifacts are skipped; different artifacts under an existing version are refused. "
+            "On a terminal, a progress bar shows each upload."
+        ),
+    )
+    pub.add_argument("--bucket", required=True, help="S3 bucket in --region (used exactly as typed)")
+    pub.add_argument("--region", required=True, help="AWS region of the bucket and the components")
+    pub.add_argument("--profile", help="AWS profile (default: the usual credential chain)")
+    pub.add_argument("--project", type=Path, help="project root (default: found from the current folder)")
+    pub.add_argument("--artifacts", type=Path, help="artifact folder (default: <project>/artifacts)")
+    pub.add_argument("--out", type=Path, help="GDK layout folder (default: <project>/greengrass-build)")
+    pub.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check and show what would be done; nothing changes in AWS (the local bundle is still built)",
+    )
+    pub.set_defaults(func=run_publish)
+
+    dep = subparsers.add_parser(
+        "deploy",
+        help="deploy the bundle's component versions to a core device or thing group",
+        description="Create a Greengrass deployment of the bundle's components (versions from recipes/).",
+    )
+    dep.add_argument(
+        "--target",
+        required=True,
+        help="thing or thing group ARN, e.g. arn:aws:iot:eu-west-1:123456789012:thinggroup/cameras "
+        "(the region is taken from it)",
+    )
+    dep.add_argument(
+        "--config-merge",
+        action="append",
+        default=[],
+        metavar="COMPONENT=JSON",
+        help="merge configuration, e.g. com.edgeinfer.InferenceRuntime='{\"maxBatchSize\": 4}' (repeat)",
+    )
+    dep.add_argument("--name", help="deployment name (default: edgeinfer-<target name>)")
+    dep.add_argument("--wait", action="store_true", help="follow the deployment until every device finished")
+    dep.add_argument("--timeout", type=float, default=900.0, help="seconds --wait waits (default 900)")
+    dep.add_argument("--profile", help="AWS profile")
+    dep.add_argument("--project", type=Path, help="project root (default: found from the current folder)")
+    dep.set_defaults(func=run_deploy)
+
+
+@contextmanager
+def aws_errors() -> Iterator[None]:
+    """Turn botocore's exceptions into one-line user errors."""
+    import botocore.exceptions as bex
+
+    try:
+        yield
+    except (bex.NoCredentialsError, bex.PartialCredentialsError):
+        raise AwsError(
+            "no AWS credentials found: set AWS_PROFILE (or --profile), run 'aws configure', "
+            "or use an instance role"
+        ) from None
+    except bex.ProfileNotFound as exc:
+        raise AwsError(str(exc)) from None
+    except bex.NoRegionError:
+        raise AwsError("no AWS region: pass --region") from None
+    except bex.InvalidRegionError as exc:
+        raise AwsError(f"not an AWS region: {exc.kwargs.get('region_name', exc)!r}") from None
+    except (bex.EndpointConnectionError, bex.ConnectTimeoutError) as exc:
+        raise AwsError(f"cannot reach AWS: {exc}") from None
+    except bex.ClientError as exc:
+        err = exc.response.get("Error", {})
+        op = getattr(exc, "operation_name", "AWS call")
+        code = err.get("Code", "error")
+        if code in (
+            "ExpiredToken",
+            "ExpiredTokenException",
+            "InvalidClientTokenId",
+            "UnrecognizedClientException",
+        ):
+            raise AwsError(f"AWS credentials are invalid or expired ({code}): refresh them") from None
+        raise AwsError(f"{op} failed: {code}: {err.get('Message', '')}".rstrip(": ")) from None
+
+
+def _session(profile: str | None, region: str | None) -> Any:
+    import boto3
+
+    return boto3.Session(profile_name=profile, region_name=region)
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def run_publish(args: argparse.Namespace, session_factory: Callable[..., Any] | None = None) -> int:
+    from edgeinfer.bundle.build import build_bundle
+    from edgeinfer.progress import Progress
+    from edgeinfer_cloud.publish import Clients, publish
+
+    bundle = build_bundle(args.project, artifacts_dir=args.artifacts, out_dir=args.out)
+    with aws_errors():
+        session = (session_factory or _session)(args.profile, args.region)
+        clients = Clients(
+            sts=session.client("sts"), s3=session.client("s3"), greengrassv2=session.client("greengrassv2")
+        )
+        report = publish(
+            bundle,
+            args.bucket,
+            args.region,
+            clients,
+            dry_run=args.dry_run,
+            say=_stderr,
+            progress=Progress(quiet=True) if args.dry_run else Progress.on_terminal(unit="bytes"),
+        )
+    verb = "would create" if report.dry_run else "created"
+    print(
+        f"{verb} {len(report.created)} component version(s), skipped {len(report.skipped)} "
+        f"(account {report.account}, s3://{report.bucket}, {report.region})"
+    )
+    return 0
+
+
+def run_deploy(args: argparse.Namespace, session_factory: Callable[..., Any] | None = None) -> int:
+    from edgeinfer.bundle.build import dependency_order, find_project, load_recipes
+    from edgeinfer_cloud.deploy import deploy, parse_config_merge, parse_target
+
+    target = parse_target(args.target)
+    if not args.timeout > 0:
+        raise AwsError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    recipes = load_recipes(args.project or find_project())
+    components = {name: recipes[name].version for name in dependency_order(recipes)}
+    merges = parse_config_merge(args.config_merge, list(components))
+    with aws_errors():
+        gg = (session_factory or _session)(args.profile, target.region).client("greengrassv2")
+        report = deploy(
+            gg,
+            target,
+            components,
+            merges=merges,
+            deployment_name=args.name,
+            wait=args.wait,
+            timeout_s=args.timeout,
+            say=_stderr,
+        )
+    states = ", ".join(f"{d}: {s}" for d, s in sorted(report.statuses.items()))
+    print(f"deployment {report.deployment_id}" + (f" ({states})" if states else ""))
+    return 0

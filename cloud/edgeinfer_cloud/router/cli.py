@@ -1,0 +1,244 @@
+"""`edgeinfer cloud router`: run a router process (start as many as you like; they share the stream)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from edgeinfer.errors import EdgeinferError
+
+log = logging.getLogger(__name__)
+
+_EPILOG = """\
+examples:
+  edgeinfer cloud router --broker 127.0.0.1:1883
+  edgeinfer cloud router --broker 127.0.0.1:1883 --model-dir artifacts/com.edgeinfer.ModelStore/0.1.0
+  edgeinfer cloud router --endpoint xxxx-ats.iot.eu-west-1.amazonaws.com \\
+      --cert router.pem.crt --key router.pem.key --ca AmazonRootCA1.pem --workers 2
+  edgeinfer cloud router --broker 127.0.0.1:1883 --sagemaker-endpoint lite2-prod --region eu-west-1
+"""
+
+
+def register(subparsers: Any) -> None:
+    cloud = subparsers.add_parser(
+        "cloud",
+        help="cloud side: the hybrid router, IoT policies",
+        description="Cloud side: the hybrid router and the IoT policies it and the devices need.",
+    )
+    sub = cloud.add_subparsers(dest="cloud_command", metavar="COMMAND")
+    cloud.set_defaults(func=lambda _args: _usage(cloud))
+    p = sub.add_parser(
+        "router",
+        help="serve offloaded requests (MQTT shared subscription; run any number of them)",
+        description=(
+            "Serve the requests edge devices offload on edgeinfer/+/offload and answer each on "
+            "edgeinfer/{thing}/offload/result. Routers of one --group split the stream between them."
+        ),
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    where = p.add_argument_group("broker (one of)")
+    where.add_argument(
+        "--broker", metavar="HOST:PORT", help="plain TCP to a local broker (the simulated core)"
+    )
+    where.add_argument("--endpoint", metavar="HOST", help="AWS IoT Core data endpoint (mutual TLS)")
+    p.add_argument("--port", type=int, default=8883, help="IoT Core port (default 8883)")
+    p.add_argument("--cert", metavar="FILE", help="X.509 certificate for --endpoint")
+    p.add_argument("--key", metavar="FILE", help="private key for --endpoint")
+    p.add_argument("--ca", metavar="FILE", help="CA bundle for --endpoint (default: the system's)")
+    p.add_argument("--client-id", help="MQTT client id (default: edgeinfer-router-<pid>)")
+    p.add_argument("--group", default="edgeinfer-router", help="shared-subscription group")
+    backend = p.add_argument_group("backend")
+    backend.add_argument(
+        "--model-dir",
+        metavar="DIR",
+        help="model store to run (default: the EfficientNet-Lite2 FP32 store built by "
+        "'edgeinfer model build --arch lite2 --no-int8')",
+    )
+    backend.add_argument(
+        "--providers", default="cpu", help="ONNX Runtime providers in order, comma-separated (default cpu)"
+    )
+    backend.add_argument("--threads", type=int, default=0, help="ORT intra-op threads (0: one per core)")
+    backend.add_argument("--sagemaker-endpoint", metavar="NAME", help="use a SageMaker endpoint instead")
+    backend.add_argument("--region", help="AWS region for SageMaker / CloudWatch")
+    p.add_argument("--workers", type=int, default=1, help="worker threads (default 1)")
+    p.add_argument("--max-batch-size", type=int, default=8, help="largest batch a worker runs")
+    p.add_argument("--max-queue", type=int, default=256, help="waiting requests before OVERLOADED")
+    p.add_argument("--known-things", metavar="T1,T2", help="only these things may offload")
+    p.add_argument("--cloudwatch", action="store_true", help="publish metrics to CloudWatch")
+    p.add_argument("--namespace", default="edgeinfer/router", help="CloudWatch namespace")
+    p.add_argument(
+        "--report-every",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="log counts and the fleet view every S s",
+    )
+    p.set_defaults(func=run)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def default_model_dir() -> Path:
+    from edgeinfer.model.build import BuildOptions
+
+    return BuildOptions(arch="lite2", int8=False).output_dir()
+
+
+def _connect(args: argparse.Namespace) -> Any:
+    from edgeinfer.transport import TransportError
+    from edgeinfer.transport.mqtt import MqttPubSub, parse_broker
+
+    client_id = args.client_id
+    try:
+        if args.broker and args.endpoint:
+            raise EdgeinferError("give either --broker HOST:PORT or --endpoint HOST, not both")
+        if args.broker:
+            try:
+                host, port = parse_broker(args.broker)
+            except ValueError as exc:
+                raise EdgeinferError(f"--broker: {exc}") from None
+            return MqttPubSub.connect_tcp(host, port, client_id=client_id)
+        if args.endpoint:
+            if not args.cert or not args.key:
+                raise EdgeinferError("--endpoint needs --cert FILE and --key FILE (mutual TLS)")
+            return MqttPubSub.connect_iot_core(
+                args.endpoint,
+                port=args.port,
+                cert_filepath=args.cert,
+                pri_key_filepath=args.key,
+                ca_filepath=args.ca,
+                client_id=client_id,
+            )
+    except TransportError as exc:
+        raise EdgeinferError(str(exc)) from None
+    raise EdgeinferError("say where to connect: --broker HOST:PORT or --endpoint HOST --cert --key")
+
+
+def _backend(args: argparse.Namespace) -> Any:
+    from edgeinfer_cloud.router.backends import BackendError, OnnxBackend, SageMakerBackend
+
+    if args.sagemaker_endpoint:
+        return SageMakerBackend(args.sagemaker_endpoint, region_name=args.region)
+    from edgeinfer.runtime.config import normalize_provider
+
+    model_dir = Path(args.model_dir) if args.model_dir else default_model_dir()
+    if not (model_dir / "manifest.json").is_file():
+        hint = "" if args.model_dir else " (build it: edgeinfer model build --arch lite2 --no-int8)"
+        raise EdgeinferError(f"no model store at {model_dir}{hint}")
+    providers = [normalize_provider(p) for p in args.providers.split(",") if p.strip()]
+    try:
+        return OnnxBackend.load(
+            model_dir,
+            providers=providers,
+            max_batch_size=args.max_batch_size,
+            intra_op_num_threads=args.threads,
+        )
+    except BackendError as exc:
+        raise EdgeinferError(f"cannot load the model: {exc}") from None
+
+
+def _check(args: argparse.Namespace) -> frozenset[str] | None:
+    """Refuse what would start a router that cannot work, before anything loads; returns the
+    --known-things set (None: any thing)."""
+    import math
+    import re
+
+    from edgeinfer.messages import is_thing_name
+    from edgeinfer.runtime.config import is_known_provider
+
+    for flag, value, low in (
+        ("--workers", args.workers, 1),
+        ("--threads", args.threads, 0),
+        ("--max-batch-size", args.max_batch_size, 1),
+        ("--max-queue", args.max_queue, 1),
+    ):
+        if value < low:
+            raise EdgeinferError(f"{flag} must be at least {low}, not {value}")
+    if not (math.isfinite(args.report_every) and args.report_every > 0):
+        raise EdgeinferError(f"--report-every must be a positive number of seconds, not {args.report_every}")
+    # The group is one level of a $share/{group}/... filter, and the IoT policy's resource.
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,128}", args.group):
+        raise EdgeinferError(
+            f"--group: not a shared-subscription group name (letters, digits, _ and -): {args.group!r}"
+        )
+    if not args.sagemaker_endpoint:
+        names = [p.strip() for p in args.providers.split(",")]
+        unknown = [p for p in names if not is_known_provider(p)]
+        if unknown or not any(names):
+            raise EdgeinferError(
+                f"--providers: unknown provider {', '.join(map(repr, unknown)) or repr(args.providers)} "
+                "(tensorrt, cuda, cpu or ORT's provider names, comma-separated)"
+            )
+    if not args.known_things:
+        return None
+    things = [t.strip() for t in args.known_things.split(",") if t.strip()]
+    bad = [t for t in things if not is_thing_name(t)]
+    if bad or not things:
+        raise EdgeinferError(
+            f"--known-things: not thing names: {', '.join(map(repr, bad or [args.known_things]))}"
+        )
+    return frozenset(things)
+
+
+def run(args: argparse.Namespace) -> int:
+    from edgeinfer_cloud.aws_cli import aws_errors
+    from edgeinfer_cloud.router.router import Router, RouterConfig
+
+    known = _check(args)
+    uses_aws = bool(args.sagemaker_endpoint or args.cloudwatch)  # botocore is the [cloud] extra's
+    with aws_errors() if uses_aws else contextlib.nullcontext():  # no region, a bad one → one line
+        backend = _backend(args)
+        metrics = None
+        if args.cloudwatch:
+            from edgeinfer_cloud.router.metrics import CloudWatchMetrics
+
+            metrics = CloudWatchMetrics(namespace=args.namespace, router=args.group, region_name=args.region)
+    pubsub = _connect(args)
+    config = RouterConfig(
+        group=args.group,
+        workers=args.workers,
+        max_batch_size=args.max_batch_size,
+        max_queue=args.max_queue,
+        known_things=known,
+    )
+    router = Router(pubsub, backend, config, metrics=metrics)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    router.start()
+    print(
+        f"router: serving {backend.model_ref.name} ({backend.provider}) for group {args.group} "
+        f"via {pubsub.describe}; Ctrl-C to stop",
+        file=sys.stderr,
+    )
+    try:
+        while not stop.wait(args.report_every):
+            stats = router.stats()
+            fleet = router.fleet.snapshot()
+            seen = ", ".join(
+                f"{t} {f['throughput_rps']:.0f} rps p99 {f['p99_ms']} ms" for t, f in fleet.items()
+            )
+            print(
+                f"router: {stats['answered']} answered ({stats['ok']} ok), {stats['queued']} queued; "
+                f"fleet: {seen or 'no telemetry yet'}",
+                file=sys.stderr,
+            )
+    finally:
+        router.stop()
+        pubsub.close()
+        stats = router.stats()
+        print(
+            f"router: answered {stats['answered']} ({stats['ok']} ok, errors {stats['errors'] or 'none'})",
+            file=sys.stderr,
+        )
+    return 0

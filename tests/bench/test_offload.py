@@ -1,0 +1,156 @@
+"""`edgeinfer bench offload`: its bookkeeping, and one short real run on a tiny model (slow)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from edgeinfer.cli import main
+from edgeinfer.errors import EdgeinferError
+from edgeinfer.messages import ErrorCode, Result, error_result
+from edgeinfer.transport import Message
+from edgeinfer_bench.offload import Scheduler, Tracker, _parse_rtt, policy_config, summarize, targets
+
+
+def _answer(tracker: Tracker, rid: str, result: Result, at: float) -> None:
+    with tracker.lock:
+        tracker.answers.setdefault(rid, []).append((at, result))
+
+
+def test_summarize_counts_deadline_hits_offloads_losses_and_duplicates() -> None:
+    t = Tracker()
+    t.sent = {"a": 0.0, "b": 0.0, "c": 0.0, "d": 0.0}
+    _answer(t, "a", Result("a", "ok", "", placement="edge"), 0.050)
+    _answer(t, "b", Result("b", "ok", "", placement="cloud"), 0.150)  # ok but late
+    _answer(t, "b", Result("b", "ok", "", placement="cloud"), 0.160)  # a duplicate
+    _answer(t, "c", error_result("c", ErrorCode.DEADLINE_EXCEEDED, "x", timestamp=""), 0.001)
+    out = summarize(t, 100.0)
+    assert out["sent"] == 4
+    assert out["lost"] == 1
+    assert out["duplicates"] == 1
+    assert out["within_deadline"] == 0.25
+    assert out["offload_share"] == 0.25
+    assert out["errors"] == {"DEADLINE_EXCEEDED": 1}
+    runs = [
+        {"load": 0.5, "policy": "on", "lost": 0, "duplicates": 0, "within_deadline": 1.0, "offload_share": 0},
+        {
+            "load": 1.5,
+            "policy": "on",
+            "lost": 0,
+            "duplicates": 0,
+            "within_deadline": 0.98,
+            "offload_share": 0.3,
+        },
+    ]
+    assert targets(runs) == {
+        "1.5x_on_within_deadline_ge_99pct_none_lost": False,
+        "0.5x_on_nothing_offloaded": True,
+        "all_runs_exactly_once": True,
+    }
+
+
+def test_tracker_handler_parses_results() -> None:
+    t = Tracker()
+    t.handler(Message("x", Result("r", "ok", "").to_json()))
+    t.handler(Message("x", b"garbage"))
+    assert list(t.answers) == ["r"]
+
+
+def test_scheduler_runs_in_time_order() -> None:
+    s = Scheduler()
+    seen: list[int] = []
+    done = threading.Event()
+    now = time.monotonic()
+    s.at(now + 0.06, lambda: (seen.append(2), done.set()))
+    s.at(now + 0.02, lambda: seen.append(1))
+    assert done.wait(5)
+    s.close()
+    assert seen == [1, 2]
+
+
+def test_parse_rtt() -> None:
+    assert _parse_rtt("20-40") == (20.0, 40.0)
+    assert _parse_rtt("30") == (30.0, 30.0)
+    for bad in ("x", "40-20", "-5"):
+        with pytest.raises(EdgeinferError):
+            _parse_rtt(bad)
+
+
+def test_policy_keys_are_the_recipes_and_bad_ones_are_one_line_errors() -> None:
+    config, doc = policy_config("--compare", '{"cloudLimitBackoff": 0.9, "cloudQuantile": 0.8}')
+    assert (config.cloud_limit_backoff, config.cloud_quantile) == (0.9, 0.8)
+    assert doc == {"cloudLimitBackoff": 0.9, "cloudQuantile": 0.8}
+    for bad, says in (
+        ("{", "not JSON"),
+        ("[1]", "expected a JSON object"),
+        ('{"cloudQuantile": "high"}', "placement.cloudQuantile has the wrong type"),
+        ('{"cloudLimitBackof": 0.9}', "unknown placement keys: cloudLimitBackof"),
+    ):
+        with pytest.raises(EdgeinferError, match=says):
+            policy_config("--compare", bad)
+
+
+def test_bench_without_a_model_store_is_a_one_line_error(tmp_path: Path) -> None:
+    assert main(["bench", "offload", "--model-dir", str(tmp_path)]) == 2
+
+
+@pytest.mark.slow
+def test_bench_offload_short_run_on_a_tiny_model(tiny_store: Path, tmp_path: Path) -> None:
+    out = tmp_path / "offload.json"
+    argv = ["bench", "offload", "--model-dir", str(tiny_store), "--duration", "2", "--rounds", "2"]
+    ab = ["--policy", '{"deadlineMarginMs": 5}', "--compare", '{"cloudQuantile": 0.8}']
+    import os
+
+    affinity = os.sched_getaffinity(0)
+    code = main([*argv, *ab, "--loads", "0.5,2", "--json", str(out)])
+    assert code == 0
+    assert os.sched_getaffinity(0) == affinity  # pinned to one core while it ran, not after
+    report = json.loads(out.read_text())
+    assert [(r["load"], r["policy"]) for r in report["runs"]] == [
+        (0.5, "off"), (0.5, "on"), (0.5, "on-b"), (2.0, "off"), (2.0, "on"), (2.0, "on-b"),
+    ]  # fmt: skip
+    assert report["policies"] == {"on": {"deadlineMarginMs": 5}, "on-b": {"cloudQuantile": 0.8}}
+    assert all("policy_state" in r for r in report["runs"] if r["policy"] != "off")
+    for run in report["runs"]:
+        assert run["lost"] == 0
+        assert run["duplicates"] == 0
+        assert run["answered"] == run["sent"]
+    assert report["targets"]["all_runs_exactly_once"] is True
+
+
+def test_core_use_per_mode_adds_segments_up_before_taking_shares() -> None:
+    from edgeinfer_bench.offload import add_ticks, core_shares
+
+    total: dict[int, tuple[int, int, int]] = {}
+    add_ticks(total, {0: (90, 100, 85), 1: (10, 100, 10)})  # one busy segment ...
+    add_ticks(total, {0: (10, 300, 10), 1: (30, 300, 20)})  # ... and a long quiet one
+    assert total == {0: (100, 400, 95), 1: (40, 400, 30)}
+    shares = core_shares(total)
+    assert shares["0"] == {"busy": 0.25, "bench": pytest.approx(0.2375, abs=0.001), "other": 0.013}
+    assert shares["1"] == {"busy": 0.1, "bench": 0.075, "other": 0.025}
+    assert core_shares({0: (0, 0, 0)})["0"]["busy"] == 0.0
+
+
+def test_edge_connection_delivers_in_order_on_its_own_thread() -> None:
+    from edgeinfer_bench.offload import Connection
+
+    gate = threading.Event()
+    seen: list[tuple[str, int]] = []
+
+    class Server:
+        def handle_message(self, message: Message) -> None:
+            gate.wait(10)  # a request run to completion on the transport's thread
+            seen.append((message.topic, threading.get_ident()))
+
+    conn = Connection(Server())
+    for i in range(3):
+        conn.deliver(Message(f"t{i}", b"", "local"))  # the load generator is not held up
+    assert seen == []
+    gate.set()
+    conn.close()
+    assert [topic for topic, _ in seen] == ["t0", "t1", "t2"]
+    assert {tid for _, tid in seen} != {threading.get_ident()}

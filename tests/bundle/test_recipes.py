@@ -1,0 +1,168 @@
+"""Every recipe and every gdk-config.json of the project against the GDK's schemas, plus the rules
+the schemas cannot say: no account id, bucket or secret; the default user; the shared venv path."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from edgeinfer import __version__
+from edgeinfer.bundle.build import lower_keys, schema
+from edgeinfer.sim.recipe import satisfies
+from tests.helpers import PROJECT
+
+ROOT = PROJECT
+RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
+GDK_CONFIGS = sorted([ROOT / "gdk-config.json", *(ROOT / "components" / "edgeinfer").glob("*/gdk-config.json")])
+VENV_PYTHON = "{kernel:rootPath}/work/com.edgeinfer.RuntimeInstaller/venv/bin/python"
+EXPECTED = {
+    "com.edgeinfer.InferenceRuntime",
+    "com.edgeinfer.ModelStore",
+    "com.edgeinfer.RuntimeInstaller",
+    "com.edgeinfer.Telemetry",
+}
+
+
+def load(path: Path) -> dict[str, Any]:
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    assert isinstance(data, dict)
+    return data
+
+
+def recipes() -> dict[str, dict[str, Any]]:
+    return {load(p)["ComponentName"]: load(p) for p in RECIPES}
+
+
+def walk_strings(value: Any) -> list[str]:
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in (str(k), *walk_strings(v))]
+    if isinstance(value, list):
+        return [s for v in value for s in walk_strings(v)]
+    return [str(value)]
+
+
+def test_all_four_components_have_a_recipe() -> None:
+    assert set(recipes()) >= EXPECTED
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
+def test_recipe_is_valid_against_the_gdk_schema(path: Path) -> None:
+    recipe = load(path)
+    validator = jsonschema.Draft7Validator(schema("greengrass-recipe"))
+    errors = [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(lower_keys(recipe))]
+    assert errors == []
+    assert path.stem == recipe["ComponentName"]
+    assert recipe["ComponentVersion"] == __version__
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
+def test_recipe_has_no_account_bucket_or_secret(path: Path) -> None:
+    text = path.read_text(encoding="utf-8")
+    assert not re.search(r"(?<![\d.])\d{12}(?![\d.])", text), "looks like an AWS account id"
+    assert not re.search(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b", text), "looks like an access key"
+    assert not re.search(r"(?i)secret_?access|password|BEGIN [A-Z ]*PRIVATE KEY", text)
+    assert "arn:aws" not in text
+    for uri in re.findall(r"s3://\S+", text):
+        assert uri.startswith("s3://BUCKET_NAME/COMPONENT_NAME/COMPONENT_VERSION/"), uri
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
+def test_recipe_runs_as_the_default_user(path: Path) -> None:
+    low = lower_keys(load(path))
+    for manifest in low.get("manifests", []):
+        for step in (manifest.get("lifecycle") or {}).values():
+            if isinstance(step, dict):
+                assert str(step.get("requiresprivilege", "false")).lower() == "false"
+
+
+def test_dependencies_are_in_the_bundle_and_their_versions_satisfy_the_ranges() -> None:
+    by_name = recipes()
+    for name, recipe in by_name.items():
+        for dep, spec in (recipe.get("ComponentDependencies") or {}).items():
+            if dep.startswith("com.edgeinfer."):
+                assert dep in by_name, f"{name} depends on {dep}, which has no recipe"
+                requirement = spec["VersionRequirement"]
+                assert satisfies(by_name[dep]["ComponentVersion"], requirement), (name, dep, requirement)
+
+
+def test_code_components_run_from_the_installer_venv() -> None:
+    for name, recipe in recipes().items():
+        lifecycles = [m.get("Lifecycle") or {} for m in recipe.get("Manifests", [])]
+        runs = [str(lc.get("Run", "")) for lc in lifecycles if isinstance(lc, dict) and lc.get("Run")]
+        for run in runs:
+            assert run.strip().startswith(VENV_PYTHON + " -m edgeinfer."), (name, run)
+        if runs:
+            deps = recipe.get("ComponentDependencies") or {}
+            assert "com.edgeinfer.RuntimeInstaller" in deps, f"{name} runs the venv but does not depend on it"
+
+
+def test_model_store_lists_the_files_the_model_build_writes() -> None:
+    from edgeinfer.model import build
+
+    recipe = recipes()["com.edgeinfer.ModelStore"]
+    names = {a["URI"].rsplit("/", 1)[-1] for m in recipe["Manifests"] for a in m.get("Artifacts", [])}
+    assert names == {
+        "manifest.json",
+        build.LABELS_FILE,
+        build.FP32_FILE,
+        build.INT8_CPU_FILE,
+        build.INT8_TRT_FILE,
+    }
+
+
+def test_installer_recipe_passes_every_configuration_key() -> None:
+    from edgeinfer.installer.plan import InstallerConfig
+
+    recipe = recipes()["com.edgeinfer.RuntimeInstaller"]
+    defaults = recipe["ComponentConfiguration"]["DefaultConfiguration"]
+    script = recipe["Manifests"][0]["Lifecycle"]["Install"]["Script"]
+    config = InstallerConfig.from_mapping(defaults)  # every key is known to the installer
+    assert config == InstallerConfig()  # and the recipe's defaults are the installer's own
+    for key in defaults:
+        if key != "python":
+            assert f"-o {key}='{{configuration:/{key}}}'" in script, key
+    assert "{configuration:/python}" in script
+    assert "edgeinfer-0.1.0-py3-none-any.whl" in script
+
+
+def test_every_gdk_config_is_valid_and_matches_its_recipe() -> None:
+    assert len(GDK_CONFIGS) == 4
+    validator = jsonschema.Draft7Validator(schema("gdk-config"))
+    by_name = recipes()
+    seen = set()
+    for path in GDK_CONFIGS:
+        config = json.loads(path.read_text(encoding="utf-8"))
+        errors = [e.message for e in validator.iter_errors(config)]
+        assert errors == [], path
+        ((name, component),) = config["component"].items()
+        seen.add(name)
+        assert name in by_name, path
+        assert component["version"] == by_name[name]["ComponentVersion"]
+        assert component["build"]["custom_build_command"] == ["edgeinfer", "build", "--gdk", name]
+        # GDK reads recipe.yaml next to gdk-config.json: a link to the one in recipes/
+        recipe_file = path.parent / "recipe.yaml"
+        assert load(recipe_file)["ComponentName"] == name
+        assert recipe_file.resolve() == (ROOT / "recipes" / f"{name}.yaml").resolve()
+        bucket = component["publish"]["bucket"]
+        assert not re.search(r"\d{12}", bucket)
+    assert seen == EXPECTED
+
+
+def test_the_schema_check_is_not_vacuous() -> None:
+    bad = {
+        "RecipeFormatVersion": "2020-01-25",
+        "ComponentName": "not a name",
+        "ComponentVersion": "0.1.0",
+        "Manifests": [{"Lifecycle": {"Run": {"RequiresPrivilege": "maybe", "Script": "x"}}}],
+        "ComponentSecrets": {},
+    }
+    validator = jsonschema.Draft7Validator(schema("greengrass-recipe"))
+    assert len(list(validator.iter_errors(lower_keys(bad)))) >= 2
+    gdk = {"component": {"a": {"author": "x", "version": "latest", "build": {"build_system": "custom"}}}}
+    assert list(jsonschema.Draft7Validator(schema("gdk-config")).iter_errors(gdk))
