@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.tiny_store import write_tiny_store
-
 from tests.helpers import PROJECT
+from tests.helpers.tiny_store import write_tiny_store
 
 ROOT = PROJECT
 

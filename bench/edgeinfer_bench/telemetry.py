@@ -197,9 +197,9 @@ def _ipc_publish_cpu_us(env: dict[str, str], records: int) -> float | None:
 
 
 def saturated(args: argparse.Namespace, store_dir: Path) -> dict[str, Any]:
-    from edgeinfer_bench import runtime as rb
     from edgeinfer.sim import Simulator
     from edgeinfer.transport.ipc import GreengrassIpcBus
+    from edgeinfer_bench import runtime as rb
 
     root = Path(tempfile.mkdtemp(prefix="edgeinfer-bench-telemetry-"))
     recipes, artifacts = rb.prepare_device(root / "device", store_dir)

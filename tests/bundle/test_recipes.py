@@ -19,7 +19,9 @@ from tests.helpers import PROJECT
 
 ROOT = PROJECT
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
-GDK_CONFIGS = sorted([ROOT / "gdk-config.json", *(ROOT / "components" / "edgeinfer").glob("*/gdk-config.json")])
+GDK_CONFIGS = sorted(
+    [ROOT / "gdk-config.json", *(ROOT / "components" / "edgeinfer").glob("*/gdk-config.json")]
+)
 VENV_PYTHON = "{kernel:rootPath}/work/com.edgeinfer.RuntimeInstaller/venv/bin/python"
 EXPECTED = {
     "com.edgeinfer.InferenceRuntime",

@@ -8,7 +8,6 @@ import re
 import zipfile
 from pathlib import Path
 
-
 from edgeinfer.bundle.wheel import SOURCE_ROOT, build_wheel, project_version, wheel_name
 from tests.helpers import PROJECT
 
@@ -49,7 +48,10 @@ def _recipe_entry_points() -> set[str]:
 def device_closure() -> set[str]:
     """Files (under the source root) of every module the recipes' entry points import, at any depth
     (imports inside functions too: a device may reach them), with their packages' `__init__`."""
-    todo = [f"{entry}.__main__" if _module_file(f"{entry}.__main__") else entry for entry in _recipe_entry_points()]
+    todo = [
+        f"{entry}.__main__" if _module_file(f"{entry}.__main__") else entry
+        for entry in _recipe_entry_points()
+    ]
     seen: set[str] = set()
     while todo:
         module = todo.pop()
@@ -77,7 +79,9 @@ def test_device_wheel_is_the_import_closure_of_the_recipes() -> None:
     assert modules == device_closure()
     assert not [n for n in names if n.startswith(("edgeinfer/sim/", "edgeinfer/bundle/", "edgeinfer_"))]
     assert "edgeinfer/model/build.py" not in names
-    assert not [n for n in names if n.endswith((".jpg", "gdk-config.json", "recipe.yaml")) or "__pycache__" in n]
+    assert not [
+        n for n in names if n.endswith((".jpg", "gdk-config.json", "recipe.yaml")) or "__pycache__" in n
+    ]
 
 
 def test_device_wheel_is_deterministic() -> None:

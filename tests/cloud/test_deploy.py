@@ -9,13 +9,13 @@ from typing import Any
 
 import boto3
 import pytest
-from tests.cloud.aws_fixtures import NOW, ROOT, Capture
 from botocore.stub import Stubber
 
 from edgeinfer import cli
 from edgeinfer.bundle.build import dependency_order, load_recipes
 from edgeinfer_cloud import aws_cli
 from edgeinfer_cloud.deploy import DeployError, deploy, parse_config_merge, parse_target
+from tests.cloud.aws_fixtures import NOW, ROOT, Capture
 
 THING_ARN = "arn:aws:iot:eu-central-1:111122223333:thing/line-7-camera"
 GROUP_ARN = "arn:aws:iot:eu-central-1:111122223333:thinggroup/factory-a"

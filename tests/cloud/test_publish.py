@@ -11,6 +11,12 @@ from typing import Any
 
 import boto3
 import pytest
+from botocore.stub import Stubber
+
+from edgeinfer import cli
+from edgeinfer.bundle.build import Bundle
+from edgeinfer.progress import Progress
+from edgeinfer_cloud.publish import Clients, PublishError, publish
 from tests.cloud.aws_fixtures import (
     BUCKET,
     NOW,
@@ -25,12 +31,6 @@ from tests.cloud.aws_fixtures import (
     expect_existing,
     expect_missing,
 )
-from botocore.stub import Stubber
-
-from edgeinfer import cli
-from edgeinfer.bundle.build import Bundle
-from edgeinfer.progress import Progress
-from edgeinfer_cloud.publish import Clients, PublishError, publish
 
 __all__ = ["aws_env", "bundle", "clients"]  # fixtures
 

@@ -6,6 +6,7 @@ import importlib.metadata as md
 from pathlib import Path
 
 import pytest
+
 from tests.helpers.installer_wheels import ORT_STACK, repack_installed
 
 

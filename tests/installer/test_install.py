@@ -10,13 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.helpers.installer_wheels import make_wheel
 
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.installer.install import InstallError, Paths, run_installer
 from edgeinfer.installer.plan import InstallerConfig, UnsupportedPlatformError
 from edgeinfer.installer.probe import RecordedProbe
 from edgeinfer.installer.tiny_model import tiny_model_bytes
+from tests.helpers.installer_wheels import make_wheel
 
 PLATFORMS = Path(__file__).parent / "platforms"
 CPU_HOST = RecordedProbe.load(PLATFORMS / "x86_64_cpu.json")

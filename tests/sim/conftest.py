@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from awsiot.greengrasscoreipc import connect
 from awsiot.greengrasscoreipc.clientv2 import GreengrassCoreIPCClientV2
-from tests.helpers.sim import Device
 
 from edgeinfer.sim import Simulator
+from tests.helpers.sim import Device
 
 
 @pytest.fixture

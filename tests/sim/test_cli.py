@@ -7,9 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers.sim import Device
-
 from edgeinfer.sim import MosquittoBroker
+from tests.helpers.sim import Device
 
 
 def edgeinfer(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

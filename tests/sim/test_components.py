@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 
-from tests.helpers.sim import PYTHON, Device
-
 from edgeinfer.sim import Simulator
+from tests.helpers.sim import PYTHON, Device
 
 HELLO = """
 import json, os, sys, time

@@ -10,10 +10,10 @@ import zlib
 from collections.abc import Callable
 
 import pytest
-from tests.helpers.sim import Device
 
 from edgeinfer.sim import Simulator
 from edgeinfer.sim import eventstream as es
+from tests.helpers.sim import Device
 
 
 def test_round_trip_of_every_header_type_split_anywhere() -> None:

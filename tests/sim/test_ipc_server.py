@@ -22,9 +22,9 @@ from awsiot.greengrasscoreipc.model import (
     ResourceNotFoundError,
     UnauthorizedError,
 )
-from tests.helpers.sim import Device
 
 from edgeinfer.sim import Simulator
+from tests.helpers.sim import Device
 
 A = "com.example.A"
 B = "com.example.B"

@@ -10,9 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tests.helpers.sim import PYTHON, Device
 
 from edgeinfer.sim import SimError, Simulator
+from tests.helpers.sim import PYTHON, Device
 
 
 def _alive(pid: int) -> bool:

@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 
 import pytest
-from tests.helpers.sim import Device
 
 from edgeinfer.sim import RecipeError, Simulator
 from edgeinfer.sim.recipe import (
@@ -21,6 +20,7 @@ from edgeinfer.sim.recipe import (
     resolve,
     satisfies,
 )
+from tests.helpers.sim import Device
 
 HOST = {"os": "linux", "architecture": "amd64"}
 
