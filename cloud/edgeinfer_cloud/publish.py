@@ -30,8 +30,8 @@ from typing import Any
 
 from edgeinfer.bundle.build import PLACEHOLDER_PREFIX, Bundle, Component
 from edgeinfer.errors import EdgeinferError
+from edgeinfer.greengrass.recipe import artifact_filename, cget
 from edgeinfer.progress import Progress
-from edgeinfer.sim.recipe import artifact_filename, cget
 from edgeinfer_cloud.policies import partition_for
 
 __all__ = [

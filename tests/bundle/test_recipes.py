@@ -14,7 +14,7 @@ import yaml
 
 from edgeinfer import __version__
 from edgeinfer.bundle.build import lower_keys, schema
-from edgeinfer.sim.recipe import satisfies
+from edgeinfer.greengrass.recipe import satisfies
 from tests.helpers import PROJECT
 
 ROOT = PROJECT

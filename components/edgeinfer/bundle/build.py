@@ -44,7 +44,8 @@ import yaml
 from edgeinfer.bundle.wheel import build_wheel
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.files import atomic_write, check_replaceable, new_parents, sha256_file
-from edgeinfer.sim.recipe import RecipeError, artifact_filename, cget, read_recipe, recipe_files
+from edgeinfer.greengrass import recipe as gg_recipe
+from edgeinfer.greengrass.recipe import RecipeError, artifact_filename, cget
 
 __all__ = [
     "MODEL_STORE",
@@ -204,43 +205,23 @@ def find_project(start: Path | None = None) -> Path:
 
 def load_recipes(root: Path) -> dict[str, Component]:
     """The source recipes of `<root>/recipes/` as written (every manifest, any platform), read with
-    the simulated core's reader: name → Component."""
+    the one recipe model (`edgeinfer.greengrass.recipe`): name → Component."""
     try:
-        sources = [(path, read_recipe(path)) for path in recipe_files(root / "recipes")]
+        sources = gg_recipe.read_sources(root / "recipes")
     except RecipeError as exc:
         raise BuildError(str(exc)) from None
-    components: dict[str, Component] = {}
-    for path, raw in sources:
-        name, version = cget(raw, "ComponentName"), cget(raw, "ComponentVersion")
-        if not name or not version:
-            raise BuildError(f"{path}: ComponentName and ComponentVersion are required")
-        if name in components:
-            raise BuildError(f"{path}: {name} is also defined in {components[name].recipe_file}")
-        deps = list((cget(raw, "ComponentDependencies") or {}).keys())
-        components[str(name)] = Component(str(name), str(version), path, raw, dependencies=deps)
-    return components
+    return {
+        name: Component(name, src.version, src.file, src.raw, dependencies=list(src.dependencies))
+        for name, src in sources.items()
+    }
 
 
 def dependency_order(components: Mapping[str, Component]) -> list[str]:
     """Names with every bundle dependency before its dependants (stable: alphabetical otherwise)."""
-    order: list[str] = []
-    state: dict[str, int] = {}
-
-    def visit(name: str, chain: tuple[str, ...]) -> None:
-        if state.get(name) == 2:
-            return
-        if state.get(name) == 1:
-            raise BuildError(f"dependency cycle: {' -> '.join((*chain, name))}")
-        state[name] = 1
-        for dep in sorted(components[name].dependencies):
-            if dep in components:
-                visit(dep, (*chain, name))
-        state[name] = 2
-        order.append(name)
-
-    for name in sorted(components):
-        visit(name, ())
-    return order
+    try:
+        return gg_recipe.dependency_order({n: c.dependencies for n, c in components.items()})
+    except RecipeError as exc:
+        raise BuildError(str(exc)) from None
 
 
 # --------------------------------------------------------------------------------------------- files

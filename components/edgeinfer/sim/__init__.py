@@ -42,7 +42,7 @@ BROKEN after `max_errors`; a HARD dependant waits for RUNNING/FINISHED and resta
 dependency errs. `RUNNING` is set when the Run process starts (Startup: when it exits 0), as on a
 real nucleus; `UpdateState` moves it too.
 
-Bad recipes raise `edgeinfer.sim.recipe.RecipeError` from `start()` before anything runs.
+Bad recipes raise `edgeinfer.greengrass.recipe.RecipeError` from `start()` before anything runs.
 The pytest plugin (`edgeinfer.sim.pytest_plugin`, auto-loaded) gives the fixtures `sim_broker`
 (session mosquitto, `MosquittoBroker` with `.host`, `.port`, `.address`) and `simulator` (a factory:
 `simulator(recipes_dir, artifacts_dir=None, **kwargs) -> Simulator`, started on `sim_broker` and
@@ -55,8 +55,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from edgeinfer.greengrass.recipe import RecipeError
     from edgeinfer.sim.broker import Inbox, MosquittoBroker, MqttClient
-    from edgeinfer.sim.recipe import RecipeError
     from edgeinfer.sim.simulator import LocalClient, SimError, Simulator
 
 __all__ = ["Inbox", "LocalClient", "MosquittoBroker", "MqttClient", "RecipeError", "SimError", "Simulator"]
@@ -65,7 +65,7 @@ _WHERE = {
     "Inbox": "broker",
     "MosquittoBroker": "broker",
     "MqttClient": "broker",
-    "RecipeError": "recipe",
+    "RecipeError": "edgeinfer.greengrass.recipe",
     "LocalClient": "simulator",
     "SimError": "simulator",
     "Simulator": "simulator",
@@ -75,5 +75,6 @@ _WHERE = {
 def __getattr__(name: str) -> Any:
     # Lazy, so that the pytest plugin (loaded in every session) and `edgeinfer --help` stay light.
     if name in _WHERE:
-        return getattr(importlib.import_module(f"edgeinfer.sim.{_WHERE[name]}"), name)
+        where = _WHERE[name]
+        return getattr(importlib.import_module(where if "." in where else f"edgeinfer.sim.{where}"), name)
     raise AttributeError(f"module 'edgeinfer.sim' has no attribute {name!r}")

@@ -27,9 +27,7 @@ from typing import Any
 from awsiot.greengrasscoreipc import model
 
 from edgeinfer import codec
-from edgeinfer.sim import ipc_server as ipc
-from edgeinfer.sim.broker import MqttClient
-from edgeinfer.sim.recipe import (
+from edgeinfer.greengrass.recipe import (
     Recipe,
     RecipeError,
     VarContext,
@@ -37,6 +35,8 @@ from edgeinfer.sim.recipe import (
     config_text,
     interpolate,
 )
+from edgeinfer.sim import ipc_server as ipc
+from edgeinfer.sim.broker import MqttClient
 from edgeinfer.transport.base import Message, topic_matches
 
 log = logging.getLogger(__name__)
@@ -270,7 +270,7 @@ class Nucleus:
 
     def check_variables(self) -> None:
         """Resolve every lifecycle string once, so unknown variables fail before anything starts."""
-        from edgeinfer.sim.recipe import lifecycle_strings
+        from edgeinfer.greengrass.recipe import lifecycle_strings
 
         ctx = self.var_context()
         for comp in self.components.values():
@@ -753,7 +753,7 @@ class Nucleus:
                 raise ipc.invalid(
                     f"Cannot replace the inner node {'/'.join([*key_path, key])} with a leaf value"
                 )
-        from edgeinfer.sim.recipe import deep_merge
+        from edgeinfer.greengrass.recipe import deep_merge
 
         node.update(deep_merge({k: node[k] for k in value if k in node}, value))
         self.apply_config(comp, new)
@@ -813,7 +813,7 @@ class Nucleus:
 
         Returns None when applied, or the reason a validator gave for rejecting it.
         """
-        from edgeinfer.sim.recipe import apply_reset, deep_merge
+        from edgeinfer.greengrass.recipe import apply_reset, deep_merge
 
         comp = self.components[name]
         new = apply_reset(comp.config, comp.recipe.default_config, list(reset or []))

@@ -19,10 +19,10 @@ from typing import Any
 
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.files import atomic_write
+from edgeinfer.greengrass.recipe import RecipeError, apply_reset, deep_merge, load_recipes, resolve
 from edgeinfer.messages import is_thing_name
 from edgeinfer.sim.broker import Inbox, MosquittoBroker, MqttClient, parse_hostport
 from edgeinfer.sim.core import BROKEN, Nucleus, Options
-from edgeinfer.sim.recipe import RecipeError, apply_reset, deep_merge, load_recipes, resolve
 
 log = logging.getLogger(__name__)
 

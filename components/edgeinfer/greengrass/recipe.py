@@ -1,10 +1,14 @@
-"""Greengrass recipes as `greengrass-cli deployment create --recipeDir --artifactDir` reads them.
+"""The Greengrass recipe model: read, validate, variables, semver, platform selection, dependency order.
 
-Keys are case-insensitive; the first manifest whose `Platform` matches this host wins (`*`, `/regex/`);
-`ComponentDependencies` resolve with npm-style semver ranges (`>=1.0.0 <2.0.0`, `^1.2`, `~1.2.3`, `1.x`,
-`||`); recipe variables resolve against the component's own paths and configuration and, for direct
-dependencies only, `{Other.Component:artifacts:path}` and friends. Every problem is a `RecipeError`
-whose one line names the recipe file and the field.
+One model for everything that reads a recipe: the simulated core (`edgeinfer.sim`), the bundle build
+(`edgeinfer.bundle.build`) and publishing (`edgeinfer_cloud.publish`). What a particular nucleus accepts
+beyond this model lives in `edgeinfer.greengrass.nuclei`.
+
+Keys are case-insensitive (as the classic nucleus reads them); the first manifest whose `Platform`
+matches this host wins (`*`, `/regex/`); `ComponentDependencies` resolve with npm-style semver ranges
+(`>=1.0.0 <2.0.0`, `^1.2`, `~1.2.3`, `1.x`, `||`); recipe variables resolve against the component's
+own paths and configuration and, for direct dependencies only, `{Other.Component:artifacts:path}` and
+friends. Every problem is a `RecipeError` whose one line names the recipe file and the field.
 """
 
 from __future__ import annotations
@@ -276,6 +280,71 @@ def artifact_filename(uri: str) -> str:
     return str(uri).rstrip("/").rsplit("/", 1)[-1]
 
 
+@dataclass(frozen=True)
+class RecipeSource:
+    """A recipe file as written (every manifest, any platform): what a build or publish works on."""
+
+    file: Path
+    raw: dict[str, Any]
+    name: str
+    version: str
+    dependencies: tuple[str, ...]
+
+
+def read_sources(recipes_dir: Path) -> dict[str, RecipeSource]:
+    """The recipes of a folder as written, one per component name: name → RecipeSource.
+
+    RecipeError (one line naming the file) when a file cannot be read, lacks its name or version, or
+    names a component another file already defines.
+    """
+    sources: dict[str, RecipeSource] = {}
+    for path in recipe_files(recipes_dir):
+        raw = read_recipe(path)
+        name, version = cget(raw, "ComponentName"), cget(raw, "ComponentVersion")
+        if not name or not version:
+            raise RecipeError(f"{path}: ComponentName and ComponentVersion are required")
+        if str(name) in sources:
+            raise RecipeError(f"{path}: {name} is also defined in {sources[str(name)].file}")
+        deps = cget(raw, "ComponentDependencies") or {}
+        names = tuple(str(d) for d in deps) if isinstance(deps, Mapping) else ()
+        sources[str(name)] = RecipeSource(path, raw, str(name), str(version), names)
+    return sources
+
+
+class DependencyCycleError(RecipeError):
+    """Components that depend on each other in a circle; `cycle` lists them, first one repeated last."""
+
+    def __init__(self, cycle: list[str]) -> None:
+        super().__init__("dependency cycle: " + " -> ".join(cycle))
+        self.cycle = cycle
+
+
+def dependency_order(dependencies: Mapping[str, Iterable[str]]) -> list[str]:
+    """Names with every dependency before its dependants; alphabetical where the order is free.
+
+    `dependencies` maps each component to the names it depends on; names outside the mapping are
+    ignored (a dependency provided elsewhere). DependencyCycleError when they form a circle.
+    """
+    order: list[str] = []
+    state: dict[str, int] = {}
+
+    def visit(name: str, chain: tuple[str, ...]) -> None:
+        if state.get(name) == 2:
+            return
+        if state.get(name) == 1:
+            raise DependencyCycleError([*chain[chain.index(name) :], name])
+        state[name] = 1
+        for dep in sorted(dependencies[name]):
+            if dep in dependencies:
+                visit(dep, (*chain, name))
+        state[name] = 2
+        order.append(name)
+
+    for name in sorted(dependencies):
+        visit(name, ())
+    return order
+
+
 def load_recipe_file(path: Path, host: Mapping[str, str] | None = None) -> Recipe:
     host = host or host_platform()
     raw = read_recipe(path)
@@ -290,7 +359,7 @@ def load_recipe_file(path: Path, host: Mapping[str, str] | None = None) -> Recip
         raise _fail(path, "ComponentVersion", str(exc)) from exc
     ctype = str(cget(raw, "ComponentType", "aws.greengrass.generic"))
     if ctype not in ("aws.greengrass.generic", "aws.greengrass.plugin", "aws.greengrass.nucleus"):
-        raise _fail(path, "ComponentType", f"{ctype} components are not supported by the simulated core")
+        raise _fail(path, "ComponentType", f"{ctype} is not a supported component type")
 
     deps: dict[str, Dependency] = {}
     raw_deps = cget(raw, "ComponentDependencies") or {}
@@ -455,27 +524,12 @@ def resolve(index: Mapping[str, Mapping[str, Recipe]], targets: Iterable[str] | 
         if not changed:
             break
 
-    order: list[Recipe] = []
-    state: dict[str, int] = {}
-
-    def visit(name: str, stack: list[str]) -> None:
-        if state.get(name) == 2:
-            return
-        if state.get(name) == 1:
-            cycle = [*stack[stack.index(name) :], name]
-            first = chosen[cycle[0]]
-            raise _fail(
-                first.file, f"ComponentDependencies.{cycle[1]}", "dependency cycle: " + " -> ".join(cycle)
-            )
-        state[name] = 1
-        for dep in sorted(chosen[name].dependencies):
-            visit(dep, [*stack, name])
-        state[name] = 2
-        order.append(chosen[name])
-
-    for name in sorted(chosen):
-        visit(name, [])
-    return order
+    try:
+        names = dependency_order({name: list(recipe.dependencies) for name, recipe in chosen.items()})
+    except DependencyCycleError as exc:
+        first = chosen[exc.cycle[0]]
+        raise _fail(first.file, f"ComponentDependencies.{exc.cycle[1]}", str(exc)) from None
+    return [chosen[name] for name in names]
 
 
 # ---------------------------------------------------------------- configuration helpers

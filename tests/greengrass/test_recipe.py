@@ -1,22 +1,24 @@
-"""Recipe loading, platform selection, semver resolution, variables and bad recipes (no processes)."""
+"""The recipe model: loading, platform selection, semver resolution, variables, order (no processes)."""
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
 
-from edgeinfer.sim import RecipeError, Simulator
-from edgeinfer.sim.recipe import (
+from edgeinfer.greengrass.recipe import (
+    DependencyCycleError,
+    RecipeError,
     VarContext,
     apply_reset,
     deep_merge,
+    dependency_order,
     interpolate,
     load_recipe_file,
     load_recipes,
     platform_matches,
+    read_sources,
     resolve,
     satisfies,
 )
@@ -81,7 +83,8 @@ def test_keys_case_insensitive_first_matching_manifest_and_json(tmp_path: Path) 
     assert recipe.manifest_field == "Manifests[1]"
 
 
-def test_variables_resolve_own_and_direct_dependency_values(device: Device) -> None:
+def test_variables_resolve_own_and_direct_dependency_values(tmp_path: Path) -> None:
+    device = Device(tmp_path)
     device.add("com.example.Base", config={"port": 8080, "nested": {"list": [1, 2]}})
     device.add("com.example.Mid", deps={"com.example.Base": {"VersionRequirement": "^1.0.0"}})
     device.add("com.example.Top", deps={"com.example.Mid": {}})
@@ -112,7 +115,8 @@ def test_variables_resolve_own_and_direct_dependency_values(device: Device) -> N
         interpolate("{artifacts:nope}", mid, ctx, "Run")
 
 
-def test_resolution_orders_dependencies_and_picks_the_highest_matching_version(device: Device) -> None:
+def test_resolution_orders_dependencies_and_picks_the_highest_matching_version(tmp_path: Path) -> None:
+    device = Device(tmp_path)
     device.add("com.example.Lib", "1.0.0")
     device.add("com.example.Lib", "1.4.0")
     device.add("com.example.Lib", "2.0.0")
@@ -132,62 +136,21 @@ def test_deployment_merge_and_reset() -> None:
     assert apply_reset(merged, defaults, [""]) == defaults
 
 
-def _one_line_error(device: Device, match: str) -> str:
-    sim = Simulator(device.recipes, device.artifacts, work_dir=device.recipes.parent / "root")
-    with pytest.raises(RecipeError) as info:
-        sim.start()
-    message = str(info.value)
-    assert "\n" not in message
-    assert re.search(match, message), message
-    # nothing started: no broker, no lifecycle, no socket
-    assert sim._owned_broker is None
-    assert sim._thread is None
-    assert not (device.recipes.parent / "root" / "logs").exists()
-    return message
+def test_dependency_order_is_the_one_topological_sort() -> None:
+    deps = {"c": ["a"], "b": [], "a": ["b", "elsewhere"]}
+    assert dependency_order(deps) == ["b", "a", "c"]
+    with pytest.raises(DependencyCycleError, match=r"dependency cycle: a -> b -> a") as err:
+        dependency_order({"a": ["b"], "b": ["a"]})
+    assert err.value.cycle == ["a", "b", "a"]
 
 
-def test_bad_recipe_missing_required_field(device: Device) -> None:
-    device.add("com.example.Ok", lifecycle={"Run": "sleep 100"})
-    (device.recipes / "broken.yaml").write_text(
-        "RecipeFormatVersion: '2020-01-25'\nComponentName: com.example.X\n"
-    )
-    _one_line_error(device, r"broken\.yaml: ComponentVersion: required field is missing")
-
-
-def test_bad_recipe_unknown_dependency(device: Device) -> None:
-    device.add("com.example.App", deps={"com.example.Ghost": {"VersionRequirement": "1.0.0"}})
-    _one_line_error(
-        device, r"App-1\.0\.0\.yaml: ComponentDependencies\.com\.example\.Ghost: unknown dependency"
-    )
-
-
-def test_bad_recipe_cycle(device: Device) -> None:
-    device.add("com.example.A", deps={"com.example.B": {}})
-    device.add("com.example.B", deps={"com.example.C": {}})
-    device.add("com.example.C", deps={"com.example.A": {}})
-    msg = _one_line_error(device, r"ComponentDependencies\.com\.example\.\w: dependency cycle")
-    assert "com.example.A -> com.example.B -> com.example.C -> com.example.A" in msg
-
-
-def test_bad_recipe_unsatisfiable_version(device: Device) -> None:
-    device.add("com.example.Lib", "1.2.0")
-    device.add("com.example.App", deps={"com.example.Lib": {"VersionRequirement": ">=2.0.0"}})
-    _one_line_error(
-        device,
-        r"App-1\.0\.0\.yaml: ComponentDependencies\.com\.example\.Lib\.VersionRequirement: "
-        r"no version of com\.example\.Lib satisfies '>=2\.0\.0' \(available: 1\.2\.0\)",
-    )
-
-
-def test_bad_recipe_unknown_variable(device: Device) -> None:
-    device.add("com.example.App", lifecycle={"Run": "echo {work:pth}"})
-    _one_line_error(
-        device, r"App-1\.0\.0\.yaml: Manifests\[0\]\.Lifecycle\.Run: unknown variable \{work:pth\}"
-    )
-
-
-def test_bad_recipe_missing_artifact_and_unparseable_file(device: Device) -> None:
-    device.add("com.example.App", artifacts=[{"URI": "s3://bucket/app.py"}])
-    _one_line_error(device, r"App-1\.0\.0\.yaml: Manifests\[0\]\.Artifacts\[0\]\.URI: artifact not found")
-    (device.recipes / "App-1.0.0.yaml").write_text("ComponentName: [unclosed\n")
-    _one_line_error(device, r"App-1\.0\.0\.yaml: not a readable recipe")
+def test_sources_are_read_as_written_one_per_name(tmp_path: Path) -> None:
+    device = Device(tmp_path)
+    device.add("com.example.Lib")
+    device.add("com.example.App", deps={"com.example.Lib": {}})
+    sources = read_sources(device.recipes)
+    assert sources["com.example.App"].dependencies == ("com.example.Lib",)
+    assert sources["com.example.Lib"].raw["ComponentName"] == "com.example.Lib"
+    device.add("com.example.Lib", "2.0.0")
+    with pytest.raises(RecipeError, match=r"Lib-2\.0\.0\.yaml: com\.example\.Lib is also defined in"):
+        read_sources(device.recipes)

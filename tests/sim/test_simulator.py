@@ -1,0 +1,71 @@
+"""A bad recipe stops the simulator at start: one line naming the file and field, nothing run."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from edgeinfer.sim import RecipeError, Simulator
+from tests.helpers.sim import Device
+
+
+def _one_line_error(device: Device, match: str) -> str:
+    sim = Simulator(device.recipes, device.artifacts, work_dir=device.recipes.parent / "root")
+    with pytest.raises(RecipeError) as info:
+        sim.start()
+    message = str(info.value)
+    assert "\n" not in message
+    assert re.search(match, message), message
+    # nothing started: no broker, no lifecycle, no socket
+    assert sim._owned_broker is None
+    assert sim._thread is None
+    assert not (device.recipes.parent / "root" / "logs").exists()
+    return message
+
+
+def test_bad_recipe_missing_required_field(device: Device) -> None:
+    device.add("com.example.Ok", lifecycle={"Run": "sleep 100"})
+    (device.recipes / "broken.yaml").write_text(
+        "RecipeFormatVersion: '2020-01-25'\nComponentName: com.example.X\n"
+    )
+    _one_line_error(device, r"broken\.yaml: ComponentVersion: required field is missing")
+
+
+def test_bad_recipe_unknown_dependency(device: Device) -> None:
+    device.add("com.example.App", deps={"com.example.Ghost": {"VersionRequirement": "1.0.0"}})
+    _one_line_error(
+        device, r"App-1\.0\.0\.yaml: ComponentDependencies\.com\.example\.Ghost: unknown dependency"
+    )
+
+
+def test_bad_recipe_cycle(device: Device) -> None:
+    device.add("com.example.A", deps={"com.example.B": {}})
+    device.add("com.example.B", deps={"com.example.C": {}})
+    device.add("com.example.C", deps={"com.example.A": {}})
+    msg = _one_line_error(device, r"ComponentDependencies\.com\.example\.\w: dependency cycle")
+    assert "com.example.A -> com.example.B -> com.example.C -> com.example.A" in msg
+
+
+def test_bad_recipe_unsatisfiable_version(device: Device) -> None:
+    device.add("com.example.Lib", "1.2.0")
+    device.add("com.example.App", deps={"com.example.Lib": {"VersionRequirement": ">=2.0.0"}})
+    _one_line_error(
+        device,
+        r"App-1\.0\.0\.yaml: ComponentDependencies\.com\.example\.Lib\.VersionRequirement: "
+        r"no version of com\.example\.Lib satisfies '>=2\.0\.0' \(available: 1\.2\.0\)",
+    )
+
+
+def test_bad_recipe_unknown_variable(device: Device) -> None:
+    device.add("com.example.App", lifecycle={"Run": "echo {work:pth}"})
+    _one_line_error(
+        device, r"App-1\.0\.0\.yaml: Manifests\[0\]\.Lifecycle\.Run: unknown variable \{work:pth\}"
+    )
+
+
+def test_bad_recipe_missing_artifact_and_unparseable_file(device: Device) -> None:
+    device.add("com.example.App", artifacts=[{"URI": "s3://bucket/app.py"}])
+    _one_line_error(device, r"App-1\.0\.0\.yaml: Manifests\[0\]\.Artifacts\[0\]\.URI: artifact not found")
+    (device.recipes / "App-1.0.0.yaml").write_text("ComponentName: [unclosed\n")
+    _one_line_error(device, r"App-1\.0\.0\.yaml: not a readable recipe")
