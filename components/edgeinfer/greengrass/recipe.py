@@ -553,20 +553,20 @@ def pointer_parts(pointer: str) -> list[str]:
     return [p.replace("~1", "/").replace("~0", "~") for p in pointer[1:].split("/")]
 
 
-_MISSING = object()
+MISSING = object()
 
 
 def pointer_get(doc: Any, parts: Iterable[str]) -> Any:
     node = doc
     for part in parts:
         if isinstance(node, dict):
-            node = cget(node, part, _MISSING) if part not in node else node[part]
+            node = cget(node, part, MISSING) if part not in node else node[part]
         elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         else:
-            return _MISSING
-        if node is _MISSING:
-            return _MISSING
+            return MISSING
+        if node is MISSING:
+            return MISSING
     return node
 
 
@@ -582,7 +582,7 @@ def apply_reset(config: dict[str, Any], defaults: dict[str, Any], pointers: Iter
         parent = pointer_get(config, parts[:-1])
         if not isinstance(parent, dict):
             continue
-        if default is _MISSING:
+        if default is MISSING:
             parent.pop(parts[-1], None)
         else:
             parent[parts[-1]] = copy.deepcopy(default)
@@ -644,7 +644,7 @@ def interpolate(text: str, recipe: Recipe, ctx: VarContext, field_name: str) -> 
             except ValueError as exc:
                 raise _fail(recipe.file, field_name, f"unknown variable {whole}: {exc}") from exc
             value = pointer_get(ctx.configs.get(component, {}), parts)
-            return whole if value is _MISSING else config_text(value)
+            return whole if value is MISSING else config_text(value)
         if own and ns == "kernel" and key == "rootPath":
             return ctx.kernel_root
         if own and ns == "iot" and key == "thingName":

@@ -1,0 +1,137 @@
+"""What each nucleus would refuse in a recipe: one finding per place, with its line and reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edgeinfer.greengrass.nuclei import CLASSIC, LITE, check_recipe, profile
+from edgeinfer.greengrass.recipe import RecipeError, read_sources
+from tests.helpers import PROJECT
+
+PORTABLE = """\
+RecipeFormatVersion: '2020-01-25'
+ComponentName: com.example.Ok
+ComponentVersion: 1.0.0
+ComponentConfiguration:
+  DefaultConfiguration:
+    port: 8080
+Manifests:
+  - Platform:
+      os: linux
+      runtime: '*'
+    Lifecycle:
+      run: echo {configuration:/port} {artifacts:path} {work:path}
+"""
+
+LITE_ONLY_PROBLEMS = """\
+RecipeFormatVersion: '2020-01-25'
+ComponentName: com.example.App
+ComponentVersion: 1.0.0
+ComponentDependencies:
+  com.example.Lib:
+    VersionRequirement: '>=1.0.0'
+ComponentConfiguration:
+  DefaultConfiguration:
+    allow: [a, b]
+Manifests:
+  - Platform:
+      os: linux
+    Lifecycle:
+      Install: echo {configuration:/allow}
+      run: echo {configuration:/missing} {com.example.Lib:artifacts:path}
+"""
+
+INSTALL_ONLY = """\
+RecipeFormatVersion: '2020-01-25'
+ComponentName: com.example.Lib
+ComponentVersion: 1.0.0
+Manifests:
+  - Platform: {os: linux, runtime: '*'}
+    Lifecycle:
+      install: 'true'
+"""
+
+ARTIFACTS_ONLY = """\
+RecipeFormatVersion: '2020-01-25'
+ComponentName: com.example.Store
+ComponentVersion: 1.0.0
+Manifests:
+  - Platform: {os: linux, runtime: '*'}
+    Lifecycle: {}
+"""
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    folder = tmp_path / "recipes"
+    folder.mkdir(exist_ok=True)
+    path = folder / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_a_portable_recipe_passes_both(tmp_path: Path) -> None:
+    path = _write(tmp_path, "ok", PORTABLE)
+    assert check_recipe(path, "classic") == []
+    assert check_recipe(path, "lite") == []
+
+
+def test_lite_findings_name_line_field_and_reason(tmp_path: Path) -> None:
+    path = _write(tmp_path, "app", LITE_ONLY_PROBLEMS)
+    assert check_recipe(path, CLASSIC) == []
+    findings = check_recipe(path, LITE)
+    got = [(f.line, f.field, f.reason.split(":")[0]) for f in findings]
+    assert got == [
+        (11, "Manifests[0].Platform", "skipped"),
+        (14, "Manifests[0].Lifecycle.Install", "lifecycle keys are read in lower case only"),
+        (14, "Manifests[0].Lifecycle.Install", "{configuration"),
+        (15, "Manifests[0].Lifecycle.run", "{configuration"),
+        (15, "Manifests[0].Lifecycle.run", "{com.example.Lib"),
+    ]
+    assert "is a list: it reads as JSON with backslash-escaped quotes" in findings[2].reason
+    assert "not in DefaultConfiguration: the step fails" in findings[3].reason
+    assert "variables of another component are not supported" in findings[4].reason
+    assert str(findings[0]).startswith(f"{path}:11: Manifests[0].Platform: skipped: ")
+    assert str(findings[0]).endswith("(nucleus lite)")
+
+
+def test_hard_dependency_on_an_install_only_component_and_artifacts_only(tmp_path: Path) -> None:
+    _write(tmp_path, "lib", INSTALL_ONLY)
+    _write(tmp_path, "store", ARTIFACTS_ONLY)
+    app = PORTABLE.replace(
+        "ComponentName: com.example.Ok",
+        "ComponentName: com.example.Ok\nComponentDependencies:\n  com.example.Lib:\n    DependencyType: HARD",
+    )
+    _write(tmp_path, "ok", app)
+    sources = read_sources(tmp_path / "recipes")
+    [hard] = check_recipe(sources["com.example.Ok"], "lite", sources)
+    assert (hard.line, hard.field) == (4, "ComponentDependencies.com.example.Lib")
+    assert "never starts" in hard.reason
+    [store] = check_recipe(sources["com.example.Store"], "lite", sources)
+    assert store.field == "Manifests[0].Lifecycle"
+    assert "never reaches FINISHED" in store.reason
+    assert check_recipe(sources["com.example.Ok"], "classic", sources) == []
+    assert check_recipe(sources["com.example.Store"], "classic", sources) == []
+
+
+def test_profiles_hold_the_measured_differences() -> None:
+    assert profile("classic") is CLASSIC
+    assert LITE.user_and_group == ("gg_component", "gg_component")
+    assert CLASSIC.user_and_group == ("ggc_user", "ggc_group")
+    assert "SubscribeToValidateConfigurationUpdates" in LITE.refused_operations
+    assert "ValidateAuthorizationToken" not in LITE.refused_operations
+    assert CLASSIC.refused_operations == frozenset()
+    assert CLASSIC.mqtt_max_message_bytes == LITE.mqtt_max_message_bytes == 131072
+    assert CLASSIC.max_in_flight_publishes == 5
+    with pytest.raises(RecipeError, match="unknown nucleus 'java'"):
+        profile("java")
+
+
+def test_the_projects_recipes_are_checked_for_both() -> None:
+    sources = read_sources(PROJECT / "recipes")
+    for name in ("classic", "lite"):
+        for source in sources.values():
+            for finding in check_recipe(source, name, sources):
+                assert finding.line > 0, finding
+                assert "\n" not in str(finding)
