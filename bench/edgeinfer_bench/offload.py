@@ -618,7 +618,7 @@ def _run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise EdgeinferError(f"--nice {args.nice}: {exc.strerror} (negative values need root)") from None
 
-    from edgeinfer.runtime.offload import HybridPlacement, PlacementPolicy
+    from edgeinfer.runtime.placement import HybridPlacement, OffloadPolicy
     from edgeinfer.sim.broker import MosquittoBroker
     from edgeinfer.transport.mqtt import MqttPubSub
     from edgeinfer_cloud.router.router import Router  # noqa: F401  (import cost outside the runs)
@@ -660,7 +660,7 @@ def _run(args: argparse.Namespace) -> int:
             # Off and on (and on-b) alternate in short segments, so all meet the same background load.
             placements: dict[str, Any] = {}
             for mode, (config, _doc) in policies.items():
-                policy: PlacementPolicy[Any] = PlacementPolicy(
+                policy: OffloadPolicy[Any] = OffloadPolicy(
                     config, max_batch_size=args.max_batch_size, local_models=[edge.engine.manifest.name]
                 )
                 for n, ms in edge.engine.warmup_ms.items():  # seed a·n + b from the warm-up
@@ -792,7 +792,7 @@ def policy_config(flag: str, text: str) -> tuple[Any, dict[str, Any]]:
     """`--policy` / `--compare`: placement keys (JSON, camelCase as in the recipe) over the defaults;
     the `OffloadConfig` and the keys as given."""
     from edgeinfer.runtime.config import camel
-    from edgeinfer.runtime.offload import OffloadConfig
+    from edgeinfer.runtime.placement import OffloadConfig
 
     try:
         doc = json.loads(text)

@@ -7,14 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edgeinfer.messages import ErrorCode, Latency, Prediction, Request, Result, error_result
-from edgeinfer.runtime.offload import (
-    Action,
+from edgeinfer.runtime.placement import (
     BreakerState,
     CircuitBreaker,
     CloudLatencyModel,
     LinearFit,
     OffloadConfig,
-    PlacementPolicy,
+    OffloadPolicy,
     ServiceTimeModel,
 )
 
@@ -49,20 +48,20 @@ def err(rid: str, code: ErrorCode) -> Result:
     return error_result(rid, code, "x", timestamp="2026-11-29T00:00:00.000Z", placement="cloud")
 
 
-def policy(clock: Clock, **cfg: object) -> PlacementPolicy[str]:
+def policy(clock: Clock, **cfg: object) -> OffloadPolicy[str]:
     config = OffloadConfig(**cfg)  # type: ignore[arg-type]
-    p: PlacementPolicy[str] = PlacementPolicy(config, max_batch_size=8, local_models=["lite0"], clock=clock)
+    p: OffloadPolicy[str] = OffloadPolicy(config, max_batch_size=8, local_models=["lite0"], clock=clock)
     for n in (1, 2, 4, 8):  # t(n) = 4n + 2 ms
         p.batch_finished(n, 4 * n + 2)
     p.observe_overhead(1.0)
     return p
 
 
-def teach_cloud(p: PlacementPolicy[str], clock: Clock, rtt_ms: float, service_ms: float) -> None:
+def teach_cloud(p: OffloadPolicy[str], clock: Clock, rtt_ms: float, service_ms: float) -> None:
     """Feed the cloud model with a few answered offloads taking `rtt_ms` end to end."""
     for i in range(8):
         r = req(f"teach-{i}", deadline_ms=None, offload="always")
-        assert p.decide(r, ahead=0, payload_bytes=1000 + i).action is Action.OFFLOAD
+        assert p.decide(r, ahead=0, payload_bytes=1000 + i).where == "cloud"
         t = p.begin_offload(r, r.id, payload_bytes=1000 + i)
         clock.advance(rtt_ms)
         out = p.on_cloud_result(ok(t.wire_id, service_ms))
@@ -146,7 +145,7 @@ def test_stays_local_while_local_meets_the_budget() -> None:
     clock = Clock()
     p = policy(clock)
     d = p.decide(req(deadline_ms=100), ahead=5, payload_bytes=20_000)
-    assert d.action is Action.LOCAL
+    assert d.where == "edge"
     assert d.local_ms is not None
     assert d.budget_ms is not None
     assert d.local_ms <= d.budget_ms
@@ -157,7 +156,7 @@ def test_offloads_when_only_the_cloud_meets_the_budget() -> None:
     p = policy(clock)
     teach_cloud(p, clock, rtt_ms=35, service_ms=5)
     d = p.decide(req(deadline_ms=100), ahead=24, payload_bytes=1000)  # local: 3·34 + 6 + 1 = 109
-    assert d.action is Action.OFFLOAD, d.reason
+    assert d.where == "cloud", d.reason
     assert d.cloud_ms is not None
     assert d.cloud_ms < 100
 
@@ -167,7 +166,7 @@ def test_deadline_exceeded_when_neither_can() -> None:
     p = policy(clock)
     teach_cloud(p, clock, rtt_ms=80, service_ms=5)
     d = p.decide(req(deadline_ms=60), ahead=24, payload_bytes=1000)
-    assert d.action is Action.REJECT
+    assert d.where == "reject"
     assert d.code is ErrorCode.DEADLINE_EXCEEDED
 
 
@@ -177,37 +176,37 @@ def test_time_already_spent_counts_against_the_budget() -> None:
     arrived = clock()
     clock.advance(95)
     d = p.decide(req(deadline_ms=100), ahead=0, payload_bytes=1000, arrived=arrived)
-    assert d.action is Action.REJECT
+    assert d.where == "reject"
 
 
 def test_no_deadline_stays_local_and_never_stays_local() -> None:
     clock = Clock()
     p = policy(clock)
-    assert p.decide(req(deadline_ms=None), ahead=500, payload_bytes=1).action is Action.LOCAL
+    assert p.decide(req(deadline_ms=None), ahead=500, payload_bytes=1).where == "edge"
     d = p.decide(req(deadline_ms=10, offload="never"), ahead=500, payload_bytes=1)
-    assert d.action is Action.REJECT
+    assert d.where == "reject"
     assert d.code is ErrorCode.DEADLINE_EXCEEDED
-    assert p.decide(req(deadline_ms=1000, offload="never"), ahead=1, payload_bytes=1).action is Action.LOCAL
+    assert p.decide(req(deadline_ms=1000, offload="never"), ahead=1, payload_bytes=1).where == "edge"
 
 
 def test_model_not_on_the_device_goes_to_the_cloud() -> None:
     clock = Clock()
     p = policy(clock)
-    assert p.decide(req(model="lite2"), ahead=0, payload_bytes=1).action is Action.OFFLOAD
-    assert p.decide(req(model="lite0"), ahead=0, payload_bytes=1).action is Action.LOCAL
+    assert p.decide(req(model="lite2"), ahead=0, payload_bytes=1).where == "cloud"
+    assert p.decide(req(model="lite0"), ahead=0, payload_bytes=1).where == "edge"
     d = p.decide(req(model="lite2", offload="never"), ahead=0, payload_bytes=1)
-    assert d.action is Action.REJECT
+    assert d.where == "reject"
     assert d.code is ErrorCode.BAD_REQUEST
 
 
 def test_policy_disabled_never_offloads() -> None:
     clock = Clock()
     p = policy(clock, enabled=False)
-    assert p.decide(req(deadline_ms=100), ahead=40, payload_bytes=1).action is Action.REJECT
+    assert p.decide(req(deadline_ms=100), ahead=40, payload_bytes=1).where == "reject"
     d = p.decide(req(model="lite2"), ahead=0, payload_bytes=1)
-    assert d.action is Action.REJECT
+    assert d.where == "reject"
     assert d.code is ErrorCode.OVERLOADED
-    assert p.decide(req(offload="always"), ahead=0, payload_bytes=1).action is Action.LOCAL
+    assert p.decide(req(offload="always"), ahead=0, payload_bytes=1).where == "edge"
 
 
 # ---------------------------------------------------------------------------- exactly one result
@@ -340,10 +339,10 @@ def test_router_down_breaker_opens_requests_served_locally_then_offloading_resum
     def submit(rid: str) -> None:
         r = req(rid, deadline_ms=100)
         d = p.decide(r, ahead=heavy, payload_bytes=1000)
-        if d.action is Action.OFFLOAD:
+        if d.where == "cloud":
             p.begin_offload(r, rid, payload_bytes=1000)
         else:
-            results[rid] = d.action.value
+            results[rid] = d.where
 
     # router down: offloads time out, fall back locally, and the breaker opens
     for i in range(6):
@@ -384,11 +383,11 @@ def test_publish_failure_counts_against_the_breaker() -> None:
     p = policy(clock, breaker_failures=2)
     for i in range(2):
         r = req(f"p{i}", offload="always")
-        assert p.decide(r, ahead=0, payload_bytes=1).action is Action.OFFLOAD
+        assert p.decide(r, ahead=0, payload_bytes=1).where == "cloud"
         t = p.begin_offload(r, r.id, payload_bytes=1)
         assert p.on_publish_failed(t)
     assert p.breaker.state is BreakerState.OPEN
-    assert p.decide(req("x", offload="always"), ahead=0, payload_bytes=1).action is Action.LOCAL
+    assert p.decide(req("x", offload="always"), ahead=0, payload_bytes=1).where == "edge"
 
 
 # ---------------------------------------------------------------------------------------- cascade
@@ -445,7 +444,7 @@ def test_late_answers_teach_the_latency_model_and_close_the_breaker() -> None:
     tickets = []
     for i in range(2):
         r = req(f"slow{i}", deadline_ms=100, offload="always")
-        assert p.decide(r, ahead=0, payload_bytes=1000).action is Action.OFFLOAD
+        assert p.decide(r, ahead=0, payload_bytes=1000).where == "cloud"
         tickets.append(p.begin_offload(r, r.id, payload_bytes=1000))
     clock.advance(100)
     assert len(p.due()) == 2  # served locally
@@ -456,40 +455,40 @@ def test_late_answers_teach_the_latency_model_and_close_the_breaker() -> None:
     assert p.breaker.state is BreakerState.CLOSED
     assert p.predict_cloud_ms(1000) > 200
     d = p.decide(req("next", deadline_ms=100), ahead=24, payload_bytes=1000)
-    assert d.action is not Action.OFFLOAD  # too slow to be worth it now
+    assert d.where != "cloud"  # too slow to be worth it now
 
 
 def test_a_slow_cloud_is_forgotten_after_a_while_so_offloads_probe_it_again() -> None:
     clock = Clock()
     p = policy(clock, cloud_memory_s=10)
     teach_cloud(p, clock, rtt_ms=300, service_ms=5)
-    assert p.decide(req("a", deadline_ms=100), ahead=24, payload_bytes=1000).action is Action.REJECT
+    assert p.decide(req("a", deadline_ms=100), ahead=24, payload_bytes=1000).where == "reject"
     clock.advance(11_000)
-    assert p.decide(req("b", deadline_ms=100), ahead=24, payload_bytes=1000).action is Action.OFFLOAD
+    assert p.decide(req("b", deadline_ms=100), ahead=24, payload_bytes=1000).where == "cloud"
 
 
 def test_a_slow_verdict_is_probed_with_a_request_that_would_fail_anyway() -> None:
     clock = Clock()
     p = policy(clock, cloud_probe_s=0.5)
     teach_cloud(p, clock, rtt_ms=300, service_ms=5)
-    assert p.decide(req("a", deadline_ms=100), ahead=24, payload_bytes=1000).action is Action.REJECT
+    assert p.decide(req("a", deadline_ms=100), ahead=24, payload_bytes=1000).where == "reject"
     clock.advance(600)  # the verdict is 0.6 s old: one probe, then none while it is in flight
     d = p.decide(req("b", deadline_ms=100), ahead=24, payload_bytes=1000)
-    assert d.action is Action.OFFLOAD
+    assert d.where == "cloud"
     assert d.reason.startswith("probe")
     t = p.begin_offload(req("b", deadline_ms=100), "b", payload_bytes=1000)
-    assert p.decide(req("c", deadline_ms=100), ahead=24, payload_bytes=1000).action is Action.REJECT
+    assert p.decide(req("c", deadline_ms=100), ahead=24, payload_bytes=1000).where == "reject"
     clock.advance(40)  # the probe's answer is a fresh sample: no other probe for a while
     assert p.on_cloud_result(ok(t.wire_id, 5.0)) is not None
     clock.advance(100)
-    assert p.decide(req("d", deadline_ms=100), ahead=24, payload_bytes=1000).action is Action.REJECT
+    assert p.decide(req("d", deadline_ms=100), ahead=24, payload_bytes=1000).where == "reject"
     clock.advance(500)
-    assert p.decide(req("d2", deadline_ms=100), ahead=24, payload_bytes=1000).action is Action.OFFLOAD
+    assert p.decide(req("d2", deadline_ms=100), ahead=24, payload_bytes=1000).where == "cloud"
     # no probe for a budget the router could not even try
     p2 = policy(clock)
     teach_cloud(p2, clock, rtt_ms=300, service_ms=5)
     clock.advance(600)
-    assert p2.decide(req("e", deadline_ms=30), ahead=24, payload_bytes=1000).action is Action.REJECT
+    assert p2.decide(req("e", deadline_ms=30), ahead=24, payload_bytes=1000).where == "reject"
 
 
 def test_feedback_samples_age_out_so_a_slow_spell_does_not_keep_the_edge_idle() -> None:
@@ -497,9 +496,9 @@ def test_feedback_samples_age_out_so_a_slow_spell_does_not_keep_the_edge_idle() 
     p = policy(clock, feedback_memory_s=3.0)
     for i in range(32):  # an overloaded spell: even requests with nothing ahead took 150 ms
         p.observe_local(i % 4, 150.0)
-    assert p.decide(req("a", deadline_ms=100), ahead=0, payload_bytes=1000).action is not Action.LOCAL
+    assert p.decide(req("a", deadline_ms=100), ahead=0, payload_bytes=1000).where != "edge"
     clock.advance(3_500)  # nothing served here since: the engine model (idle) decides again
-    assert p.decide(req("b", deadline_ms=100), ahead=0, payload_bytes=1000).action is Action.LOCAL
+    assert p.decide(req("b", deadline_ms=100), ahead=0, payload_bytes=1000).where == "edge"
 
 
 def test_linear_fit_memory_drops_old_samples() -> None:
@@ -522,7 +521,7 @@ def test_a_jitter_spike_does_not_offload_what_the_edge_is_expected_to_serve_soon
         p.observe_local(0, 150.0 if i % 25 == 0 else 10.0)
     assert p.predict_local_ms(0) > 95 > p.predict_cloud_ms(1000)  # only the cloud is "sure"...
     d = p.decide(req("a", deadline_ms=100), ahead=0, payload_bytes=1000)
-    assert d.action is Action.LOCAL  # ...but the edge is expected to answer in a fraction of its time
+    assert d.where == "edge"  # ...but the edge is expected to answer in a fraction of its time
 
 
 # ------------------------------------------------------------------ slow cloud, limit, light load
@@ -535,7 +534,7 @@ def test_timeouts_while_the_cloud_keeps_answering_do_not_open_the_breaker() -> N
     tickets = []
     for i in range(3):
         r = req(f"s{i}", deadline_ms=100, offload="always")
-        assert p.decide(r, ahead=0, payload_bytes=1000).action is Action.OFFLOAD
+        assert p.decide(r, ahead=0, payload_bytes=1000).where == "cloud"
         tickets.append(p.begin_offload(r, r.id, payload_bytes=1000))
         clock.advance(1)
     clock.advance(60)
@@ -547,7 +546,7 @@ def test_timeouts_while_the_cloud_keeps_answering_do_not_open_the_breaker() -> N
     # offloads sent after the last answer that then time out do count: the cloud may be down
     for i in range(2):
         r = req(f"d{i}", deadline_ms=100, offload="always")
-        assert p.decide(r, ahead=0, payload_bytes=1000).action is Action.OFFLOAD
+        assert p.decide(r, ahead=0, payload_bytes=1000).where == "cloud"
         p.begin_offload(r, r.id, payload_bytes=1000)
     clock.advance(200)
     assert len(p.due()) == 2
@@ -564,10 +563,10 @@ def test_deadline_offloads_wait_for_room_under_the_adaptive_limit() -> None:
     for i in range(5):
         r = req(f"h{i}", deadline_ms=100)
         d = p.decide(r, ahead=heavy, payload_bytes=1000)
-        if d.action is Action.OFFLOAD:
+        if d.where == "cloud":
             sent.append(p.begin_offload(r, r.id, payload_bytes=1000))
         else:
-            assert d.action is Action.REJECT
+            assert d.where == "reject"
             assert "no room" in d.reason
     assert len(sent) == 3  # the limit
     # answers back well within their time raise the limit by 1/limit each
@@ -580,7 +579,7 @@ def test_deadline_offloads_wait_for_room_under_the_adaptive_limit() -> None:
     late = []
     for i in range(3):
         r = req(f"l{i}", deadline_ms=100)
-        assert p.decide(r, ahead=heavy, payload_bytes=1000).action is Action.OFFLOAD
+        assert p.decide(r, ahead=heavy, payload_bytes=1000).where == "cloud"
         late.append(p.begin_offload(r, r.id, payload_bytes=1000))
     clock.advance(200)
     assert len(p.due()) == 3
@@ -589,12 +588,12 @@ def test_deadline_offloads_wait_for_room_under_the_adaptive_limit() -> None:
     # never below one: the cloud is always tried again
     for _ in range(30):
         r = req("x", deadline_ms=100)
-        if p.decide(r, ahead=heavy, payload_bytes=1000).action is Action.OFFLOAD:
+        if p.decide(r, ahead=heavy, payload_bytes=1000).where == "cloud":
             p.begin_offload(r, r.id, payload_bytes=1000)
         clock.advance(200)
         p.due()
     assert p.cloud_limit == pytest.approx(1.0)
-    assert p.decide(req("y", deadline_ms=100), ahead=heavy, payload_bytes=1000).action is Action.OFFLOAD
+    assert p.decide(req("y", deadline_ms=100), ahead=heavy, payload_bytes=1000).where == "cloud"
 
 
 def test_an_answer_without_headroom_does_not_raise_the_limit() -> None:
@@ -634,7 +633,7 @@ def test_utilization_is_the_busy_share_of_the_recent_window() -> None:
     assert p.utilization() == pytest.approx(1.0)
 
 
-def busy_for(p: PlacementPolicy[str], clock: Clock, busy_ms: float, idle_ms: float) -> None:
+def busy_for(p: OffloadPolicy[str], clock: Clock, busy_ms: float, idle_ms: float) -> None:
     p.batch_started(8)
     clock.advance(busy_ms)
     p.batch_finished(8, 34)  # (the service model stays t(n) = 4n + 2)
@@ -653,23 +652,23 @@ def test_light_load_keeps_deadline_requests_on_the_edge() -> None:
     for _ in range(10):
         busy_for(p, clock, 20, 80)  # 20 % busy
     d = p.decide(req("a", deadline_ms=100), ahead=8, payload_bytes=1000)
-    assert d.action is Action.LOCAL
+    assert d.where == "edge"
     assert d.reason.startswith("light load")
     # even one expected to miss: the burst is over in a moment, and the device has room
     d = p.decide(req("a2", deadline_ms=100), ahead=40, payload_bytes=1000)
-    assert d.action is Action.LOCAL
+    assert d.where == "edge"
     # busy: the engine ran 90 % of the window
     for _ in range(20):
         busy_for(p, clock, 90, 10)
     for i in range(40):
         p.observe_local(8, 150.0 if i % 10 == 0 else 40.0)
     d = p.decide(req("b", deadline_ms=100), ahead=8, payload_bytes=1000)
-    assert d.action is Action.OFFLOAD
+    assert d.where == "cloud"
     # unknown (hooks not wired, or the first moments after an idle spell): as under load
     q = policy(clock)
     teach_cloud(q, clock, rtt_ms=30, service_ms=5)
     assert q.utilization() is None
-    assert q.decide(req("c", deadline_ms=100), ahead=40, payload_bytes=1000).action is Action.OFFLOAD
+    assert q.decide(req("c", deadline_ms=100), ahead=40, payload_bytes=1000).where == "cloud"
 
 
 def test_residual_quantile_at_a_load_uses_samples_at_that_load_or_more() -> None:

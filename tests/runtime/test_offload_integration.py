@@ -19,7 +19,7 @@ import pytest
 from edgeinfer.messages import Result, infer_topic, result_topic
 from edgeinfer.runtime.config import RuntimeConfig
 from edgeinfer.runtime.engine import Engine
-from edgeinfer.runtime.offload import BreakerState, HybridPlacement, OffloadConfig, PlacementPolicy
+from edgeinfer.runtime.placement import BreakerState, HybridPlacement, OffloadConfig, OffloadPolicy
 from edgeinfer.runtime.server import InferenceServer
 from edgeinfer.sim.broker import MosquittoBroker
 from edgeinfer.transport import MemoryBus, Message
@@ -70,7 +70,7 @@ def test_router_down_breaker_opens_served_locally_router_back_offloading_resumes
     bus = SplitBus(edge_iot)
     engine = make_engine(cfg)
     server = InferenceServer(bus, engine, cfg, THING)
-    policy: PlacementPolicy[Any] = PlacementPolicy(
+    policy: OffloadPolicy[Any] = OffloadPolicy(
         OffloadConfig(
             cloud_timeout_ms=400, breaker_failures=2, breaker_cooldown_s=0.5, breaker_max_cooldown_s=1
         ),
@@ -157,7 +157,7 @@ def test_low_confidence_cascade_asks_the_cloud_and_falls_back_to_the_held_answer
     engine = make_engine(cfg)
     server = InferenceServer(bus, engine, cfg, THING)
     config = OffloadConfig(cascade_threshold=0.5, cloud_timeout_ms=200, cloud_model="lite2")
-    hybrid = HybridPlacement(bus, THING, PlacementPolicy(config, local_models=["tiny"])).start()
+    hybrid = HybridPlacement(bus, THING, OffloadPolicy(config, local_models=["tiny"])).start()
     server.set_placement(hybrid, hybrid)
     cloud_on = True
     asked: list[OffloadRequest] = []
@@ -198,8 +198,7 @@ def test_low_confidence_cascade_asks_the_cloud_and_falls_back_to_the_held_answer
 
 
 def test_create_placement_is_opt_in(make_engine: Callable[..., Engine]) -> None:
-    from edgeinfer.runtime.offload import create_placement
-    from edgeinfer.runtime.placement import EdgeOnly
+    from edgeinfer.runtime.placement import EdgeOnly, create_placement
 
     bus = MemoryBus()
     engine = make_engine(RuntimeConfig(max_batch_size=2))
@@ -224,7 +223,7 @@ def test_hybrid_decide_maps_onto_the_seam() -> None:
     from edgeinfer.runtime.placement import PlacementContext
 
     bus = MemoryBus()
-    hybrid = HybridPlacement(bus, THING, PlacementPolicy(OffloadConfig(), local_models=["tiny"]))
+    hybrid = HybridPlacement(bus, THING, OffloadPolicy(OffloadConfig(), local_models=["tiny"]))
 
     def ctx(outstanding: int = 0, left: float | None = 100.0) -> PlacementContext:
         return PlacementContext(THING, "local", 0, outstanding, 64, 8, 0.0, 0.0, left, "cpu")
@@ -245,7 +244,7 @@ def test_offload_with_the_bus_offline_is_served_locally_at_once() -> None:
     from edgeinfer.runtime.placement import PlacementContext
 
     bus = MemoryBus(fail_publish=True)
-    hybrid = HybridPlacement(bus, THING, PlacementPolicy(OffloadConfig(breaker_failures=1)))
+    hybrid = HybridPlacement(bus, THING, OffloadPolicy(OffloadConfig(breaker_failures=1)))
     served: list[str] = []
     replies: list[Result] = []
     ctx = PlacementContext(

@@ -169,16 +169,10 @@ class Component:
         )
 
     def _wire_placement(self) -> None:
-        """The hybrid router's hook: `edgeinfer.runtime.offload.create_placement(bus, cfg, thing)`
-        returning `(policy, offloader)`, when that module provides it."""
-        try:
-            from edgeinfer.runtime import offload
-        except ImportError:
-            return
-        create = getattr(offload, "create_placement", None)
-        if create is None:
-            return
-        policy, offloader = create(self.bus, self.cfg, self.thing, engine=self.server.engine)
+        """The recipe's `placement` object: the hybrid edge/cloud policy when enabled, else edge-only."""
+        from edgeinfer.runtime.placement import create_placement
+
+        policy, offloader = create_placement(self.bus, self.cfg, self.thing, engine=self.server.engine)
         self.server.set_placement(policy, offloader)
 
     def _start_source(self, cfg: Any) -> None:
@@ -206,13 +200,10 @@ class Component:
         from edgeinfer.runtime.config import RuntimeConfig
 
         _, problems = RuntimeConfig.from_recipe(proposed)
-        try:
-            from edgeinfer.runtime.offload import OffloadConfig
-        except ImportError:
-            pass
-        else:
-            placement = proposed.get("placement")
-            problems += OffloadConfig.from_recipe(placement if isinstance(placement, dict) else None)[1]
+        from edgeinfer.runtime.placement import OffloadConfig
+
+        placement = proposed.get("placement")
+        problems += OffloadConfig.from_recipe(placement if isinstance(placement, dict) else None)[1]
         if problems:
             return "; ".join(problems)
         model_dir = self.model_dir(RuntimeConfig.from_recipe(proposed)[0])

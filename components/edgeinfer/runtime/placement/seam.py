@@ -18,9 +18,8 @@ every result the server publishes (they must be quick and must not raise). With 
 holds that answer, asks the cloud, and calls `reply` exactly once (with the cloud's or the held one).
 
 `decide` runs on the transport thread: it must be quick and must not raise (an exception counts as
-`edge`). The hybrid router fills this seam from `edgeinfer.runtime.offload`; the component wires it
-with `InferenceServer(..., placement=..., offloader=...)` or `server.set_placement(policy, offloader)`.
-The configuration's `placement` object is handed over untouched (`RuntimeConfig.placement`).
+`edge`). `HybridPlacement` (`edgeinfer.runtime.placement.hybrid`) fills this seam; the component wires
+it with `InferenceServer(..., placement=..., offloader=...)` or `server.set_placement(policy, offloader)`.
 """
 
 from __future__ import annotations
@@ -32,7 +31,16 @@ from typing import Literal, Protocol
 from edgeinfer.messages import ErrorCode, Request, Result
 from edgeinfer.transport import Target
 
-__all__ = ["EDGE", "Decision", "EdgeOnly", "Offloader", "PlacementContext", "PlacementPolicy", "Reply"]
+__all__ = [
+    "EDGE",
+    "Decision",
+    "EdgeOnly",
+    "Offloader",
+    "PlacementContext",
+    "PlacementPolicy",
+    "Reply",
+    "Where",
+]
 
 Where = Literal["edge", "cloud", "reject"]
 Reply = Callable[[Result], None]
@@ -40,9 +48,14 @@ Reply = Callable[[Result], None]
 
 @dataclass(frozen=True)
 class Decision:
+    """Where a request is served. The predictions are the policy's, for logs and tests."""
+
     where: Where = "edge"
     code: ErrorCode | None = None  # for `reject`
     reason: str = ""
+    local_ms: float | None = None
+    cloud_ms: float | None = None
+    budget_ms: float | None = None
 
 
 EDGE = Decision()

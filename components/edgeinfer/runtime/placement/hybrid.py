@@ -1,0 +1,313 @@
+"""The bus adapter: `HybridPlacement` fills the runtime's placement seam with `OffloadPolicy`.
+
+It is the server's policy and offloader, publishes offloads on `edgeinfer/{thing}/offload`, takes
+answers from `edgeinfer/{thing}/offload/result`, serves late ones through the server's edge path, and
+gets the engine's batch timings and every result through the seam's hooks. `create_placement` builds
+it from the recipe's `placement` object for the runtime component (opt-in: `enabled: true`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from edgeinfer.messages import (
+    ErrorCode,
+    OffloadOrigin,
+    OffloadRequest,
+    Request,
+    Result,
+    error_result,
+    iso_utc,
+    offload_result_topic,
+    offload_topic,
+)
+from edgeinfer.runtime.placement.config import OffloadConfig
+from edgeinfer.runtime.placement.ledger import Ticket
+from edgeinfer.runtime.placement.policy import OffloadPolicy
+from edgeinfer.runtime.placement.seam import (
+    EDGE,
+    Decision,
+    EdgeOnly,
+    Offloader,
+    PlacementContext,
+    PlacementPolicy,
+    Reply,
+)
+from edgeinfer.transport import Bus, Message, Subscription, Target, TransportError
+
+if TYPE_CHECKING:
+    from edgeinfer.runtime.config import RuntimeConfig
+    from edgeinfer.runtime.engine import Engine
+
+__all__ = ["HybridPlacement", "create_placement"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pending:
+    reply: Callable[[Result], None]
+    local: Callable[[], None] | None
+
+
+class HybridPlacement:
+    """Fills the runtime's placement seam (`edgeinfer.runtime.placement`) with `PlacementPolicy`.
+
+    It is both the seam's `PlacementPolicy` (`decide`) and its `Offloader` (`offload`): wire it with
+    `server.set_placement(hybrid, hybrid)` after `hybrid.start()`. Offloads go out on
+    `edgeinfer/{thing}/offload` (QoS 1, to IoT Core through `bus` with `target`); answers come back on
+    `edgeinfer/{thing}/offload/result`. A timer thread serves the offloads whose answer is late: locally
+    through `ctx.local` (the server's edge pipeline), or with an error when the server gave no way to.
+    The engine hooks `on_batch_start` / `on_batch_end` feed the service-time model.
+    """
+
+    def __init__(
+        self,
+        bus: Bus,
+        thing: str,
+        policy: OffloadPolicy[_Pending] | None = None,
+        *,
+        target: Target = "iot",
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.bus = bus
+        self.thing = thing
+        self.policy: OffloadPolicy[_Pending] = policy or OffloadPolicy(clock=clock)
+        self.target = target
+        self.clock = clock
+        self.wall = wall
+        self._sub: Subscription | None = None
+        self._wake = threading.Condition()
+        self._stopping = threading.Event()
+        self._timer: threading.Thread | None = None
+        self._ahead: dict[str, int] = {}  # request id -> requests ahead when it was kept here
+        self._ahead_lock = threading.Lock()
+
+    @classmethod
+    def from_config(
+        cls,
+        bus: Bus,
+        thing: str,
+        placement: Mapping[str, object] | None,
+        *,
+        max_batch_size: int,
+        local_models: Iterable[str],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> tuple[HybridPlacement, list[str]]:
+        """From the runtime recipe's `placement` object (see `OffloadConfig`). Returns the problems too."""
+        cfg, problems = OffloadConfig.from_recipe(placement)
+        policy: OffloadPolicy[_Pending] = OffloadPolicy(
+            cfg, max_batch_size=max_batch_size, local_models=local_models, clock=clock
+        )
+        return cls(bus, thing, policy, clock=clock), problems
+
+    # ----------------------------------------------------------------------------------- lifecycle
+
+    def start(self) -> HybridPlacement:
+        self._sub = self.bus.subscribe(
+            offload_result_topic(self.thing), self._on_result, target=self.target, qos=1
+        )
+        self._timer = threading.Thread(target=self._timer_loop, name="edgeinfer-offload-timer", daemon=True)
+        self._timer.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop listening; every offload still open is served locally (or answered) now."""
+        if self._sub is not None:
+            try:
+                self._sub.close()
+            except Exception:
+                log.debug("closing the offload subscription failed", exc_info=True)
+            self._sub = None
+        with self._wake:
+            self._stopping.set()
+            self._wake.notify_all()
+        if self._timer is not None:
+            self._timer.join(5)
+        for ticket in self.policy.drain():
+            self._fallback(ticket, "the runtime is stopping")
+
+    # ------------------------------------------------------------------------------- seam: decide
+
+    def decide(self, request: Request, ctx: PlacementContext) -> Decision:
+        if request.image is None:  # image_path requests name a local file: never offloaded
+            if request.model is not None and request.model not in self.policy.local_models:
+                return Decision("reject", ErrorCode.BAD_REQUEST, "image_path requests are not offloaded")
+            return EDGE
+        decision = self.policy.decide_left(
+            request,
+            ahead=int(ctx.outstanding),
+            payload_bytes=len(request.image),
+            deadline_left_ms=ctx.deadline_left_ms,
+        )
+        if decision.where == "edge":
+            with self._ahead_lock:
+                if len(self._ahead) < 10_000:
+                    self._ahead[request.id] = int(ctx.outstanding)
+        return decision
+
+    # ------------------------------------------------------------------------------ seam: offload
+
+    def offload(self, request: Request, ctx: PlacementContext, reply: Reply) -> None:
+        now = self.clock()
+        left = ctx.deadline_left_ms
+        arrived = now
+        shadow = request
+        if left is not None:  # the policy counts the deadline from arrival: rebuild it from what is left
+            shadow = dataclasses.replace(request, deadline_ms=left)
+        pending = _Pending(reply, ctx.local)
+        ticket = self.policy.begin_offload(
+            shadow, pending, payload_bytes=len(request.image or b""), arrived=arrived, now=now
+        )
+        self._send(ticket, dataclasses.replace(request, id=ticket.wire_id, reply_to=None), left, "offload")
+
+    # ------------------------------------------------------------------------------ seam: cascade
+
+    def cascade(self, request: Request, result: Result, reply: Reply) -> bool:
+        """After an edge answer: when its top-1 probability is under `cascadeThreshold`, hold it and ask
+        the cloud's (heavier) model. True: taken over — `reply` gets exactly one of the two answers."""
+        if request.image is None or result.status != "ok" or not result.predictions:
+            return False
+        top1 = max(p.score for p in result.predictions)
+        if not self.policy.wants_cascade(request, top1, payload_bytes=len(request.image)):
+            return False
+        now = self.clock()
+        spent_ms = result.latency_ms.queue + result.latency_ms.decode + result.latency_ms.inference
+        left = None if request.deadline_ms is None else request.deadline_ms - spent_ms
+        shadow = request if left is None else dataclasses.replace(request, deadline_ms=max(0.0, left))
+        ticket = self.policy.begin_offload(
+            shadow, _Pending(reply, None), payload_bytes=len(request.image), now=now, held=result
+        )
+        wire = dataclasses.replace(
+            request, id=ticket.wire_id, reply_to=None, model=self.policy.config.cloud_model or None
+        )
+        self._send(ticket, wire, left, "cascade")
+        return True
+
+    def _send(self, ticket: Ticket[_Pending], wire: Request, left: float | None, what: str) -> None:
+        """Publish an offload without waiting for the nucleus (`offload` runs on the transport's
+        thread: inline handlers); a publish that fails now or is refused later is served as the
+        policy says."""
+        payload = OffloadRequest(wire, OffloadOrigin(self.thing, left, iso_utc(self.wall()))).to_json()
+        try:
+            self.bus.publish_nowait(
+                offload_topic(self.thing),
+                payload,
+                target=self.target,
+                qos=1,
+                on_done=lambda exc: self._publish_failed(ticket, what, exc),
+            )
+        except TransportError as exc:
+            self._publish_failed(ticket, what, exc)
+            return
+        with self._wake:
+            self._wake.notify_all()
+
+    # ------------------------------------------------------------------------------ engine hooks
+
+    def on_batch_start(self, batch_size: int) -> None:
+        self.policy.batch_started(batch_size)
+
+    def on_batch_end(self, batch_size: int, compute_ms: float) -> None:
+        self.policy.batch_finished(batch_size, compute_ms)
+
+    def on_result(self, request_id: str | None, result: Result) -> None:
+        """Every result the server publishes: edge answers feed the local latency feedback."""
+        with self._ahead_lock:
+            ahead = self._ahead.pop(request_id or "", None)
+        if result.status == "ok" and result.placement == "edge":
+            lat = result.latency_ms
+            self.policy.observe_overhead(lat.decode + lat.postprocess)
+            if ahead is not None:
+                self.policy.observe_local(ahead, lat.total)
+
+    # ---------------------------------------------------------------------------------- internals
+
+    def _on_result(self, message: Message) -> None:
+        try:
+            result = Result.parse(message.payload)
+        except Exception:
+            log.warning("ignoring an unreadable offload result on %s", message.topic)
+            return
+        outcome = self.policy.on_cloud_result(result)
+        if outcome is None:
+            return
+        if outcome.serve_locally or outcome.result is None:
+            self._fallback(outcome.ticket, "the cloud could not serve it")
+        else:
+            outcome.ticket.item.reply(outcome.result)
+
+    def _publish_failed(self, ticket: Ticket[_Pending], what: str, exc: Exception | None) -> None:
+        """The offload never left (or the nucleus refused it): serve it as the policy says."""
+        if exc is not None and self.policy.on_publish_failed(ticket):
+            self._fallback(ticket, f"{what} publish failed: {exc}")
+
+    def _fallback(self, ticket: Ticket[_Pending], reason: str) -> None:
+        pending = ticket.item
+        if ticket.held is not None:
+            pending.reply(ticket.held)
+            return
+        if pending.local is not None:
+            log.debug("serving %s locally: %s", ticket.request_id, reason)
+            pending.local()
+            return
+        pending.reply(
+            error_result(
+                ticket.request_id,
+                ErrorCode.DEADLINE_EXCEEDED,
+                f"no cloud answer in time ({reason})",
+                timestamp=iso_utc(self.wall()),
+                placement="cloud",
+            )
+        )
+
+    def _timer_loop(self) -> None:
+        while True:
+            with self._wake:
+                if self._stopping.is_set():
+                    return
+                due_at = self.policy.next_due()
+                wait = 0.5 if due_at is None else max(0.0, due_at - self.clock())
+                if wait > 0:
+                    self._wake.wait(min(wait, 0.5))
+            if self._stopping.is_set():
+                return
+            for fallback in self.policy.due():
+                try:
+                    self._fallback(fallback.ticket, fallback.reason)
+                except Exception:
+                    log.exception("falling back on %s failed", fallback.ticket.request_id)
+
+
+def create_placement(
+    bus: Bus, cfg: RuntimeConfig, thing: str, *, engine: Engine | None = None
+) -> tuple[PlacementPolicy, Offloader | None]:
+    """The runtime component's hook (`edgeinfer.runtime.__main__`): `(policy, offloader)` for the
+    server's placement seam from the recipe's `placement` object.
+
+    Offloading is opt-in (`placement.enabled: true`): without a router to answer, every offload would
+    only wait for its fallback. Disabled, the server keeps its edge-only default.
+    """
+    doc = cfg.placement or {}
+    if not doc.get("enabled", False):
+        return EdgeOnly(), None
+    names: list[str] = []
+    if engine is not None:
+        names = [engine.manifest.name, engine.model_ref.variant]
+    hybrid, problems = HybridPlacement.from_config(
+        bus, thing, doc, max_batch_size=cfg.max_batch_size, local_models=names
+    )
+    for problem in problems:
+        log.warning("placement: %s", problem)
+    engine_ms = engine.warmup_ms if engine is not None else {}
+    for n, ms in engine_ms.items():  # a first a·n + b from the warm-up, before any real batch
+        hybrid.policy.batch_finished(int(n), float(ms))
+    log.info("placement: hybrid (offload to the cloud router when only it meets a deadline)")
+    return hybrid.start(), hybrid

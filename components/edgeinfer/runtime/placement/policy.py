@@ -1,0 +1,567 @@
+"""The edge placement policy: serve here, offload to the cloud router, or answer DEADLINE_EXCEEDED.
+
+Pure logic, clock injected (`clock()` in seconds, `time.monotonic` by default); `HybridPlacement`
+(`hybrid.py`) calls it from the runtime's placement seam and does all I/O itself. Nothing here sleeps
+or touches a socket. The predictions come from `estimators.py`, offloads in flight are kept in the
+exactly-once `Ledger` (`ledger.py`), a dead cloud is kept out by the `CircuitBreaker` (`breaker.py`).
+Over 500 lines because it is one class: every decision and every outcome it learns from (answers,
+timeouts, the adaptive limit) read and write the same state under one lock.
+
+Decisions (`decide`)
+--------------------
+`offload: never` stays local; a `model` the device does not have goes to the cloud; `offload: always`
+goes to the cloud while the breaker lets it; a request without a deadline stays local. Otherwise: stay
+local while the local prediction meets the budget (deadline − time already spent − margin), offload
+when only the cloud meets it (both at their certainty quantiles); when neither is sure to, go where
+the *expected* latency still fits, and answer DEADLINE_EXCEEDED at once when not even that does.
+A slow cloud is forgotten after `cloud_memory_s` without a sample, so offloads probe it again; before
+that, a request that would be rejected anyway is sent as a probe when the verdict is older than
+`cloud_probe_s` and nothing is in flight (it costs nothing, and keeps the verdict measured).
+
+Two rules bound what goes to the cloud for a deadline (not `offload: always`, a missing model, or a
+cascade):
+* **Light load** (engine busy less than `offload_min_utilization` of the last `utilization_window_s`):
+  the edge keeps everything; the cloud is for a device out of capacity, not for its Poisson bursts.
+* **An adaptive limit** on offloads in flight (AIMD, like TCP's window): +1/limit for an answer back
+  with headroom, ×0.8 for one that missed (once per `cloud_limit_hold_s`). A late offload costs twice —
+  the router's time, then the edge's when it is served here after all — so the edge sends only what
+  the router answers in time. Measured in `bench offload` at 1.5x: late cloud answers fell from 15-23 %
+  of offloads to 2-7 %, the limit settling at 6-8 in flight.
+The cloud's conservative prediction takes its residual quantile from samples sent with as many in
+flight or more (`LinearFit.residual_quantile(at=)`): round trips spread out near the router's knee.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Generic, TypeVar
+
+from edgeinfer import stats
+from edgeinfer.messages import ErrorCode, Request, Result
+from edgeinfer.runtime.placement.breaker import BreakerState, CircuitBreaker
+from edgeinfer.runtime.placement.config import OffloadConfig
+from edgeinfer.runtime.placement.estimators import CloudLatencyModel, LinearFit, ServiceTimeModel
+from edgeinfer.runtime.placement.ledger import CloudOutcome, Fallback, Ledger, Ticket
+from edgeinfer.runtime.placement.seam import Decision, Where
+
+__all__ = ["OffloadPolicy"]
+
+T = TypeVar("T")
+
+# Error codes from the cloud that are the request's fault, not the cloud's: forward them as they are.
+_REQUEST_FAULTS = {ErrorCode.BAD_REQUEST, ErrorCode.BAD_IMAGE, ErrorCode.TOO_LARGE}
+_COUNTER: dict[Where, str] = {"edge": "local", "cloud": "offloaded", "reject": "rejected"}
+
+
+def _round3(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+class OffloadPolicy(Generic[T]):
+    """Thread-safe; one per runtime. `T` is whatever the server wants back on a fallback."""
+
+    def __init__(
+        self,
+        config: OffloadConfig | None = None,
+        *,
+        max_batch_size: int = 8,
+        local_models: Iterable[str] = (),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config or OffloadConfig()
+        self.max_batch_size = max_batch_size
+        self.local_models = set(self.config.local_models) | set(local_models)
+        self.clock = clock
+        self.service = ServiceTimeModel(self.config.window)
+        self.cloud = CloudLatencyModel(
+            self.config.window, self.config.prior_cloud_ms, self.config.cloud_quantile
+        )
+        self._cloud_seen = 0.0  # clock of the last cloud latency sample
+        self._cloud_answered = -math.inf  # clock of the last answer from the cloud (any, even late)
+        self._busy: deque[tuple[float, float]] = deque(maxlen=4096)  # engine batches (start, end)
+        self._batch_start: float | None = None
+        self._observed_since: float | None = None  # first batch after a gap longer than the window
+        self.cloud_limit = self.config.cloud_limit_initial  # deadline offloads in flight (AIMD)
+        self._limit_cut_at = -math.inf
+        self._cloud_probed = -math.inf  # clock of the last probe offload (see `cloud_probe_s`)
+        # Feedback: (own offloads in flight when sent → round trip it took). A burst of offloads
+        # queues at the router; this is what keeps the edge from sending more than it can absorb.
+        self.cloud_fit = self._feedback_fit(128)
+        self.breaker = CircuitBreaker(
+            self.config.breaker_failures,
+            self.config.breaker_cooldown_s,
+            self.config.breaker_max_cooldown_s,
+            clock=clock,
+        )
+        self._overhead: deque[float] = deque(maxlen=self.config.window)
+        # Feedback: (requests ahead at arrival, latency it really had) of requests served here. It
+        # catches what the engine model cannot see: decode and reply work sharing the engine's cores.
+        self.local_fit = self._feedback_fit(256)
+        self._lock = threading.RLock()
+        self._ledger: Ledger[T] = Ledger()
+        self._busy_until: float | None = None  # predicted end of the batch now running
+        self.counters: dict[str, int] = {
+            "local": 0,
+            "offloaded": 0,
+            "rejected": 0,
+            "cascaded": 0,
+            "cloud_ok": 0,
+            "cloud_failed": 0,
+            "fallbacks": 0,
+            "late_cloud_answers": 0,
+            "cloud_slow": 0,  # fallbacks while the cloud kept answering (not breaker failures)
+        }
+
+    def _feedback_fit(self, window: int) -> LinearFit:
+        """A feedback fit whose samples age out after `feedback_memory_s`: a side that looked slow
+        gets no new samples (nothing is sent there), so an old verdict must not outlive its cause."""
+        memory = self.config.feedback_memory_s or None
+        return LinearFit(max(self.config.window, window), memory_s=memory, clock=self.clock)
+
+    # --------------------------------------------------------------------------- engine feedback
+
+    def batch_started(self, batch_size: int, now: float | None = None) -> None:
+        now = self.clock() if now is None else now
+        with self._lock:
+            self._busy_until = now + self.service.predict(batch_size) / 1000.0
+            self._batch_start = now
+            last_end = self._busy[-1][1] if self._busy else -math.inf
+            if self._observed_since is None or now - last_end > self.config.utilization_window_s:
+                self._observed_since = now
+
+    def batch_finished(self, batch_size: int, compute_ms: float, now: float | None = None) -> None:
+        now = self.clock() if now is None else now
+        with self._lock:
+            self.service.observe(batch_size, compute_ms)
+            self._busy_until = None
+            if self._batch_start is not None:
+                self._busy.append((self._batch_start, now))
+                self._batch_start = None
+
+    def utilization(self, now: float | None = None) -> float | None:
+        """Share of the last `utilization_window_s` the engine spent running batches (0 to 1).
+
+        None while it is unknown: no batch seen yet, or the first batch after a gap longer than the
+        window started less than `utilization_min_s` ago (an engine that was idle, or whose hooks were
+        not wired: the share is taken over the time batches have been seen, not the whole window)."""
+        now = self.clock() if now is None else now
+        window = self.config.utilization_window_s
+        with self._lock:
+            if self._observed_since is None or window <= 0:
+                return None
+            last_end = self._busy[-1][1] if self._busy else -math.inf
+            if self._batch_start is None and now - last_end > window:
+                return 0.0  # idle for a whole window
+            seen = min(window, now - self._observed_since)
+            if seen < self.config.utilization_min_s:
+                return None
+            since = now - seen
+            while self._busy and self._busy[0][1] <= since:
+                self._busy.popleft()
+            busy = sum(min(end, now) - max(start, since) for start, end in self._busy if end > since)
+            if self._batch_start is not None:
+                busy += now - max(self._batch_start, since)
+            return max(0.0, min(1.0, busy / seen))
+
+    def observe_local(self, ahead: int, latency_ms: float) -> None:
+        """A request served here had `ahead` requests in front of it and took `latency_ms` in all."""
+        if ahead >= 0 and math.isfinite(latency_ms) and latency_ms >= 0:
+            with self._lock:
+                self.local_fit.add(ahead, latency_ms)
+
+    def observe_overhead(self, ms: float) -> None:
+        """Per-request time outside the engine (decode + post-process) of a request served here."""
+        if math.isfinite(ms) and ms >= 0:
+            with self._lock:
+                self._overhead.append(ms)
+
+    # ------------------------------------------------------------------------------- predictions
+
+    def predict_local_ms(self, ahead: int, now: float | None = None, *, conservative: bool = True) -> float:
+        """Latency of a request that joins now behind `ahead` requests (queued or being decoded).
+
+        `conservative` adds the feedback fit's `local_quantile` residual (the one that decides whether
+        the edge *meets* a budget); without it, the expected latency (used to pick the better place
+        when neither is sure to meet it)."""
+        now = self.clock() if now is None else now
+        with self._lock:
+            busy = 0.0 if self._busy_until is None else max(0.0, (self._busy_until - now) * 1000.0)
+            size = max(1, self.max_batch_size)
+            full, rest = divmod(max(0, ahead), size)
+            compute = full * self.service.predict(size) + self.service.predict(rest + 1)
+            overhead = stats.quantile(self._overhead, 0.9, 0.0) if self._overhead else 0.0
+            model = busy + compute + overhead
+            if len(self.local_fit) >= 16:
+                seen = self.local_fit.predict(max(0, ahead))
+                if seen is not None:
+                    q = self.config.local_quantile
+                    spread = self.local_fit.residual_quantile(q) if conservative else 0.0
+                    return max(model, seen + spread)
+            # No feedback yet (a start, or an idle spell longer than `feedback_memory_s`): count the
+            # decode and reply work of each request ahead too. On a small device it shares the
+            # engine's CPU; bench offload saw requests admitted with 7-12 ahead at predicted 75-94 ms
+            # take 111-133 ms, at the start of every run, before 16 answers had come back.
+            per_request = stats.quantile(self._overhead, 0.5, 0.0) if self._overhead else 0.0
+            return model + max(0, ahead) * per_request
+
+    def predict_cloud_ms(self, payload_bytes: int, quantile: float | None = None) -> float:
+        """Round trip of an offload sent now, behind this device's offloads already in flight."""
+        with self._lock:
+            q = self.config.cloud_quantile if quantile is None else quantile
+            ahead = len(self._ledger)
+            base = self.cloud.predict(payload_bytes, q)
+            if len(self.cloud_fit) >= 4:
+                # Measured round trips against own offloads in flight: this already holds the queueing
+                # that a burst causes at the router, which `base` (service times that include the
+                # router's queue, at any depth) would count again for a request sent alone.
+                seen = self.cloud_fit.predict(ahead)
+                if seen is not None:
+                    # The spread of round trips sent with as many in flight (or more): a router near
+                    # its capacity turns a few more in flight into many late answers (bench offload:
+                    # never late with <= 7 in flight, 20-50 % late with 8-11, while one residual
+                    # quantile over all samples predicted 92-103 ms for them).
+                    return seen + self.cloud_fit.residual_quantile(q, at=ahead)
+            return base + ahead * self.config.prior_cloud_item_ms
+
+    # --------------------------------------------------------------------------------- decisions
+
+    def decide(
+        self,
+        request: Request,
+        *,
+        ahead: int,
+        payload_bytes: int,
+        arrived: float | None = None,
+        now: float | None = None,
+    ) -> Decision:
+        """Where to serve `request`, given `ahead` requests in front of it on the device.
+
+        `arrived` is when the runtime received it (the deadline counts from there); defaults to now.
+        A returned OFFLOAD has already taken the breaker's probe slot: call `begin_offload` next.
+        """
+        now = self.clock() if now is None else now
+        arrived = now if arrived is None else arrived
+        left = None if request.deadline_ms is None else request.deadline_ms - (now - arrived) * 1000.0
+        return self.decide_left(
+            request, ahead=ahead, payload_bytes=payload_bytes, deadline_left_ms=left, now=now
+        )
+
+    def decide_left(
+        self,
+        request: Request,
+        *,
+        ahead: int,
+        payload_bytes: int,
+        deadline_left_ms: float | None,
+        now: float | None = None,
+    ) -> Decision:
+        """`decide` with the time left given directly (None: no deadline), as the runtime knows it."""
+        now = self.clock() if now is None else now
+        cfg = self.config
+        with self._lock:
+            self._forget_stale_cloud(now)
+            local_ms = self.predict_local_ms(ahead, now)
+            cloud_ms = self.predict_cloud_ms(payload_bytes)
+            budget = None
+            if deadline_left_ms is not None:
+                budget = deadline_left_ms - cfg.deadline_margin_ms
+
+            def result(where: Where, reason: str, code: ErrorCode | None = None) -> Decision:
+                self.counters[_COUNTER[where]] += 1
+                return Decision(where, code, reason, local_ms, cloud_ms, budget)
+
+            missing_model = request.model is not None and request.model not in self.local_models
+            if request.offload == "never":
+                if missing_model:
+                    return result(
+                        "reject",
+                        f"model {request.model!r} is not on this device and offload is 'never'",
+                        ErrorCode.BAD_REQUEST,
+                    )
+                if budget is not None and local_ms > budget:
+                    return result(
+                        "reject",
+                        f"predicted {local_ms:.0f} ms here, over the {budget:.0f} ms left",
+                        ErrorCode.DEADLINE_EXCEEDED,
+                    )
+                return result("edge", "offload is 'never'")
+            if missing_model:
+                if self._cloud_ready() and self.breaker.allow():
+                    return result("cloud", f"model {request.model!r} is not on this device")
+                return result(
+                    "reject",
+                    f"model {request.model!r} is not on this device and the cloud is unavailable",
+                    ErrorCode.OVERLOADED,
+                )
+            if request.offload == "always":
+                if self._cloud_ready() and self.breaker.allow():
+                    return result("cloud", "offload is 'always'")
+                return result("edge", "offload is 'always' but the cloud is unavailable")
+            if budget is None:
+                return result("edge", "no deadline")
+            if local_ms <= budget:
+                return result("edge", f"local {local_ms:.0f} ms meets the {budget:.0f} ms budget")
+            local_exp = self.predict_local_ms(ahead, now, conservative=False)
+            utilization = self.utilization(now)
+            if utilization is not None and utilization < cfg.offload_min_utilization:
+                # Light load: the device has capacity to spare and keeps its own work; what is in
+                # doubt is a Poisson burst or a jitter spike, over in a moment (bench offload at 0.5x:
+                # 0.5-3 % offloaded without this rule, for a share within the deadline of 99-100 %
+                # either way).
+                return result(
+                    "edge",
+                    f"light load ({100 * utilization:.0f} % busy): local expected {local_exp:.0f} ms"
+                    f" of {budget:.0f} ms",
+                )
+            # Deadline offloads also wait for room under the adaptive limit: more in flight than the
+            # router answers in time only turns into late answers, each served here again (late).
+            ready = self._cloud_ready() and len(self._ledger) < self.cloud_limit
+            cloud_exp = self.predict_cloud_ms(payload_bytes, 0.5) if ready else math.inf
+            # Only the cloud is sure to meet it, and it is also expected to be faster. (Without the
+            # second condition, a jitter spike in the edge's feedback residuals offloads requests at
+            # light load that the edge serves in a fraction of the cloud's round trip: bench offload
+            # saw 1 % offloaded at 0.5x.)
+            if ready and cloud_ms <= budget and cloud_exp < local_exp and self.breaker.allow():
+                return result("cloud", f"only the cloud ({cloud_ms:.0f} ms) meets the {budget:.0f} ms budget")
+            # Neither is sure to (quantiles): go where the *expected* latency still fits, if any.
+            if cloud_exp < local_exp and cloud_exp <= budget and self.breaker.allow():
+                return result("cloud", f"cloud expected {cloud_exp:.0f} ms of {budget:.0f} ms left")
+            if local_exp <= budget:
+                return result("edge", f"local expected {local_exp:.0f} ms of {budget:.0f} ms left")
+            why = f"cloud {cloud_exp:.0f} ms" if ready else "no room in the cloud"
+            if (
+                ready
+                and cfg.cloud_probe_s > 0
+                and self.cloud.samples  # a measured verdict (the prior alone is never this slow)
+                and budget >= cfg.min_cloud_wait_ms  # time enough for the router to try it
+                and not self._ledger
+                and now - max(self._cloud_seen, self._cloud_probed) >= cfg.cloud_probe_s
+                and self.breaker.allow()
+            ):
+                # It would fail here anyway: send it, so that a prediction learnt from a burst or a
+                # cold router is measured again instead of keeping the cloud out until it is forgotten.
+                self._cloud_probed = now
+                return result("cloud", f"probe: neither meets the {budget:.0f} ms left ({why})")
+            return result(
+                "reject",
+                f"neither meets the {budget:.0f} ms left: local {local_exp:.0f} ms, {why} (expected)",
+                ErrorCode.DEADLINE_EXCEEDED,
+            )
+
+    def _observe_cloud(self, ticket: Ticket[T], rtt_ms: float, service_ms: float, now: float) -> None:
+        self._cloud_answered = now
+        self._forget_stale_cloud(now)
+        self.cloud.observe(ticket.payload_bytes, rtt_ms, service_ms)
+        self.cloud_fit.add(ticket.ahead, rtt_ms)
+        self._cloud_seen = now
+
+    def _adapt_limit(self, ticket: Ticket[T], now: float, *, missed: bool = False) -> None:
+        """AIMD on the deadline-offload limit from one outcome (see `OffloadConfig.cloud_limit_*`)."""
+        cfg = self.config
+        if missed:
+            if now - self._limit_cut_at >= cfg.cloud_limit_hold_s:  # one cut per congestion episode
+                self.cloud_limit = max(1.0, self.cloud_limit * cfg.cloud_limit_backoff)
+                self._limit_cut_at = now
+            return
+        had_s = ticket.fallback_at - ticket.sent_at
+        if (
+            now - ticket.sent_at
+        ) <= cfg.cloud_limit_headroom * had_s and ticket.ahead + 1 >= self.cloud_limit - 1:
+            # Room to spare, and the limit was (nearly) in use: one more in flight per limit's worth.
+            self.cloud_limit = min(float(cfg.max_inflight), self.cloud_limit + 1.0 / self.cloud_limit)
+
+    def _forget_stale_cloud(self, now: float) -> None:
+        """Once the cloud has looked too slow, nothing is offloaded and nothing new is measured: after
+        `cloud_memory_s` without a sample, start again from the prior (which makes offloads probe it)."""
+        if self.cloud.samples and now - self._cloud_seen > self.config.cloud_memory_s:
+            self.cloud = CloudLatencyModel(
+                self.config.window, self.config.prior_cloud_ms, self.config.cloud_quantile
+            )
+            self.cloud_fit = self._feedback_fit(128)
+
+    def _cloud_ready(self) -> bool:
+        return (
+            self.config.enabled and len(self._ledger) < self.config.max_inflight and self.breaker.available()
+        )
+
+    def wants_cascade(
+        self,
+        request: Request,
+        top1: float,
+        *,
+        payload_bytes: int,
+        arrived: float | None = None,
+        now: float | None = None,
+    ) -> bool:
+        """After a local answer: ask the cloud's heavier model when the edge is unsure and time allows.
+
+        True has taken the breaker's probe slot: call `begin_offload(..., held=local_result)` next.
+        """
+        cfg = self.config
+        if cfg.cascade_threshold <= 0 or top1 >= cfg.cascade_threshold or request.offload == "never":
+            return False
+        now = self.clock() if now is None else now
+        arrived = now if arrived is None else arrived
+        with self._lock:
+            if request.deadline_ms is not None:
+                budget = request.deadline_ms - (now - arrived) * 1000.0 - cfg.deadline_margin_ms
+                if self.predict_cloud_ms(payload_bytes) > budget:
+                    return False
+            if not (self._cloud_ready() and self.breaker.allow()):
+                return False
+            self.counters["cascaded"] += 1
+            return True
+
+    # ---------------------------------------------------------------------------- offload tickets
+
+    def begin_offload(
+        self,
+        request: Request,
+        item: T,
+        *,
+        payload_bytes: int,
+        arrived: float | None = None,
+        now: float | None = None,
+        held: Result | None = None,
+    ) -> Ticket[T]:
+        """Track an offload about to be published; send it with `ticket.wire_id` as its id."""
+        now = self.clock() if now is None else now
+        arrived = now if arrived is None else arrived
+        cfg = self.config
+        with self._lock:
+            cloud_ms = self.predict_cloud_ms(payload_bytes)
+            if request.deadline_ms is not None:
+                deadline = arrived + request.deadline_ms / 1000.0
+                wait = max(cfg.min_cloud_wait_ms / 1000.0, 2 * cloud_ms / 1000.0)
+                fallback_at = min(deadline, now + wait)
+                fallback_at = max(fallback_at, now + cfg.min_cloud_wait_ms / 1000.0)
+            else:
+                fallback_at = now + cfg.cloud_timeout_ms / 1000.0
+            wire_id = self._ledger.wire_id(request.id)
+            ticket = Ticket(
+                wire_id=wire_id,
+                request_id=request.id,
+                item=item,
+                sent_at=now,
+                fallback_at=fallback_at,
+                payload_bytes=payload_bytes,
+                held=held,
+                probe=self.breaker.state is BreakerState.HALF_OPEN,
+                ahead=len(self._ledger),
+            )
+            self._ledger.open(ticket)
+            return ticket
+
+    def deadline_left_ms(self, request: Request, arrived: float, now: float | None = None) -> float | None:
+        """What goes into `origin.deadline_left_ms`."""
+        if request.deadline_ms is None:
+            return None
+        now = self.clock() if now is None else now
+        return request.deadline_ms - (now - arrived) * 1000.0
+
+    def on_publish_failed(self, ticket: Ticket[T]) -> bool:
+        """The offload could not be sent. True: the ticket was still open — serve it locally now."""
+        with self._lock:
+            if self._ledger.close(ticket.wire_id) is None:
+                return False
+            self._failure()
+            self.counters["fallbacks"] += 1
+            return True
+
+    def on_cloud_result(self, result: Result, now: float | None = None) -> CloudOutcome[T] | None:
+        """A result arrived on `edgeinfer/{thing}/offload/result`. None: unknown, duplicate or too late."""
+        now = self.clock() if now is None else now
+        if result.id is None:
+            return None
+        with self._lock:
+            ticket = self._ledger.close(result.id)
+            if ticket is None:
+                late = self._ledger.late(result.id)
+                if late is not None:
+                    self.counters["late_cloud_answers"] += 1
+                    if result.status == "ok":
+                        # The cloud is up, only slow: let the latency model learn it, and let the
+                        # breaker (which is about failures) close again.
+                        rtt_ms = (now - late.sent_at) * 1000.0
+                        self._observe_cloud(late, rtt_ms, result.latency_ms.total, now)
+                        self.breaker.record_success()
+                return None
+            result.id = ticket.request_id
+            self._cloud_answered = now
+            code = result.error.code if result.error is not None else None
+            if result.status == "ok":
+                self.breaker.record_success()
+                self.counters["cloud_ok"] += 1
+                rtt_ms = (now - ticket.sent_at) * 1000.0
+                self._observe_cloud(ticket, rtt_ms, result.latency_ms.total, now)
+                self._adapt_limit(ticket, now)
+                return CloudOutcome(ticket, result)
+            if code in _REQUEST_FAULTS:
+                self.breaker.record_success()  # the cloud works; the request was bad
+                return CloudOutcome(ticket, result)
+            # INTERNAL, OVERLOADED, DEADLINE_EXCEEDED: the cloud did not serve it; serve it here.
+            self._failure()
+            self.counters["fallbacks"] += 1
+            if ticket.held is not None:
+                return CloudOutcome(ticket, ticket.held)
+            return CloudOutcome(ticket, None, serve_locally=True)
+
+    def due(self, now: float | None = None) -> list[Fallback[T]]:
+        """Offloads whose answer did not come by their fallback time (each returned exactly once)."""
+        now = self.clock() if now is None else now
+        with self._lock:
+            expired = self._ledger.take_due(now)
+            for ticket in expired:
+                if self._cloud_answered > ticket.sent_at:
+                    # The cloud has answered since this was sent: it is up, only slow. The latency
+                    # model keeps slow offloads out; the breaker is for a cloud that is down (bench
+                    # offload at 1.5x: 7-32 openings in 10 s, each closed by the next late answer,
+                    # with offloading stopped in between).
+                    self.counters["cloud_slow"] += 1
+                else:
+                    self._failure()
+                self._adapt_limit(ticket, now, missed=True)
+                self.counters["fallbacks"] += 1
+            return [Fallback(t, "no cloud answer in time") for t in expired]
+
+    def next_due(self) -> float | None:
+        """The earliest fallback time in flight (clock seconds), to arm a timer."""
+        with self._lock:
+            return self._ledger.next_due()
+
+    def drain(self) -> list[Ticket[T]]:
+        """On shutdown: every open ticket, removed, so the caller can still answer each one."""
+        with self._lock:
+            return self._ledger.drain()
+
+    @property
+    def inflight(self) -> int:
+        return len(self._ledger)
+
+    def _failure(self) -> None:
+        self.breaker.record_failure()
+        self.counters["cloud_failed"] += 1
+
+    def snapshot(self) -> dict[str, object]:
+        """For logs and telemetry: predictions' inputs, breaker state, counters."""
+        with self._lock:
+            coef = self.service.fit.coef
+            return {
+                "breaker": self.breaker.state.value,
+                "breaker_opened": self.breaker.opened_count,
+                "inflight": len(self._ledger),
+                "utilization": _round3(self.utilization()),
+                "cloud_limit": round(self.cloud_limit, 2),
+                "service_ms": {"a": coef[0], "b": coef[1]} if coef else None,
+                "cloud_ms_p90": self.predict_cloud_ms(0) if self.cloud.samples else None,
+                "cloud_service_ms_p50_p90": [
+                    round(stats.quantile(self.cloud.service, q, 0.0), 2) for q in (0.5, 0.9)
+                ]
+                if self.cloud.samples
+                else None,
+                **self.counters,
+            }
