@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from edgeinfer.files import sha256_file
 from edgeinfer.messages import ModelRef, Prediction
 from edgeinfer.model.manifest import Manifest, ManifestError, Variant
 from edgeinfer.runtime.config import RuntimeConfig
@@ -30,7 +31,6 @@ from edgeinfer.runtime.providers import (
     TRT,
     PlatformInfo,
     ProviderPlan,
-    file_sha256,
     loaded_provider,
     plan_for,
     preload_gpu_libraries,
@@ -75,7 +75,7 @@ class Engine:
     apply_softmax: bool | None = None
     warmup_ms: dict[int, float] = field(default_factory=dict)
     executions: int = 0
-    # CPU lanes (see CpuOptions.lanes): a one-thread session that up to `lanes` batches share at once.
+    # CPU lanes (see RuntimeConfig.lanes): a one-thread session that up to `lanes` batches share at once.
     lane_session: Any = None
     lanes: int = 1
     gpu_libraries: str | None = None  # what preload_gpu_libraries said, when a GPU provider was asked
@@ -120,7 +120,7 @@ class Engine:
                 wanted,
                 cfg,
                 platform=platform,
-                model_sha256=variant.sha256 or file_sha256(path),
+                model_sha256=variant.sha256 or sha256_file(Path(path)),
                 quantized=variant.precision == "int8",
                 input_name=input_name,
                 input_size=size,
@@ -167,7 +167,7 @@ class Engine:
                 lane_session=lane_session,
                 lanes=lanes,
                 gpu_libraries=gpu_libraries,
-                fixed_batch=cfg.max_batch_size if really == CUDA and cfg.cuda.fixed_batch else 0,
+                fixed_batch=cfg.max_batch_size if really == CUDA and cfg.cuda_fixed_batch else 0,
             )
             log.info(
                 "inference runs on %s with model %s %s variant %s (%s)%s%s",

@@ -105,14 +105,6 @@ def detect_gpu_name() -> str:
         return "unknown"
 
 
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 # --------------------------------------------------------------------------------------------- plans
 
 
@@ -227,10 +219,10 @@ def plan_for(
             [TRT, CUDA, CPU],
             [trt_opts, cuda_options(cfg), {}],
             cache_dir=cache_dir,
-            io_binding=cfg.cuda.io_binding,
+            io_binding=cfg.cuda_io_binding,
         )
     if wanted == CUDA:
-        return ProviderPlan(wanted, [CUDA, CPU], [cuda_options(cfg), {}], io_binding=cfg.cuda.io_binding)
+        return ProviderPlan(wanted, [CUDA, CPU], [cuda_options(cfg), {}], io_binding=cfg.cuda_io_binding)
     if wanted == CPU:
         return ProviderPlan(wanted, [CPU], [{}])
     return ProviderPlan(wanted, [wanted, CPU], [{}, {}])
@@ -275,8 +267,8 @@ def apply_process_options(cfg: RuntimeConfig) -> None:
 
     import cv2
 
-    cv2.setNumThreads(cfg.cpu.opencv_threads)
-    sys.setswitchinterval(cfg.cpu.python_switch_interval_us / 1e6)
+    cv2.setNumThreads(cfg.opencv_threads)
+    sys.setswitchinterval(cfg.python_switch_interval_us / 1e6)
 
 
 # What was loaded, once per process (per module, so that tests can bring their own).

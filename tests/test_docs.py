@@ -1,0 +1,133 @@
+"""The documents agree with the tree: README's configuration tables are the recipes' defaults, and
+every repository path the documents name exists.
+
+Regenerate the tables after changing a recipe's DefaultConfiguration:
+`.venv/bin/python -m tests.test_docs --write`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.helpers import PROJECT
+
+README = PROJECT / "README.md"
+DOCUMENTS = ["README.md", "CONTRIBUTING.md", "docs/design.md", "bench/results/README.md"]
+COMPONENTS = [
+    "com.edgeinfer.InferenceRuntime",
+    "com.edgeinfer.RuntimeInstaller",
+    "com.edgeinfer.Telemetry",
+]
+# Maps whose keys are data (package names, CUDA majors), shown whole rather than one row a key.
+_IDENTIFIER = re.compile(r"^[a-z][A-Za-z0-9]*$")
+_COMMENT = re.compile(r"^(?P<indent> *)(?P<key>[^#:\s][^:]*?):(?P<rest>.*?)(?:\s+#\s*(?P<note>.*))?$")
+
+
+def _recipe_comments(text: str) -> dict[str, str]:
+    """Trailing `# comments` of the DefaultConfiguration's keys, by dotted key path."""
+    notes: dict[str, str] = {}
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "DefaultConfiguration:")
+    base = len(lines[start]) - len(lines[start].lstrip()) + 2
+    stack: list[tuple[int, str]] = []
+    for line in lines[start + 1 :]:
+        if not line.strip() or line.lstrip().startswith(("#", "-")):
+            continue
+        indent = len(line) - len(line.lstrip())
+        if indent < base:
+            break
+        match = _COMMENT.match(line)
+        if match is None:
+            continue
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        stack.append((indent, match["key"].strip().strip("\"'")))
+        if match["note"]:
+            notes[".".join(key for _, key in stack)] = match["note"].strip()
+    return notes
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
+        names = ", ".join(str(item.get("name", "?")) for item in value)
+        return f"{len(value)} rules: {names}"
+    return "`" + json.dumps(value, separators=(", ", ": ")) + "`"
+
+
+def _rows(config: dict[str, Any], notes: dict[str, str], prefix: str = "") -> list[str]:
+    rows: list[str] = []
+    for key, value in config.items():
+        path = f"{prefix}{key}"
+        if path == "accessControl":
+            continue  # Greengrass's IPC authorization, not this component's settings
+        if isinstance(value, dict) and value and all(_IDENTIFIER.match(str(k)) for k in value):
+            rows.extend(_rows(value, notes, f"{path}."))
+            continue
+        note = notes.get(path, "").replace("|", "\\|")
+        rows.append(f"| `{path}` | {_value(value)} | {note} |")
+    return rows
+
+
+def config_table(component: str) -> str:
+    """The README table of one component's recipe keys, their defaults and the recipe's notes."""
+    text = (PROJECT / "recipes" / f"{component}.yaml").read_text()
+    config = yaml.safe_load(text)["ComponentConfiguration"]["DefaultConfiguration"]
+    lines = ["| key | default | note |", "|---|---|---|", *_rows(config, _recipe_comments(text))]
+    return "\n".join(lines)
+
+
+def _marker(component: str) -> re.Pattern[str]:
+    name = re.escape(component)
+    return re.compile(rf"(<!-- config {name} -->)(.*?)(<!-- /config {name} -->)", re.S)
+
+
+def render(readme: str) -> str:
+    """README with every configuration table regenerated from its recipe."""
+    for component in COMPONENTS:
+        readme = _marker(component).sub(lambda m, c=component: m[1] + f"\n{config_table(c)}\n" + m[3], readme)
+    return readme
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_readme_configuration_table_is_the_recipe_defaults(component: str) -> None:
+    found = _marker(component).search(README.read_text())
+    assert found is not None, f"README has no <!-- config {component} --> table"
+    assert found[2] == f"\n{config_table(component)}\n", (
+        "README's configuration table differs from the recipe: "
+        "run `.venv/bin/python -m tests.test_docs --write`"
+    )
+
+
+# A path the documents name: one of the repository's top-level folders and something below it.
+_PATH = re.compile(r"(?<![\w./-])((?:components|cloud|bench|recipes|tests|docs)/[\w./*{}<>-]*[\w*])")
+
+
+@pytest.mark.parametrize("document", DOCUMENTS)
+def test_paths_named_in_documents_exist(document: str) -> None:
+    text = (PROJECT / document).read_text()
+    missing = []
+    for path in sorted(set(_PATH.findall(text))):
+        if any(mark in path for mark in "{}<>"):
+            continue  # a pattern (artifacts/<Component>/<Version>), not a path
+        if not list(PROJECT.glob(path)) and not (PROJECT / path).exists():
+            missing.append(path)
+    assert not missing, f"{document} names paths that do not exist: {missing}"
+
+
+def test_documents_name_no_old_layout() -> None:
+    old = ["components/runtime/", "setup.py", "build/typing", "bench/gpu_check.py", "../shared/"]
+    for document in DOCUMENTS:
+        text = (PROJECT / document).read_text()
+        assert not [word for word in old if word in text], document
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write"]:
+        sys.exit("usage: python -m tests.test_docs --write")
+    README.write_text(render(README.read_text()))

@@ -1,0 +1,46 @@
+"""One of each: the helpers that exist once in the tree stay the only ones.
+
+Each guard reads the sources as text: a second definition fails here with its place named, before a
+review has to find it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import PROJECT
+
+SOURCE_ROOTS = ["components", "cloud", "bench"]
+
+
+def _sources(*roots: str) -> list[Path]:
+    return sorted(path for root in roots or SOURCE_ROOTS for path in (PROJECT / root).rglob("*.py"))
+
+
+def _places(pattern: str, *roots: str) -> list[str]:
+    """`file:line` of every line matching `pattern` in the project's sources (or the given roots)."""
+    regex = re.compile(pattern)
+    found = []
+    for path in _sources(*roots):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if regex.search(line):
+                found.append(f"{path.relative_to(PROJECT)}:{number}")
+    return found
+
+
+def _files(places: list[str]) -> list[str]:
+    return sorted({place.rsplit(":", 1)[0] for place in places})
+
+
+def test_one_sha256_of_a_file() -> None:
+    # A file digest read in chunks is edgeinfer.files.sha256_file; hashing bytes in memory is fine.
+    assert _files(_places(r"iter\(lambda: \w+\.read\(")) == ["components/edgeinfer/files.py"]
+    assert _files(_places(r"def \w*sha256\w*\(")) == ["components/edgeinfer/files.py"]
+
+
+@pytest.mark.parametrize("root", SOURCE_ROOTS)
+def test_sources_exist(root: str) -> None:
+    assert _sources(root), f"no sources under {root}/: the guards above would pass vacuously"
