@@ -69,3 +69,11 @@ def test_bad_recipe_missing_artifact_and_unparseable_file(device: Device) -> Non
     _one_line_error(device, r"App-1\.0\.0\.yaml: Manifests\[0\]\.Artifacts\[0\]\.URI: artifact not found")
     (device.recipes / "App-1.0.0.yaml").write_text("ComponentName: [unclosed\n")
     _one_line_error(device, r"App-1\.0\.0\.yaml: not a readable recipe")
+
+
+def test_an_unknown_nucleus_is_one_line(device: Device) -> None:
+    from edgeinfer.sim import SimError
+
+    with pytest.raises(SimError, match=r"unknown nucleus 'java' \(classic or lite\)"):
+        Simulator(device.recipes, device.artifacts, nucleus="java")
+    assert Simulator(device.recipes, device.artifacts, nucleus="lite").nucleus.name == "lite"

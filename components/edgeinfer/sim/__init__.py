@@ -16,7 +16,9 @@ Python API::
                    config_reset={"Comp": ["/key"]},       # deployment-time RESET (JSON pointers)
                    work_dir=tmp_path,                     # kernel root; a temp dir when None
                    broker=None,                           # (host, port) / "host:port" of a running broker
-                   restart_delay=0.5, max_errors=3) as sim:
+                   restart_delay=0.5, max_errors=3,
+                   nucleus="classic",                     # or "lite": behave as nucleus lite
+                   component_user=None) as sim:           # "user[:group]"; default: see below
         sim.wait_for_state("com.example.Hello", "RUNNING", timeout=30)  # -> state, or SimError
         sim.states()                     # {"com.example.Hello": "RUNNING", ...}
         sim.history("com.example.Hello") # ["NEW", "INSTALLED", "STARTING", "RUNNING", ...]

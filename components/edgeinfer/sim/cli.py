@@ -109,6 +109,18 @@ def register(subparsers: Any) -> None:
         "--broker", metavar="HOST:PORT", help="use this MQTT broker instead of starting mosquitto"
     )
     up.add_argument("--region", default="us-east-1", help="AWS_REGION given to components")
+    up.add_argument(
+        "--nucleus",
+        choices=("classic", "lite"),
+        default="classic",
+        help="which Greengrass nucleus to behave as: the Java nucleus or nucleus lite (default: classic)",
+    )
+    up.add_argument(
+        "--component-user",
+        metavar="USER[:GROUP]",
+        help="run components as this user (default when run as root: ggc_user:ggc_group on classic, "
+        "gg_component on lite, created if missing; otherwise the invoking user)",
+    )
     up.add_argument("--detach", action="store_true", help="start in the background and return")
     up.add_argument(
         "--wait",
@@ -225,6 +237,8 @@ def _up(args: argparse.Namespace) -> int:
         work_dir=work_dir,
         broker=args.broker,
         region=args.region,
+        nucleus=args.nucleus,
+        component_user=args.component_user,
     )
 
     def terminate(_sig: int, _frame: Any) -> None:
@@ -281,7 +295,9 @@ def _detach(args: argparse.Namespace, work_dir: Path) -> int:
     argv += ["--recipes", str(args.recipes), "--thing", args.thing]
     if args.artifacts.is_dir():
         argv += ["--artifacts", str(args.artifacts)]
-    argv += ["--region", args.region]
+    argv += ["--region", args.region, "--nucleus", args.nucleus]
+    if args.component_user:
+        argv += ["--component-user", args.component_user]
     for item in args.config_merge:
         argv += ["--config-merge", item]
     for name in args.components or []:

@@ -27,6 +27,7 @@ from typing import Any
 from awsiot.greengrasscoreipc import model
 
 from edgeinfer import codec
+from edgeinfer.greengrass.nuclei import CLASSIC, NucleusProfile
 from edgeinfer.greengrass.recipe import (
     Recipe,
     RecipeError,
@@ -72,6 +73,8 @@ class Options:
     stop_timeout: float = 5.0
     validation_timeout: float = 10.0
     env: dict[str, str] = field(default_factory=dict)
+    nucleus: NucleusProfile = CLASSIC
+    component_user: str | None = None  # "user[:group]"; None: the nucleus's default when run as root
 
 
 @dataclass(eq=False)

@@ -6,10 +6,13 @@
         inbox = sim.cloud_client().subscribe("hello/t1/#")
         ...                                                       # stopped at teardown
 
-Fixtures: `sim_broker` (session-scoped mosquitto: `.host`, `.port`, `.address`) and `simulator`
-(factory `simulator(recipes_dir, artifacts_dir=None, **Simulator kwargs) -> Simulator`; work_dir
-defaults to a fresh folder under the test's tmp_path, broker to `sim_broker`, restart_delay to 0.1 s).
-Give each test its own `thing` when several share the session broker.
+Fixtures: `sim_broker` (session-scoped mosquitto: `.host`, `.port`, `.address`), `sim_nucleus`
+(the nucleus the simulator behaves as: "classic" unless `pytest --sim-nucleus lite`; parametrize it
+to run a test on both: `@pytest.mark.parametrize("sim_nucleus", ["classic", "lite"])`) and
+`simulator` (factory `simulator(recipes_dir, artifacts_dir=None, **Simulator kwargs) -> Simulator`;
+work_dir defaults to a fresh folder under the test's tmp_path, broker to `sim_broker`, nucleus to
+`sim_nucleus`, restart_delay to 0.1 s). Give each test its own `thing` when several share the
+session broker.
 """
 
 from __future__ import annotations
@@ -28,6 +31,21 @@ if TYPE_CHECKING:
 SimulatorFactory = Callable[..., "Simulator"]
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--sim-nucleus",
+        choices=("classic", "lite"),
+        default="classic",
+        help="the Greengrass nucleus the simulated core behaves as (default: classic)",
+    )
+
+
+@pytest.fixture
+def sim_nucleus(request: pytest.FixtureRequest) -> str:
+    """The nucleus profile the `simulator` factory uses: "classic" or "lite"."""
+    return str(request.config.getoption("--sim-nucleus"))
+
+
 @pytest.fixture(scope="session")
 def sim_broker() -> Iterator[MosquittoBroker]:
     """One mosquitto for the whole session, on a free loopback port (MQTT 5, $share/ subscriptions)."""
@@ -39,7 +57,7 @@ def sim_broker() -> Iterator[MosquittoBroker]:
 
 
 @pytest.fixture
-def simulator(sim_broker: MosquittoBroker, tmp_path: Path) -> Iterator[SimulatorFactory]:
+def simulator(sim_broker: MosquittoBroker, sim_nucleus: str, tmp_path: Path) -> Iterator[SimulatorFactory]:
     """Factory: start a simulated core with the given recipes; every one started is stopped at teardown."""
     started: list[Simulator] = []
 
@@ -49,6 +67,7 @@ def simulator(sim_broker: MosquittoBroker, tmp_path: Path) -> Iterator[Simulator
         kwargs.setdefault("broker", sim_broker.address)
         kwargs.setdefault("work_dir", tmp_path / f"sim{len(started)}")
         kwargs.setdefault("restart_delay", 0.1)
+        kwargs.setdefault("nucleus", sim_nucleus)
         sim = Simulator(recipes_dir, artifacts_dir, **kwargs)
         sim.start()
         started.append(sim)

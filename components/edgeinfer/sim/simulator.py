@@ -19,6 +19,8 @@ from typing import Any
 
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.files import atomic_write
+from edgeinfer.greengrass import nuclei
+from edgeinfer.greengrass.nuclei import NucleusProfile
 from edgeinfer.greengrass.recipe import RecipeError, apply_reset, deep_merge, load_recipes, resolve
 from edgeinfer.messages import is_thing_name
 from edgeinfer.sim.broker import Inbox, MosquittoBroker, MqttClient, parse_hostport
@@ -77,7 +79,14 @@ class Simulator:
         stop_timeout: float = 5.0,
         validation_timeout: float = 10.0,
         env: Mapping[str, str] | None = None,
+        nucleus: str | NucleusProfile = "classic",
+        component_user: str | None = None,
     ) -> None:
+        try:
+            self.nucleus: NucleusProfile = nuclei.profile(nucleus)
+        except RecipeError as exc:
+            raise SimError(str(exc)) from None
+        self.component_user = component_user
         self.recipes_dir = Path(recipes_dir)
         self.artifacts_dir = Path(artifacts_dir) if artifacts_dir is not None else None
         if not is_thing_name(thing):
@@ -156,6 +165,8 @@ class Simulator:
             root=self.root,
             socket_path=self.socket_path,
             env=self._env,
+            nucleus=self.nucleus,
+            component_user=self.component_user,
             **self._opts,  # type: ignore[arg-type]
         )
         # Everything that can fail on bad input fails here, before any process starts.
@@ -315,6 +326,7 @@ class Simulator:
             "pid": os.getpid(),
             "running": self.started,
             "thing": self.thing,
+            "nucleus": self.nucleus.name,
             "broker": f"{self.broker[0]}:{self.broker[1]}",
             "socket": self.socket_path,
             "root": str(self.root),
