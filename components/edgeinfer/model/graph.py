@@ -187,12 +187,27 @@ def compose(core: Any, pre: Preprocessing, *, uint8_input: bool = False) -> Any:
     uint8_input=True (QDQ cores only): drop the QuantizeLinear on the core input and feed the uint8
     pixels to its DequantizeLinear with scale 1/std and zero point mean (see module docstring)."""
     onnx = _onnx()
-    h, nh = onnx.helper, onnx.numpy_helper
     model = onnx.ModelProto()
     model.CopyFrom(core)
+    nodes, inits, pre_out = preprocessing_nodes(pre, normalise=not uint8_input)
+    splice_input(model, nodes, inits, pre_out, pre, uint8_input=uint8_input)
+    _rename_output(model)
+    out = model.graph.output[0]
+    dims = out.type.tensor_type.shape.dim
+    if dims and not dims[0].HasField("dim_value"):
+        dims[0].dim_param = "N"
+    return model
+
+
+def splice_input(
+    model: Any, nodes: list[Any], inits: list[Any], pre_out: str, pre: Preprocessing, *, uint8_input: bool
+) -> None:
+    """Put preprocessing `nodes` (INPUT_NAME → `pre_out`) in front of `model`'s float image input, in
+    place; with `uint8_input`, `pre_out` holds uint8 NCHW pixels that feed the stem's DequantizeLinear."""
+    onnx = _onnx()
+    h, nh = onnx.helper, onnx.numpy_helper
     graph = model.graph
     in_name, _ = core_input(model)
-    nodes, inits, pre_out = preprocessing_nodes(pre, normalise=not uint8_input)
     if uint8_input:
         if not uint8_trick_applies(pre):
             raise ValueError("uint8 input needs one integer mean and one std for all channels")
@@ -237,12 +252,6 @@ def compose(core: Any, pre: Preprocessing, *, uint8_input: bool = False) -> Any:
     used = {name for node in graph.node for name in node.input}
     for init in [i for i in graph.initializer if i.name not in used]:
         graph.initializer.remove(init)
-    _rename_output(model)
-    out = graph.output[0]
-    dims = out.type.tensor_type.shape.dim
-    if dims and not dims[0].HasField("dim_value"):
-        dims[0].dim_param = "N"
-    return model
 
 
 def fold_pads_into_convs(model: Any) -> int:

@@ -29,6 +29,7 @@ __all__ = [
     "CUDA",
     "MANIFEST_FILE",
     "TENSORRT",
+    "DetectionSpec",
     "Manifest",
     "ManifestError",
     "Preprocessing",
@@ -58,6 +59,12 @@ def default_store_dir(artifacts: Path | str | None = None, version: str = __vers
     return root / COMPONENT / version
 
 
+def _task(value: Any) -> str:
+    if value not in TASKS:
+        raise ManifestError(f"unknown task {value!r} (this runtime serves: {', '.join(TASKS)})")
+    return str(value)
+
+
 def _from_dict(cls: type[Any], data: dict[str, Any]) -> Any:
     """Build a flat dataclass from a dict, ignoring unknown keys (newer manifests stay readable)."""
     names = {f.name for f in fields(cls)}
@@ -84,6 +91,11 @@ class Preprocessing:
     mean: list[float] = field(default_factory=lambda: [127.0, 127.0, 127.0])
     std: list[float] = field(default_factory=lambda: [128.0, 128.0, 128.0])
     interpolation: str = "linear"
+    # "crop" (classifiers: centre crop of crop_fraction, then resize) or "letterbox" (detectors: the
+    # whole image scaled to fit `size`, the rest filled with `pad_value`; boxes come back in the
+    # source image's pixels).
+    resize: str = "crop"
+    pad_value: int = 127
     # [H, W] a runtime should resize decoded images to: they batch, and crop + resize in the graph is
     # then a cheap crop (size / crop_fraction, e.g. 256 for 224 at 0.875).
     preferred_input: list[int] = field(default_factory=lambda: [256, 256])
@@ -106,6 +118,24 @@ class Preprocessing:
             channel_order=channel_order,
             preferred_input=[side, side],
         )
+
+
+TASKS = ("classification", "detection")
+LAYOUTS = ("objectness", "anchor_free")
+
+
+@dataclass
+class DetectionSpec:
+    """How a detector's graph output is read, and the post step's defaults.
+
+    Every detector graph ends in `boxes [N, A, 4]` (x_min, y_min, x_max, y_max in the input image's
+    pixels) and `scores [N, A, C]`; `layout` says what the source network wrote: `objectness`
+    `[N, A, 5 + C]` (cx, cy, w, h, objectness, classes) or `anchor_free` `[N, 4 + C, A]`."""
+
+    layout: str = "objectness"
+    score_threshold: float = 0.25
+    iou_threshold: float = 0.45
+    max_detections: int = 100
 
 
 @dataclass
@@ -141,6 +171,8 @@ class Manifest:
     created: str = ""
     build_seconds: float = 0.0
     schema_version: int = SCHEMA_VERSION
+    task: str = "classification"  # one of TASKS; a manifest without the key is a classifier
+    detection: DetectionSpec | None = None  # set for task "detection"
     root: Path | None = field(default=None, compare=False, repr=False)  # folder it was loaded from
 
     # ----------------------------------------------------------------------------------- (de)serialise
@@ -171,12 +203,20 @@ class Manifest:
                 created=str(data.get("created", "")),
                 build_seconds=float(data.get("build_seconds", 0.0)),
                 schema_version=int(data.get("schema_version", SCHEMA_VERSION)),
+                task=_task(data.get("task", "classification")),
+                detection=_from_dict(DetectionSpec, data["detection"])
+                if isinstance(data.get("detection"), dict)
+                else None,
                 root=root,
             )
         except KeyError as exc:
             raise ManifestError(f"malformed manifest: missing key {exc.args[0]!r}") from None
         except (TypeError, ValueError) as exc:
             raise ManifestError(f"malformed manifest: {exc}") from None
+
+    @property
+    def is_detector(self) -> bool:
+        return self.task == "detection"
 
     @classmethod
     def load(cls, folder: Path | str) -> Manifest:
