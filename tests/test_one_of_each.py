@@ -44,3 +44,13 @@ def test_one_sha256_of_a_file() -> None:
 @pytest.mark.parametrize("root", SOURCE_ROOTS)
 def test_sources_exist(root: str) -> None:
     assert _sources(root), f"no sources under {root}/: the guards above would pass vacuously"
+
+
+# /proc's formats are read by edgeinfer.procfs alone: /proc/<pid>/stat's fields after the command's
+# closing parenthesis, cmdline's NUL-separated argv, /proc/stat's cpu lines, meminfo.
+_PROC_FORMATS = r'r(?:split|partition|find)\(b?"\)"|split\(b"\\0"\)|startswith\("cpu|"VmRSS:|/proc/\{|"/proc/(?:stat|uptime|meminfo)"'
+
+
+def test_one_proc_reader() -> None:
+    found = _files(_places(_PROC_FORMATS))
+    assert found == ["components/edgeinfer/procfs.py"]

@@ -45,9 +45,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgeinfer import procfs
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.stats import quantile
-from edgeinfer.transport import MemoryBus, MessageHandler, Subscription, Target
+from edgeinfer.transport import MemoryBus, MessageHandler, MqttProperties, Subscription, Target
 
 log = logging.getLogger(__name__)
 
@@ -154,14 +155,24 @@ class DelayedPubSub:
         with self._lock:
             return self.rng.uniform(*self.rtt_ms) / 2000.0
 
-    def publish(self, topic: str, payload: bytes, *, target: Any = "iot", qos: int = 0) -> None:
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        target: Any = "iot",
+        qos: int = 0,
+        properties: MqttProperties | None = None,
+    ) -> None:
         if not self.inner.is_connected:
             from edgeinfer.transport import TransportError
 
             raise TransportError(f"publish to {topic} failed: not connected")
         self.scheduler.at(
             time.monotonic() + self._half(),
-            lambda: self.inner.publish(topic, payload, target=target, qos=qos, wait=False),
+            lambda: self.inner.publish(
+                topic, payload, target=target, qos=qos, wait=False, properties=properties
+            ),
         )
 
     def subscribe(self, topic: str, handler: Any, *, target: Any = "iot", qos: int = 0) -> Any:
@@ -184,9 +195,17 @@ class EdgeBus(MemoryBus):
         super().__init__()
         self.iot = iot
 
-    def publish(self, topic: str, payload: bytes, *, target: Target = "local", qos: int = 0) -> None:
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        target: Target = "local",
+        qos: int = 0,
+        properties: MqttProperties | None = None,
+    ) -> None:
         if target == "iot":
-            self.iot.publish(topic, payload, target="iot", qos=qos)
+            self.iot.publish(topic, payload, target="iot", qos=qos, properties=properties)
         else:
             super().publish(topic, payload, target=target, qos=qos)
 
@@ -479,49 +498,24 @@ def shutil_which(name: str) -> str | None:
 # ------------------------------------------------------------------------------------ core usage
 
 
-def _core_ticks() -> dict[int, tuple[int, int]]:
-    """Per core: (busy, total) clock ticks since boot, from /proc/stat ({} where there is none)."""
-    out: dict[int, tuple[int, int]] = {}
-    try:
-        lines = Path("/proc/stat").read_text().splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        name, *fields = line.split()
-        if name.startswith("cpu") and name[3:].isdigit():
-            ticks = [int(x) for x in fields[:8]]
-            idle = ticks[3] + ticks[4]  # idle + iowait
-            out[int(name[3:])] = (sum(ticks) - idle, sum(ticks))
-    return out
-
-
-def _proc_ticks(pid: int) -> int:
-    """utime + stime of a process, all its threads, in clock ticks (0 when it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return 0
-    return int(fields[11]) + int(fields[12])
-
-
 class CoreUse:
     """How busy each pinned core was during a load step, and how much of that was the bench's own
     processes: on a shared machine, the rest is other work taking the edge's or the router's core."""
 
     def __init__(self, owners: dict[int, list[int]]) -> None:
         self.owners = owners  # core -> pids pinned there
-        self._cores = _core_ticks()
-        self._procs = {pid: _proc_ticks(pid) for pids in owners.values() for pid in pids}
+        self._cores = procfs.core_times()
+        self._procs = {pid: procfs.process_ticks(pid) for pids in owners.values() for pid in pids}
 
     def ticks(self) -> dict[int, tuple[int, int, int]]:
         """Per core since this was made: (busy, total, the bench's own) clock ticks."""
-        cores, out = _core_ticks(), {}
+        cores, out = procfs.core_times(), {}
         for core, pids in self.owners.items():
             if core not in cores or core not in self._cores:
                 continue
             busy = cores[core][0] - self._cores[core][0]
             total = cores[core][1] - self._cores[core][1]
-            own = sum(_proc_ticks(pid) - self._procs.get(pid, 0) for pid in pids)
+            own = sum(procfs.process_ticks(pid) - self._procs.get(pid, 0) for pid in pids)
             out[core] = (busy, total, own)
         return out
 

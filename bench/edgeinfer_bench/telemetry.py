@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from edgeinfer import procfs
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.files import write_output
 
@@ -137,25 +138,15 @@ def per_record(n_records: int, repeats: int, window_s: float) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------ saturated
 
 
-def _process_cpu_s(module: str, root: Path, proc: Path = Path("/proc")) -> float:
+def _process_cpu_s(module: str, root: Path, proc: Path = procfs.PROC) -> float:
     """CPU seconds (user + system) so far of the processes running `python -m <module>` from under
     `root` (this run's simulated core: other people's runs on a shared machine do not count)."""
-    from edgeinfer.telemetry.system import parse_stat_cpu
-
-    tck = os.sysconf("SC_CLK_TCK")
     prefix = str(root.resolve()).encode()
-    total = 0
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().split(b"\0")
-            if module.encode() not in cmd or b"-m" not in cmd or not cmd[0].startswith(prefix):
-                continue
-            total += parse_stat_cpu((entry / "stat").read_text()) or 0
-        except OSError:
-            continue
-    return total / tck
+
+    def wanted(argv: list[bytes]) -> bool:
+        return module.encode() in argv and b"-m" in argv and argv[0].startswith(prefix)
+
+    return sum(procfs.process_cpu_s(pid, proc) for pid in procfs.find_pids(wanted, proc))
 
 
 _PUBLISHER = """

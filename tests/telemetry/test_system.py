@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from edgeinfer.telemetry.system import Nvml, SystemSampler, parse_stat_cpu
+from edgeinfer.procfs import parse_stat_cpu
+from edgeinfer.telemetry.system import Nvml, SystemSampler
 from tests.helpers.clock import FakeClock
 
 

@@ -22,59 +22,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from edgeinfer import procfs
+from edgeinfer.procfs import parse_meminfo, parse_stat_cpu, parse_status_rss
+
 __all__ = ["Nvml", "SystemSampler"]
 
 log = logging.getLogger(__name__)
 
 _MB = 1024 * 1024
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text("utf-8", errors="replace")
-    except OSError:
-        return None
-
-
-def parse_cpu_times(stat_text: str) -> tuple[int, int] | None:
-    """(busy, total) jiffies from the aggregate `cpu` line of /proc/stat."""
-    for line in stat_text.splitlines():
-        if line.startswith("cpu "):
-            fields = [int(x) for x in line.split()[1:]]
-            total = sum(fields[:8])  # user nice system idle iowait irq softirq steal (guest is in user)
-            idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-            return total - idle, total
-    return None
-
-
-def parse_meminfo(text: str) -> dict[str, int]:
-    """Fields of /proc/meminfo in bytes."""
-    out: dict[str, int] = {}
-    for line in text.splitlines():
-        name, _, rest = line.partition(":")
-        parts = rest.split()
-        if parts and parts[0].isdigit():
-            scale = 1024 if len(parts) > 1 and parts[1] == "kB" else 1
-            out[name.strip()] = int(parts[0]) * scale
-    return out
-
-
-def parse_status_rss(text: str) -> int | None:
-    """VmRSS of /proc/<pid>/status in bytes (None for kernel threads and zombies)."""
-    for line in text.splitlines():
-        if line.startswith("VmRSS:"):
-            parts = line.split()
-            return int(parts[1]) * 1024
-    return None
-
-
-def parse_stat_cpu(text: str) -> int | None:
-    """utime + stime jiffies of /proc/<pid>/stat (the command may contain spaces and parentheses)."""
-    _, _, rest = text.rpartition(")")
-    fields = rest.split()
-    if len(fields) < 13:
-        return None
-    return int(fields[11]) + int(fields[12])
 
 
 class Nvml:
@@ -150,7 +105,7 @@ class SystemSampler:
         self.proc = Path(proc)
         self.match = tuple(m for m in match if m)
         self._clock = clock
-        self._tck = clk_tck or (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+        self._tck = clk_tck or procfs.clock_ticks()
         self._pid = pid if pid is not None else os.getpid()
         self.nvml = nvml if nvml is not None else (Nvml() if gpu else None)
         self._cpu_prev = self._cpu_times()
@@ -160,8 +115,7 @@ class SystemSampler:
         self._device_processes()  # prime the per-process CPU counters
 
     def _cpu_times(self) -> tuple[int, int] | None:
-        text = _read(self.proc / "stat")
-        return parse_cpu_times(text) if text else None
+        return procfs.cpu_times(self.proc)
 
     def _device_processes(self) -> tuple[int, int, float | None]:
         """(count, rss bytes, cpu % of one core summed) over the device's processes."""
@@ -176,11 +130,11 @@ class SystemSampler:
         for entry in entries:
             pid = int(entry.name)
             if pid != self._pid:
-                cmd = _read(entry / "cmdline")
+                cmd = procfs.read(entry / "cmdline")
                 if not cmd or not any(m in cmd for m in self.match):
                     continue
-            status = _read(entry / "status")
-            stat = _read(entry / "stat")
+            status = procfs.read(entry / "status")
+            stat = procfs.read(entry / "stat")
             if status is None or stat is None:
                 continue  # exited meanwhile
             count += 1
@@ -206,11 +160,11 @@ class SystemSampler:
                 out["cpu_percent"] = round(100.0 * busy / total, 1)
         self._cpu_prev = cpu
         out["cpu_count"] = self._ncpu
-        load = _read(self.proc / "loadavg")
+        load = procfs.read(self.proc / "loadavg")
         if load:
             with contextlib.suppress(ValueError, IndexError):
                 out["load_1m"] = float(load.split()[0])
-        mem_text = _read(self.proc / "meminfo")
+        mem_text = procfs.read(self.proc / "meminfo")
         if mem_text:
             mem = parse_meminfo(mem_text)
             if "MemTotal" in mem:

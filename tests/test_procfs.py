@@ -1,0 +1,70 @@
+"""/proc reading: on a fake tree (formats, odd command names, processes that are gone) and on the real one."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from edgeinfer import procfs
+
+
+def write_process(
+    proc: Path, pid: int, argv: list[str], *, state: str = "S", pgid: int = 1, cpu: int = 0
+) -> None:
+    folder = proc / str(pid)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+    fields = [state, "1", str(pgid)] + ["0"] * 8 + [str(cpu), "0"] + ["0"] * 6 + ["250"] + ["0"] * 30
+    (folder / "stat").write_text(f"{pid} (py (x) thon) " + " ".join(fields))
+
+
+def test_cpu_lines(tmp_path: Path) -> None:
+    (tmp_path / "stat").write_text(
+        "cpu  10 0 5 80 5 0 0 0 0 0\ncpu0 4 0 1 40 5 0 0 0\ncpu1 6 0 4 40 0 0 0 0\nintr 1\n"
+    )
+    assert procfs.cpu_times(tmp_path) == (15, 100)
+    assert procfs.core_times(tmp_path) == {0: (5, 50), 1: (10, 50)}
+    assert procfs.cpu_times(tmp_path / "none") is None
+    assert procfs.core_times(tmp_path / "none") == {}
+
+
+def test_meminfo_and_status() -> None:
+    assert procfs.parse_meminfo("MemTotal:  8 kB\nHugePages_Total: 3\nbad line\n") == {
+        "MemTotal": 8192,
+        "HugePages_Total": 3,
+    }
+    assert procfs.parse_status_rss("Name:\tx\nVmRSS:\t  12 kB\n") == 12 * 1024
+    assert procfs.parse_status_rss("Name:\tkthreadd\n") is None
+
+
+def test_stat_with_odd_command_names(tmp_path: Path) -> None:
+    write_process(tmp_path, 7, ["python", "-m", "edgeinfer.runtime"], state="Z", pgid=42, cpu=9)
+    assert procfs.stat(7, tmp_path) == procfs.ProcStat("Z", 42, 9, 250)
+    assert procfs.parse_stat("garbage") is None
+    assert procfs.stat(8, tmp_path) is None  # gone
+    assert procfs.process_cpu_s(8, tmp_path) == 0.0
+
+
+def test_find_pids(tmp_path: Path) -> None:
+    write_process(tmp_path, 10, ["python", "-m", "edgeinfer.runtime"])
+    write_process(tmp_path, 11, ["sshd"])
+    (tmp_path / "self").mkdir()
+    assert procfs.find_pids(lambda argv: b"edgeinfer.runtime" in argv, tmp_path) == [10]
+    assert procfs.cmdline(10, tmp_path) == [b"python", b"-m", b"edgeinfer.runtime"]
+    assert procfs.cmdline(12, tmp_path) is None
+    assert list(procfs.pids(tmp_path / "none")) == []
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="needs Linux /proc")
+def test_real_proc_knows_this_process() -> None:
+    sum(i * i for i in range(200_000))
+    assert procfs.process_cpu_s(os.getpid()) > 0
+    assert os.getpid() in procfs.pids()
+    age = procfs.process_age_s()
+    assert age is not None
+    assert age >= 0
+    own = procfs.stat("self")
+    assert own is not None
+    assert own.pgid == os.getpgid(0)
