@@ -236,7 +236,7 @@ class RawPipeline:
         from edgeinfer.model.manifest import Manifest
         from edgeinfer.runtime.engine import Engine
 
-        cv2.setNumThreads(cfg.cpu.opencv_threads)  # as the runtime does
+        cv2.setNumThreads(cfg.opencv_threads)  # as the runtime does
         # The runtime's configuration, lanes included: its whole session (what `once` and `batched`
         # run) then has the runtime's options, spinning included; the lanes' session stays idle.
         self.images = images

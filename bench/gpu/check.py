@@ -13,7 +13,7 @@ Checks, in a couple of minutes at most:
    configuration must reuse it (no new engine file, much faster creation);
 4. the same answers on every provider: the sample photos through each engine that loads, against
    the FP32 model on the CPU (top-1 and the largest probability difference);
-5. warm latency per batch size (each at its own shape, `cuda.fixedBatch` off) for every provider
+5. warm latency per batch size (each at its own shape, `cudaFixedBatch` off) for every provider
    that loads, and on CUDA the options the runtime chose against the alternatives (IO binding off,
    EXHAUSTIVE conv search) — medians over repeated runs of one size, ratios only, never judged
    against absolute times. bench/gpu/diag.py measures what changing sizes cost.
@@ -42,8 +42,11 @@ def engine_for(
     from edgeinfer.runtime.engine import Engine
 
     cfg = RuntimeConfig(execution_providers=providers, max_batch_size=max_batch)
-    for key, value in cuda.items():
-        setattr(cfg.cuda, key, value)
+    for key, value in cuda.items():  # CUDA provider options, or the runtime's own cuda_* knobs
+        if hasattr(cfg.cuda, key):
+            setattr(cfg.cuda, key, value)
+        else:
+            setattr(cfg, f"cuda_{key}", value)
     t = time.perf_counter()
     engine = Engine.create(manifest, cfg, work)
     return engine, time.perf_counter() - t

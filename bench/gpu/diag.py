@@ -4,7 +4,7 @@
 1. The cost of a CUDA session's first run on a thread that has not run it before (ORT's CUDA
    provider makes its cuBLAS/cuDNN handles per thread), against a warm run on the warm-up's thread.
 2. Engine.run under the runtime's patterns: batch sizes changing from run to run (with and without
-   `cuda.fixedBatch`), idle gaps, two threads (this found the ~200 ms a new input shape costs).
+   `cudaFixedBatch`), idle gaps, two threads (this found the ~200 ms a new input shape costs).
 3. Unless --no-bench: `edgeinfer bench runtime` on the CUDA provider (short), and while it saturates
    the runtime, the runtime process's CPU per thread (from /proc) and a py-spy profile of it (when
    py-spy is there).
@@ -80,7 +80,7 @@ def patterns(model_dir: str, runs: int = 40) -> dict[str, Any]:
     engines = {}
     for fixed in (True, False):
         cfg = RuntimeConfig(execution_providers=[CUDA], max_batch_size=8)
-        cfg.cuda.fixed_batch = fixed
+        cfg.cuda_fixed_batch = fixed
         engines[fixed] = Engine.create(manifest, cfg, "/tmp/edgeinfer-diag")
         engines[fixed].warm_up()
     size = engines[True].input_size

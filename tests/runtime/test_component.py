@@ -1,4 +1,4 @@
-"""The component process logic on a MemoryBus: start, validation with reasons, live updates."""
+"""The component process logic on a MemoryBus: start, validation with reasons, live updates, both nuclei."""
 
 from __future__ import annotations
 
@@ -9,10 +9,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from edgeinfer.config import ConfigError
 from edgeinfer.messages import Result
-from edgeinfer.runtime.__main__ import Component, process_age_ms
+from edgeinfer.runtime.component import Component, main, process_age_ms
 from edgeinfer.runtime.config import default_recipe_configuration
 from edgeinfer.transport import MemoryBus
+from tests.helpers.config import lite_typed
 from tests.helpers.images import solid_jpeg
 
 THING = "c1"
@@ -25,11 +29,23 @@ def wait_for(pred: Callable[[], bool], timeout: float = 30.0) -> None:
         time.sleep(0.01)
 
 
-def make(tiny_store: Path, tmp_path: Path, **overrides: object) -> tuple[Component, MemoryBus]:
+def make(
+    tiny_store: Path,
+    tmp_path: Path,
+    *,
+    lite: bool = False,
+    options: list[str] | None = None,
+    **overrides: object,
+) -> tuple[Component, MemoryBus]:
+    """`lite`: the configuration typed and the validation subscription answered as nucleus lite does."""
     config = default_recipe_configuration()
     config.update({"maxBatchSize": 4, "executionProviders": ["cpu"], **overrides})
-    bus = MemoryBus(config=config)
-    args = argparse.Namespace(model_dir=str(tiny_store), work_dir=str(tmp_path), thing=THING)
+    if lite:
+        config = lite_typed(config)
+    bus = MemoryBus(config=config, validation=not lite)
+    args = argparse.Namespace(
+        model_dir=str(tiny_store), work_dir=str(tmp_path), thing=THING, option=options or []
+    )
     return Component(bus, args), bus
 
 
@@ -95,13 +111,53 @@ def test_live_updates_apply_without_restart(tiny_store: Path, tmp_path: Path) ->
 
 
 def test_bad_configuration_at_start_is_refused(tiny_store: Path, tmp_path: Path) -> None:
-    comp, _ = make(tiny_store, tmp_path, maxBatchSize="many")
-    try:
+    comp, bus = make(tiny_store, tmp_path, maxBatchSize="many")
+    with pytest.raises(ConfigError, match="maxBatchSize: must be an integer, got 'many'"):
         comp.start()
-    except SystemExit as exc:
-        assert "maxBatchSize must be an integer" in str(exc)
-    else:
-        raise AssertionError("started with an invalid configuration")
+    assert bus.states == []
+
+
+def test_lite_typed_configuration_reads_as_the_classic_one(tiny_store: Path, tmp_path: Path) -> None:
+    classic, _ = make(tiny_store, tmp_path)
+    lite, _ = make(tiny_store, tmp_path, lite=True)
+    assert lite.read_config() == classic.read_config()
+
+
+def test_without_live_validation_updates_still_apply(
+    tiny_store: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    comp, bus = make(tiny_store, tmp_path, lite=True)
+    comp.start()
+    try:
+        assert bus.states == ["RUNNING"]
+        off = [
+            r.getMessage() for r in caplog.records if "live configuration validation is off" in r.getMessage()
+        ]
+        assert len(off) == 1
+        assert off[0].startswith("com.edgeinfer.InferenceRuntime: ")
+        server = comp.server
+        # Nothing validates: a bad value reaches the component, which keeps what runs and says why.
+        assert bus.propose_configuration(dict(bus.config, maxBatchSize="0")) is None
+        wait_for(lambda: any("configuration update ignored" in r.getMessage() for r in caplog.records))
+        assert server.engine.max_batch_size == 4
+        assert bus.propose_configuration(dict(bus.config, maxBatchSize="4", maxQueueSize="10")) is None
+        wait_for(lambda: server.batcher.max_queue_size == 10)
+        assert ask(bus, "lite").status == "ok"
+    finally:
+        comp.stop()
+
+
+def test_command_line_options_override_the_nucleus(tiny_store: Path, tmp_path: Path) -> None:
+    comp, _ = make(tiny_store, tmp_path, options=["maxQueueSize=12", "tensorrt.trtFp16Enable=false"])
+    cfg = comp.read_config()
+    assert (cfg.max_queue_size, cfg.tensorrt.trt_fp16_enable, cfg.max_batch_size) == (12, False, 4)
+
+
+def test_main_outside_greengrass_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["-o", "maxBatchSize"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "edgeinfer.runtime: error: -o expects KEY=VALUE, got 'maxBatchSize'"
+    )
 
 
 def test_requests_during_start_up_are_served(tiny_store: Path, tmp_path: Path) -> None:

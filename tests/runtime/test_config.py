@@ -1,4 +1,4 @@
-"""Configuration: camelCase recipe keys, coercion, validation reasons, the recipe's defaults."""
+"""The runtime's configuration: recipe keys, both nuclei's typing, refusals, the recipe's defaults."""
 
 from __future__ import annotations
 
@@ -6,16 +6,22 @@ import dataclasses
 from pathlib import Path
 
 import jsonschema
+import pytest
 import yaml
 
 from edgeinfer.runtime.config import (
+    ConfigError,
+    CpuOptions,
+    CudaOptions,
     RuntimeConfig,
+    TensorrtOptions,
     camel,
     default_recipe_configuration,
     diff_keys,
     engine_keys_changed,
 )
 from tests.helpers import PROJECT
+from tests.helpers.config import lite_typed
 
 ROOT = PROJECT
 RECIPE = ROOT / "recipes" / "com.edgeinfer.InferenceRuntime.yaml"
@@ -33,46 +39,114 @@ def test_round_trip_and_aliases() -> None:
     doc["maxBatchSize"] = 4.0  # JSON numbers may come as floats
     doc["tensorrt"]["trtFp16Enable"] = "false"
     doc["accessControl"] = {"ignored": True}
-    cfg, problems = RuntimeConfig.from_recipe(doc)
-    assert problems == []
+    cfg = RuntimeConfig.from_recipe(doc)
     assert cfg.execution_providers == ["CUDAExecutionProvider", "CPUExecutionProvider"]
     assert cfg.max_batch_size == 4
     assert cfg.tensorrt.trt_fp16_enable is False
 
 
-def test_invalid_values_give_reasons_and_a_usable_config() -> None:
-    cfg, problems = RuntimeConfig.from_recipe(
-        {
-            "maxBatchSize": 0,
-            "maxQueueDelayUs": "soon",
-            "executionProviders": ["warp-drive"],
-            "source": {"kind": "video"},
-            "cuda": "fast",
-            "cpu": {"decodeNice": 25, "fullSessionMaxContention": 1.5, "laneMaxBatchSize": -1},
-        }
-    )
-    text = " | ".join(problems)
-    assert "maxBatchSize must be from 1 to 256" in text
-    assert "maxQueueDelayUs must be an integer" in text
-    assert "unknown provider 'warp-drive'" in text
-    assert "source.uri is required" in text
-    assert "cuda must be an object" in text
-    assert "cpu.decodeNice must be from 0 to 19" in text
-    assert "cpu.fullSessionMaxContention must be from 0 (never) to 1 (always)" in text
-    assert "cpu.laneMaxBatchSize must be from 0 (the lane's share of maxBatchSize) to 1024" in text
-    assert cfg.max_queue_delay_us == RuntimeConfig().max_queue_delay_us
+def test_classic_and_lite_typing_give_the_same_config() -> None:
+    doc = default_recipe_configuration()
+    doc.update({"maxBatchSize": 4, "defaultDeadlineMs": 12.5, "imageFolders": ["/data"]})
+    doc["source"] = {**doc["source"], "kind": "folder", "uri": "/data", "rateHz": 2}
+    classic = RuntimeConfig.from_recipe(doc)
+    lite = lite_typed(doc)
+    assert lite["maxBatchSize"] == "4"
+    assert lite["tensorrt"]["trtFp16Enable"] == "true"
+    assert RuntimeConfig.from_recipe(lite) == classic
+    # A list as nucleus lite interpolates it (JSON, quotes escaped) reads as the list.
+    escaped = dict(lite, executionProviders='[\\"cuda\\",\\"cpu\\"]')
+    assert RuntimeConfig.from_recipe(escaped).execution_providers == [
+        "CUDAExecutionProvider",
+        "CPUExecutionProvider",
+    ]
 
 
-def test_live_cpu_keys_need_no_new_engine() -> None:
+def test_invalid_values_are_one_error_naming_every_key() -> None:
+    with pytest.raises(ConfigError) as err:
+        RuntimeConfig.from_recipe(
+            {
+                "maxBatchSize": 0,
+                "maxQueueDelayUs": "soon",
+                "executionProviders": ["warp-drive"],
+                "source": {"kind": "video"},
+                "cuda": "fast",
+                "decodeNice": 25,
+                "fullSessionMaxContention": 1.5,
+                "laneMaxBatchSize": -1,
+            }
+        )
+    text = str(err.value)
+    assert "\n" not in text
+    assert text.startswith("configuration of com.edgeinfer.InferenceRuntime: ")
+    assert "maxQueueDelayUs: must be an integer, got 'soon'" in text
+    assert "cuda: must be a map, got 'fast'" in text
+    assert "source.uri: is required for kind 'video'" in text
+    # Range checks run once the types read: a second error names them.
+    with pytest.raises(ConfigError) as err:
+        RuntimeConfig.from_recipe(
+            {
+                "maxBatchSize": 0,
+                "executionProviders": ["warp-drive"],
+                "decodeNice": 25,
+                "fullSessionMaxContention": 1.5,
+                "laneMaxBatchSize": -1,
+            }
+        )
+    text = str(err.value)
+    assert "maxBatchSize: must be from 1 to 256" in text
+    assert "executionProviders: unknown provider 'warp-drive'" in text
+    assert "decodeNice: must be from 0 to 19" in text
+    assert "fullSessionMaxContention: must be from 0 (never) to 1 (always)" in text
+    assert "laneMaxBatchSize: must be from 0 (the lane's share of maxBatchSize) to 1024" in text
+    assert err.value.path == "executionProviders"
+
+
+def test_unknown_keys_are_warned_by_name(caplog: pytest.LogCaptureFixture) -> None:
+    cfg = RuntimeConfig.from_recipe({"maxBatchSise": 4, "cpu": {"lanes": 2}, "accessControl": {}})
+    assert cfg == RuntimeConfig()
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned == [
+        "com.edgeinfer.InferenceRuntime: unknown configuration key maxBatchSise (ignored)",
+        "com.edgeinfer.InferenceRuntime: unknown configuration key cpu.lanes (ignored)",
+    ]
+
+
+def test_ort_option_classes_hold_only_ort_options() -> None:
+    # The names ORT's provider options and session configuration use; the runtime's own knobs
+    # (IO binding, padded CUDA batches, lanes, decode priority) are RuntimeConfig's.
+    assert {f.name for f in dataclasses.fields(TensorrtOptions)} <= {
+        "trt_fp16_enable",
+        "trt_int8_enable",
+        "trt_engine_cache_enable",
+        "trt_timing_cache_enable",
+        "trt_max_workspace_size",
+        "trt_builder_optimization_level",
+        "trt_cuda_graph_enable",
+        "device_id",
+    }
+    assert {f.name for f in dataclasses.fields(CudaOptions)} == {
+        "cudnn_conv_algo_search",
+        "do_copy_in_default_stream",
+        "device_id",
+    }
+    assert {f.name for f in dataclasses.fields(CpuOptions)} == {
+        "intra_op_num_threads",
+        "allow_spinning",
+        "force_spinning_stop",
+    }
+    for cls in (TensorrtOptions, CudaOptions, CpuOptions):
+        assert "https://onnxruntime.ai/docs/" in (cls.__doc__ or "")
+
+
+def test_live_keys_need_no_new_engine() -> None:
     a = RuntimeConfig()
-    live = dataclasses.replace(
-        a.cpu, full_session_max_contention=0.5, decode_nice=5, opencv_threads=2, lane_max_batch_size=2
+    b = dataclasses.replace(
+        a, full_session_max_contention=0.5, decode_nice=5, opencv_threads=2, lane_max_batch_size=2
     )
-    b = dataclasses.replace(a, cpu=live)
-    assert diff_keys(a, b) == {"cpu"}
     assert engine_keys_changed(a, b) == set()  # the batcher, decode pool and process take them
-    c = dataclasses.replace(b, cpu=dataclasses.replace(live, lanes=1))
-    assert engine_keys_changed(a, c) == {"cpu"}  # a session option: a new engine
+    assert engine_keys_changed(a, dataclasses.replace(b, lanes=1)) == {"lanes"}  # a session: new engine
+    assert engine_keys_changed(a, dataclasses.replace(a, cuda_fixed_batch=False)) == {"cuda_fixed_batch"}
     assert engine_keys_changed(a, dataclasses.replace(a, max_batch_size=4)) == {"max_batch_size"}
     assert engine_keys_changed(a, dataclasses.replace(a, max_queue_delay_us=1)) == set()
 
@@ -88,16 +162,10 @@ def test_recipe_matches_defaults_and_schema() -> None:
     lowered = _lower_keys(recipe)
     jsonschema.validate(lowered, _schema())
     default = recipe["ComponentConfiguration"]["DefaultConfiguration"]
-    _cfg, problems = RuntimeConfig.from_recipe(default)
-    assert problems == []
+    RuntimeConfig.from_recipe(default)
     ours = default_recipe_configuration()
     for key, value in ours.items():
         assert default[key] == value, key
-    deps = recipe["ComponentDependencies"]
-    assert deps["com.edgeinfer.ModelStore"]["DependencyType"] == "HARD"
-    assert deps["com.edgeinfer.RuntimeInstaller"]["DependencyType"] == "HARD"
-    platforms = {m["Platform"]["architecture"] for m in recipe["Manifests"]}
-    assert platforms == {"amd64", "aarch64"}
     acl = default["accessControl"]
     resources = {r for policies in acl.values() for policy in policies.values() for r in policy["resources"]}
     assert all("{iot:thingName}" in r or r == "edgeinfer/local/timings" for r in resources)

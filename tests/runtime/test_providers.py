@@ -241,7 +241,7 @@ def test_variant_follows_the_provider_that_really_loaded(  # noqa: PLR0917
 ) -> None:
     calls: list[tuple[str, list[str], list[dict[str, Any]]]] = []
     cfg = RuntimeConfig()
-    cfg.cpu.lanes = 1  # count provider attempts only (lanes add a session, see below)
+    cfg.lanes = 1  # count provider attempts only (lanes add a session, see below)
     engine = Engine.create(
         Manifest.load(tiny_store),
         cfg,
@@ -271,7 +271,7 @@ def test_cpu_lanes_get_a_one_thread_session_of_the_same_variant(
         return make(path, so, providers, options)
 
     cfg = RuntimeConfig(execution_providers=[TRT, CUDA, CPU])
-    cfg.cpu.lanes = 3
+    cfg.lanes = 3
     cfg.cpu.intra_op_num_threads = 4
     engine = Engine.create(Manifest.load(tiny_store), cfg, str(tmp_path), platform=GPU, session_factory=spy)
     assert engine.lanes == lanes
@@ -294,9 +294,9 @@ def test_session_options_spin_only_inside_a_run() -> None:
         assert so.get_session_config_entry("session.intra_op.allow_spinning") == "1"
         assert so.get_session_config_entry("session.force_spinning_stop") == "1"
     assert session_options(cfg, CUDA).intra_op_num_threads == 1  # the GPU's host thread only
-    cfg.cpu.lanes = 1  # one lane: the whole session also runs under load, beside the decode workers
+    cfg.lanes = 1  # one lane: the whole session also runs under load, beside the decode workers
     assert session_options(cfg, CPU).get_session_config_entry("session.intra_op.allow_spinning") == "0"
-    cfg.cpu.lanes = 0
+    cfg.lanes = 0
     cfg.cpu.allow_spinning = False
     cfg.cpu.force_spinning_stop = False
     so = session_options(cfg, CPU)
@@ -419,7 +419,7 @@ def test_gpu_batches_run_at_one_shape_on_warmed_threads(tiny_store: Path, tmp_pa
     assert sessions[-1].binding.batch.shape[0] == 8
 
     cfg = RuntimeConfig()
-    cfg.cuda.fixed_batch = False
+    cfg.cuda_fixed_batch = False
     loose = Engine.create(store, cfg, str(tmp_path), platform=GPU, session_factory=make)
     loose.run(images)
     assert (loose.fixed_batch, sessions[-1].binding.batch.shape[0]) == (0, 3)

@@ -241,7 +241,7 @@ def serving(
 
 def test_burst_beyond_the_queue_every_request_answered(make_engine: Callable[..., Engine]) -> None:
     cfg = RuntimeConfig(max_batch_size=4, max_queue_size=8, decode_threads=2, run_inline_when_idle=False)
-    cfg.cpu.lanes = 1  # one engine: the queue's bound is what is tested
+    cfg.lanes = 1  # one engine: the queue's bound is what is tested
     gate = Gate(make_engine(cfg))
     with serving(gate, cfg) as (bus, server):
         img = b64(solid_jpeg((250, 1, 1)))
@@ -285,7 +285,7 @@ def test_idle_request_runs_to_completion_on_the_arriving_thread(
     make_engine: Callable[..., Engine],
 ) -> None:
     cfg = RuntimeConfig(max_batch_size=2)
-    cfg.cpu.lanes = 2
+    cfg.lanes = 2
     engine = ThreadRecorder(make_engine(cfg))
     with serving(engine, cfg) as (bus, _server):
         bus.publish(INFER, json.dumps({"id": "a", "image": b64(solid_jpeg((250, 1, 1)))}).encode())
@@ -315,7 +315,7 @@ def test_a_gpu_engine_runs_on_engine_threads_warmed_before_start_returns(
     make_engine: Callable[..., Engine],
 ) -> None:
     cfg = RuntimeConfig(max_batch_size=2)
-    cfg.cpu.lanes = 2
+    cfg.lanes = 2
     engine = BoundRecorder(make_engine(cfg))
     with serving(engine, cfg) as (bus, server):
         engine_threads = {t.ident for t in server._threads[1:]}
@@ -342,7 +342,7 @@ def test_a_failed_warm_up_is_logged_once_per_thread_and_serving_goes_on(
     make_engine: Callable[..., Engine],
 ) -> None:
     cfg = RuntimeConfig(max_batch_size=2)
-    cfg.cpu.lanes = 1
+    cfg.lanes = 1
     engine = FailingWarmUp(make_engine(cfg))
     with serving(engine, cfg) as (bus, _server):
         bus.publish(INFER, json.dumps({"id": "a", "image": b64(solid_jpeg((250, 1, 1)))}).encode())
@@ -371,7 +371,7 @@ def test_under_load_an_idle_moment_gets_a_lane_not_the_transport_thread(
     make_engine: Callable[..., Engine],
 ) -> None:
     cfg = RuntimeConfig(max_batch_size=2)
-    cfg.cpu.lanes = 2
+    cfg.lanes = 2
     engine = ThreadRecorder(make_engine(cfg))
     with serving(engine, cfg) as (bus, server):
         server.batcher.contention = 1.0  # as after a burst: the recent arrivals all found work in flight
@@ -413,7 +413,7 @@ def test_lanes_run_batches_side_by_side_and_an_idle_request_alone(
     make_engine: Callable[..., Engine],
 ) -> None:
     cfg = RuntimeConfig(max_batch_size=2, max_queue_size=16, decode_threads=2, run_inline_when_idle=False)
-    cfg.cpu.lanes = 2
+    cfg.lanes = 2
     gate = LaneGate(make_engine(cfg))
     assert gate.lanes == 2
     with serving(gate, cfg) as (bus, server):
@@ -433,7 +433,7 @@ def test_lanes_run_batches_side_by_side_and_an_idle_request_alone(
 
 def test_deadline_passed_in_queue_is_not_computed(make_engine: Callable[..., Engine]) -> None:
     cfg = RuntimeConfig(max_batch_size=2, max_queue_size=8, run_inline_when_idle=False)
-    cfg.cpu.lanes = 1  # one engine, busy: the second request waits in the queue
+    cfg.lanes = 1  # one engine, busy: the second request waits in the queue
     gate = Gate(make_engine(cfg))
     with serving(gate, cfg) as (bus, server):
         img = b64(solid_jpeg((250, 1, 1)))
@@ -618,12 +618,12 @@ def test_self_test_warms_the_path_and_publishes_nothing(make_engine: Callable[..
 
 def test_apply_config_resubscribes_and_resizes_the_decode_pool(make_engine: Callable[..., Engine]) -> None:
     cfg = RuntimeConfig(max_batch_size=2)
-    cfg.cpu.lanes = 2  # however many cores this process may use
+    cfg.lanes = 2  # however many cores this process may use
     h = Harness(make_engine(cfg), cfg)
     try:
         new = RuntimeConfig(max_batch_size=2, subscribe_iot=False, decode_threads=1, max_queue_delay_us=0)
-        new.cpu.lanes = 2
-        new.cpu.lane_max_batch_size = 1
+        new.lanes = 2
+        new.lane_max_batch_size = 1
         h.server.apply_config(new)
         assert h.server.batcher.max_queue_delay_us == 0
         assert h.server.batcher.lane_batch_size == 1  # cpu.laneMaxBatchSize, live
@@ -654,7 +654,7 @@ def test_decode_workers_run_at_the_configured_niceness(make_engine: Callable[...
     import os
 
     cfg = RuntimeConfig(max_batch_size=2, decode_threads=1)
-    cfg.cpu.decode_nice = 7
+    cfg.decode_nice = 7
     server = InferenceServer(MemoryBus(), make_engine(cfg), cfg, THING)
     try:
         seen = server._decode_pool.submit(
@@ -675,7 +675,7 @@ def test_offload_keeps_one_lane_and_edge_only_gets_them_back(make_engine: Callab
     from edgeinfer.runtime.placement import EdgeOnly
 
     cfg = RuntimeConfig(max_batch_size=2)
-    cfg.cpu.lanes = 2
+    cfg.lanes = 2
     engine = make_engine(cfg)
     server = InferenceServer(MemoryBus(), engine, cfg, THING)
 
@@ -709,7 +709,7 @@ def test_failure_after_inference_answers_the_batch_and_frees_its_lane(
     make_engine: Callable[..., Engine], inline: bool
 ) -> None:
     cfg = RuntimeConfig(max_batch_size=2, run_inline_when_idle=inline)
-    cfg.cpu.lanes = 1
+    cfg.lanes = 1
     engine = FailingTopK(make_engine(cfg))
     with serving(engine, cfg) as (bus, server):
         img = b64(solid_jpeg((250, 1, 1)))

@@ -115,7 +115,7 @@ class OnnxBackend:
         cfg.execution_providers = list(providers)
         cfg.max_batch_size = max_batch_size
         cfg.cpu.intra_op_num_threads = intra_op_num_threads
-        cfg.cpu.lanes = 1  # the router runs one batch at a time
+        cfg.lanes = 1  # the router runs one batch at a time
         try:
             engine = Engine.create(manifest, cfg, work_dir or str(Path(model_dir).resolve()))
         except (EngineError, ManifestError) as exc:

@@ -42,7 +42,6 @@ DEVICE_MODULES = (
     "edgeinfer/errors.py",
     "edgeinfer/files.py",
     "edgeinfer/messages.py",
-    "edgeinfer/procfs.py",
     "edgeinfer/stats.py",
     "edgeinfer/installer/",
     "edgeinfer/model/__init__.py",

@@ -79,7 +79,7 @@ class Engine:
     lane_session: Any = None
     lanes: int = 1
     gpu_libraries: str | None = None  # what preload_gpu_libraries said, when a GPU provider was asked
-    # Every run at this batch size, padded (`cuda.fixedBatch` on the CUDA provider); 0: as it comes.
+    # Every run at this batch size, padded (`cudaFixedBatch` on the CUDA provider); 0: as it comes.
     fixed_batch: int = 0
 
     def __post_init__(self) -> None:

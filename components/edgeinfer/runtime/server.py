@@ -5,7 +5,7 @@ workers decode while the engine thread runs the previous batch (double buffering
 does top-k-to-JSON and publishes, so the engine never waits on the bus; timings go out on their own
 thread. Run to completion when there is nothing to overlap: a request that finds the runtime idle is
 decoded, run and answered on the transport's thread (`runInlineWhenIdle`) — each hand-off saved is
-~0.2-0.3 ms on a small core. Under load the CPU runs up to `cpu.lanes` batches at once, one
+~0.2-0.3 ms on a small core. Under load the CPU runs up to `lanes` batches at once, one
 engine thread and one single-thread ORT run each (see `Engine.run(lane=True)`). Every accepted
 request gets exactly one result: ok, or an error with a stable code — guarded by `Job.answered`, so
 no path can answer twice.
@@ -142,8 +142,8 @@ class InferenceServer:
             cfg.max_queue_size,
             clock=clock,
             lanes=engine.lanes if offloader is None else 1,
-            full_session_max_contention=cfg.cpu.full_session_max_contention,
-            lane_batch_size=cfg.cpu.lane_max_batch_size,
+            full_session_max_contention=cfg.full_session_max_contention,
+            lane_batch_size=cfg.lane_max_batch_size,
         )
         self.timings = TimingPublisher(
             bus,
@@ -255,7 +255,7 @@ class InferenceServer:
             cfg.decode_threads,
             thread_name_prefix="edgeinfer-decode",
             initializer=_lower_priority,
-            initargs=(cfg.cpu.decode_nice,),
+            initargs=(cfg.decode_nice,),
         )
 
     def set_placement(self, placement: PlacementPolicy, offloader: Offloader | None = None) -> None:
@@ -271,15 +271,15 @@ class InferenceServer:
         if (old.subscribe_local, old.subscribe_iot) != (cfg.subscribe_local, cfg.subscribe_iot):
             self._unsubscribe()
             self._subscribe()
-        if (old.decode_threads, old.cpu.decode_nice) != (cfg.decode_threads, cfg.cpu.decode_nice):
+        if (old.decode_threads, old.decode_nice) != (cfg.decode_threads, cfg.decode_nice):
             pool, self._decode_pool = self._decode_pool, self._new_decode_pool(cfg)
             pool.shutdown(wait=False)  # what it holds still runs and is answered
         self.batcher.configure(
             max_batch_size=min(cfg.max_batch_size, self.engine.max_batch_size),
             max_queue_delay_us=cfg.max_queue_delay_us,
             max_queue_size=cfg.max_queue_size,
-            full_session_max_contention=cfg.cpu.full_session_max_contention,
-            lane_batch_size=cfg.cpu.lane_max_batch_size,
+            full_session_max_contention=cfg.full_session_max_contention,
+            lane_batch_size=cfg.lane_max_batch_size,
         )
         self.timings.max_records = cfg.timings.max_records
         self.timings.flush_interval_ms = cfg.timings.flush_interval_ms

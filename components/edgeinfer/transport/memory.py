@@ -37,12 +37,15 @@ class MemoryBus:
 
     `published` keeps every message in order, so tests can assert on what a component sent;
     `states` records UpdateState calls. Share one instance between components to wire them up.
+    `validation=False` answers SubscribeToValidateConfigurationUpdates as nucleus lite does (a
+    ServiceError): proposed configurations are then applied unvalidated.
     """
 
     config: dict[str, Any] = field(default_factory=dict)
     published: list[Message] = field(default_factory=list)
     states: list[str] = field(default_factory=list)
     fail_publish: bool = False
+    validation: bool = True
 
     def __post_init__(self) -> None:
         self._lock = threading.RLock()
@@ -131,6 +134,10 @@ class MemoryBus:
         return _Sub(lambda: self._discard(self._config_handlers, handler))
 
     def on_validate_configuration(self, validator: ConfigValidator) -> _Sub:
+        if not self.validation:
+            raise TransportError(
+                "SubscribeToValidateConfigurationUpdates: ServiceError: the nucleus does not serve it"
+            )
         self._validators.append(validator)
         return _Sub(lambda: self._discard(self._validators, validator))
 

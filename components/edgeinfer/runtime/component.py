@@ -1,0 +1,355 @@
+"""The com.edgeinfer.InferenceRuntime component process (`python -m edgeinfer.runtime`).
+
+Connect to the nucleus, read the configuration (GetConfiguration: the component's whole
+`configuration` map, with `-o KEY=VALUE` overrides for local runs), create the engine on the best
+provider that really loads, warm up every batch size, start serving, then UpdateState RUNNING.
+Configuration changes are applied live (SubscribeToConfigurationUpdate, served by both nuclei):
+batching, limits, topics and timings at once; a change of provider, model or engine options builds
+and warms a new engine off the hot path and swaps it in; a source change restarts the source. Where
+the nucleus validates proposed changes (SubscribeToValidateConfigurationUpdates: the classic nucleus)
+a refused change comes back with the reasons; where it does not (nucleus lite), a change that does
+not read is logged and the running configuration kept. SIGTERM stops cleanly, answering what was
+accepted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from edgeinfer import procfs
+
+_T0 = time.monotonic()
+
+log = logging.getLogger("edgeinfer.runtime")
+
+
+def process_age_ms() -> float:
+    """Milliseconds since this process was started (from /proc; since import elsewhere)."""
+    age = procfs.process_age_s()
+    return age * 1000 if age is not None else (time.monotonic() - _T0) * 1000
+
+
+def _thing() -> str:
+    return os.environ.get("AWS_IOT_THING_NAME", "") or "edgeinfer-local"
+
+
+class EarlyInbox:
+    """Subscribed before the engine exists, so requests sent while the runtime starts are served, not
+    lost (the nucleus calls a Run component RUNNING as soon as its process starts). Buffers until
+    `attach`, then replays in order and forwards everything to the server."""
+
+    def __init__(self, limit: int = 1024) -> None:
+        self.limit = limit
+        self.server: Any = None
+        self.buffer: list[Any] = []
+        self.overflow = 0
+        self.subs: list[Any] = []
+        self._lock = threading.Lock()
+
+    def subscribe(self, bus: Any, topic: str, *, local: bool, iot: bool) -> None:
+        if local:
+            self.subs.append(bus.subscribe(topic, self, target="local", inline=True))
+        if iot:
+            self.subs.append(bus.subscribe(topic, self, target="iot", qos=1, inline=True))
+
+    def __call__(self, message: Any) -> None:
+        with self._lock:
+            server = self.server
+            if server is None:
+                if len(self.buffer) < self.limit:
+                    self.buffer.append(message)
+                else:
+                    self.overflow += 1
+                return
+        server.handle_message(message)
+
+    def attach(self, server: Any) -> int:
+        replayed = 0
+        while True:
+            with self._lock:
+                pending, self.buffer = self.buffer, []
+                if not pending:
+                    self.server = server
+                    break
+            for message in pending:
+                server.handle_message(message)
+            replayed += len(pending)
+        if self.overflow:
+            log.warning(
+                "%d requests arrived during start-up beyond the %d buffered", self.overflow, self.limit
+            )
+        return replayed
+
+
+class Component:
+    def __init__(self, bus: Any, args: argparse.Namespace) -> None:
+        from edgeinfer.config import parse_overrides
+        from edgeinfer.runtime.config import RuntimeConfig
+
+        self.bus = bus
+        self.args = args
+        self.overrides = parse_overrides(getattr(args, "option", None) or [])
+        self.thing = args.thing or _thing()
+        self.work_dir = args.work_dir or os.getcwd()
+        self.cfg = RuntimeConfig()
+        self.server: Any = None
+        self.source: Any = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+
+    # ------------------------------------------------------------------------------------------ start
+
+    def read_config(self, doc: Any = None) -> Any:
+        """The configuration the nucleus holds (or `doc`), under the command line's overrides, with
+        the placement object read too. Raises ConfigError naming every refused key."""
+        from edgeinfer.config import merge
+        from edgeinfer.runtime.config import RuntimeConfig
+        from edgeinfer.runtime.placement import OffloadConfig
+
+        if doc is None:
+            doc = self.bus.get_configuration()
+        doc = merge(doc if isinstance(doc, dict) else {}, self.overrides)
+        cfg = RuntimeConfig.from_recipe(doc)
+        _, problems = OffloadConfig.from_recipe(cfg.placement)
+        if problems:
+            from edgeinfer.config import ConfigError
+            from edgeinfer.runtime.config import COMPONENT
+
+            raise ConfigError(COMPONENT, [("", p) for p in problems])
+        return cfg
+
+    def model_dir(self, cfg: Any) -> str:
+        return str(cfg.model_dir or self.args.model_dir or "")
+
+    def build_engine(self, cfg: Any) -> Any:
+        from edgeinfer.model.manifest import Manifest
+        from edgeinfer.runtime.engine import Engine
+
+        manifest = Manifest.load(self.model_dir(cfg))
+        engine = Engine.create(manifest, cfg, self.work_dir)
+        warm = engine.warm_up()
+        log.info(
+            "warmed up batch sizes 1-%d on %s (%s ms)",
+            engine.max_batch_size,
+            engine.provider,
+            ", ".join(f"b{n}: {ms:.1f}" for n, ms in warm.items()),
+        )
+        return engine
+
+    def start(self) -> None:
+        from edgeinfer.messages import infer_topic
+        from edgeinfer.runtime.providers import apply_process_options
+        from edgeinfer.runtime.server import InferenceServer
+
+        cfg = self.read_config()
+        apply_process_options(cfg)
+        self.cfg = cfg
+        early = EarlyInbox(limit=max(1024, cfg.max_queue_size))
+        early.subscribe(self.bus, infer_topic(self.thing), local=cfg.subscribe_local, iot=cfg.subscribe_iot)
+        engine = self.build_engine(cfg)
+        self.server = InferenceServer(self.bus, engine, cfg, self.thing)
+        self._wire_placement()
+        self.server.start(subscribe=False)
+        if not self.server.self_test():
+            log.warning("the self-test requests did not come back; starting anyway")
+        self.server.timings.hello()
+        gc.collect()
+        gc.freeze()  # start-up objects out of the collector's way: shorter pauses while serving
+        self.server.adopt_subscriptions(early.subs)
+        replayed = early.attach(self.server)
+        if replayed:
+            log.info("serving %d requests that arrived during start-up", replayed)
+        self._start_source(cfg)
+        from edgeinfer import config
+        from edgeinfer.runtime.config import COMPONENT
+
+        config.subscribe(self.bus, COMPONENT, self.on_update, self.validate)
+        self.bus.update_state("RUNNING")
+        log.info(
+            "RUNNING %.0f ms after process start: %s %s on %s (variant %s)",
+            process_age_ms(),
+            engine.manifest.name,
+            engine.manifest.version,
+            engine.provider,
+            engine.model_ref.variant,
+        )
+
+    def _wire_placement(self) -> None:
+        """The recipe's `placement` object: the hybrid edge/cloud policy when enabled, else edge-only."""
+        from edgeinfer.runtime.placement import create_placement
+
+        policy, offloader = create_placement(self.bus, self.cfg, self.thing, engine=self.server.engine)
+        self.server.set_placement(policy, offloader)
+
+    def _start_source(self, cfg: Any) -> None:
+        from edgeinfer.runtime.sources import SourceRunner
+
+        if cfg.source.kind == "none":
+            return
+        runner = SourceRunner(
+            cfg.source,
+            self.server,
+            self.thing,
+            self.server.engine.input_size,
+            record_drop=self.server.timings.record,
+        )
+        try:
+            runner.start()
+        except OSError as exc:
+            log.error("source not started: %s", exc)
+            return
+        self.source = runner
+
+    # ------------------------------------------------------------------------------ live configuration
+
+    def validate(self, proposed: dict[str, Any]) -> str | None:
+        """None to accept a proposed configuration, else the reasons (the validity report's message)."""
+        from edgeinfer.config import ConfigError
+
+        try:
+            cfg = self.read_config(proposed)
+        except ConfigError as exc:
+            return exc.reasons
+        model_dir = self.model_dir(cfg)
+        if model_dir and not os.path.isfile(os.path.join(model_dir, "manifest.json")):
+            return f"modelDir {model_dir!r} holds no manifest.json"
+        return None
+
+    def on_update(self, key_path: list[str]) -> None:
+        # The event names the changed key, not its value: read the whole configuration again.
+        threading.Thread(target=self._apply_update, name="edgeinfer-config", daemon=True).start()
+
+    def _apply_update(self) -> None:
+        from edgeinfer.config import ConfigError
+        from edgeinfer.runtime.config import diff_keys, engine_keys_changed
+        from edgeinfer.runtime.placement import EdgeOnly
+
+        with self._lock:
+            try:
+                cfg = self.read_config()
+            except ConfigError as exc:
+                log.warning("configuration update ignored, the running one kept: %s", exc)
+                return
+            except Exception as exc:
+                log.warning("configuration not re-read: %s", exc)
+                return
+            changed = diff_keys(self.cfg, cfg)
+            if not changed:
+                return
+            log.info("configuration changed: %s", ", ".join(sorted(changed)))
+            swapped = False
+            if engine_keys_changed(self.cfg, cfg):
+                try:
+                    engine = self.build_engine(cfg)
+                except Exception as exc:
+                    log.error("new engine not built, keeping the running one: %s", exc)
+                else:
+                    self.server.swap_engine(engine)
+                    swapped = True
+            self.server.apply_config(cfg)
+            if "cpu" in changed:
+                from edgeinfer.runtime.providers import apply_process_options
+
+                apply_process_options(cfg)
+            if "source" in changed:
+                if self.source is not None:
+                    self.source.stop()
+                    self.source = None
+                self.cfg = cfg
+                self._start_source(cfg)
+            self.cfg = cfg
+            # A new engine means new local model names and a new a·n + b seed for the policy.
+            if "placement" in changed or (swapped and self.server.offloader is not None):
+                old = self.server.offloader
+                self.server.set_placement(EdgeOnly(), None)
+                if old is not None and hasattr(old, "stop"):
+                    old.stop()  # open offloads are served locally or answered
+                self._wire_placement()
+
+    # ------------------------------------------------------------------------------------------- stop
+
+    def wait(self) -> None:
+        self._stop.wait()
+
+    def stop(self) -> None:
+        if self.source is not None:
+            self.source.stop()
+        if self.server is not None:
+            offloader = self.server.offloader
+            if offloader is not None and hasattr(offloader, "stop"):
+                offloader.stop()  # open offloads are served here while the server still runs
+            self.server.stop()
+        self._stop.set()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m edgeinfer.runtime", description=__doc__)
+    parser.add_argument("--model-dir", default="", help="the ModelStore artifacts folder (manifest.json)")
+    parser.add_argument("--work-dir", default="", help="the component's work folder (TensorRT caches)")
+    parser.add_argument("--thing", default="", help="thing name (default: $AWS_IOT_THING_NAME)")
+    parser.add_argument(
+        "-o",
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a configuration key over what the nucleus holds, e.g. maxBatchSize=4 or "
+        "tensorrt.trtFp16Enable=false (local runs; repeatable)",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stdout,
+    )
+    from edgeinfer.config import parse_overrides
+    from edgeinfer.errors import EdgeinferError
+    from edgeinfer.transport import TransportError
+    from edgeinfer.transport.ipc import GreengrassIpcBus
+
+    try:
+        parse_overrides(args.option)  # a malformed -o fails before the nucleus is asked anything
+        bus = GreengrassIpcBus.connect()
+    except (EdgeinferError, TransportError) as exc:
+        print(f"edgeinfer.runtime: error: {exc}", file=sys.stderr)
+        return 2
+    component = Component(bus, args)
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("signal %d: stopping", signum)
+        component._stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        component.start()
+    except EdgeinferError as exc:  # a configuration it cannot use: one line
+        log.error("%s", exc)
+        _errored(bus)
+        return 1
+    except Exception as exc:
+        log.exception("the runtime could not start: %s", exc)
+        _errored(bus)
+        return 1
+    component.wait()
+    component.stop()
+    bus.close()
+    return 0
+
+
+def _errored(bus: Any) -> None:
+    try:
+        bus.update_state("ERRORED")
+    except Exception:
+        log.debug("UpdateState ERRORED failed", exc_info=True)
+    bus.close()
