@@ -42,6 +42,7 @@ DEVICE_MODULES = (
     "edgeinfer/errors.py",
     "edgeinfer/files.py",
     "edgeinfer/messages.py",
+    "edgeinfer/procfs.py",
     "edgeinfer/stats.py",
     "edgeinfer/installer/",
     "edgeinfer/model/__init__.py",
