@@ -24,7 +24,6 @@ run, on the same machine minutes, e.g. `--loads 1.5 --compare '{"cloudLimitBacko
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
 import heapq
 import itertools
@@ -49,6 +48,7 @@ from edgeinfer import procfs
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.stats import quantile
 from edgeinfer.transport import MemoryBus, MessageHandler, MqttProperties, Subscription, Target
+from edgeinfer_bench.requests import request_templates, with_id
 
 log = logging.getLogger(__name__)
 
@@ -323,16 +323,6 @@ class Edge:
         return InferenceServer(self.bus, self.engine, self.cfg, THING)
 
 
-def _payloads(images: list[bytes], deadline_ms: float | None) -> list[bytes]:
-    out = []
-    for img in images:
-        doc: dict[str, Any] = {"id": "__ID__", "image": base64.b64encode(img).decode(), "top_k": 1}
-        if deadline_ms is not None:
-            doc["deadline_ms"] = deadline_ms
-        out.append(json.dumps(doc).encode())
-    return out
-
-
 class Connection:
     """The edge's IPC connection: requests reach the server in arrival order on a thread of its own,
     as on the real transport. The runtime may run an idle request to completion on that thread;
@@ -363,7 +353,7 @@ def _send(conn: Connection, tracker: Tracker, rid: str, body: bytes) -> None:
 
     with tracker.lock:
         tracker.sent[rid] = time.perf_counter()
-    conn.deliver(Message(infer_topic(THING), body.replace(b"__ID__", rid.encode(), 1), "local"))
+    conn.deliver(Message(infer_topic(THING), with_id(body, rid), "local"))
 
 
 def saturated_rps(edge: Edge, images: list[bytes], seconds: float = 4.0, window: int = 32) -> float:
@@ -373,7 +363,7 @@ def saturated_rps(edge: Edge, images: list[bytes], seconds: float = 4.0, window:
     server = edge.server()
     tracker = Tracker()
     sub = edge.bus.subscribe(result_topic(THING), tracker.handler)
-    bodies = _payloads(images, None)
+    bodies = request_templates(images, top_k=1)
     free = threading.Semaphore(window)
     tracker.on_answer = free.release
     server.start()
@@ -419,7 +409,7 @@ def open_loop(
     if placement is not None:
         server.set_placement(placement, placement)
     sub = edge.bus.subscribe(result_topic(THING), tracker.handler)
-    bodies = _payloads(images, deadline_ms)
+    bodies = request_templates(images, top_k=1, deadline_ms=deadline_ms)
     rng = random.Random(seed)
     server.start()
     conn = Connection(server)

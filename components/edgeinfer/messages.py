@@ -23,6 +23,8 @@ from typing import Any, Literal
 from edgeinfer import codec
 
 __all__ = [
+    "IOT_CORE_MAX_BYTES",
+    "RAW_IMAGE_TYPES",
     "TIMINGS_TOPIC",
     "ErrorCode",
     "ErrorInfo",
@@ -45,12 +47,19 @@ __all__ = [
     "offload_result_topic",
     "offload_topic",
     "parse_iso_utc",
+    "parse_raw_request",
     "parse_request",
     "result_topic",
     "telemetry_topic",
 ]
 
 # --------------------------------------------------------------------------------------------- topics
+
+IOT_CORE_MAX_BYTES = 131072
+"""The most one message may carry through IoT Core: its hard limit (128 KB), and the nucleus's
+`mqtt.maxMessageSizeInBytes`, over which it refuses a PublishToIoTCore before the network."""
+RAW_IMAGE_TYPES = ("image/jpeg", "image/png")
+"""MQTT 5 content types of a request whose payload is the image itself (see `parse_raw_request`)."""
 
 TIMINGS_TOPIC = "edgeinfer/local/timings"
 """Local pub/sub only: batched per-request stage timings from the runtime to the telemetry component."""
@@ -164,7 +173,12 @@ MAX_TOP_K = 100
 
 @dataclass
 class Request:
-    """An inference request. `image` holds the encoded image bytes (already base64-decoded)."""
+    """An inference request. `image` holds the encoded image bytes (already base64-decoded).
+
+    `sent_at` (when the client sent it) and `deadline_at` (an absolute deadline) are epoch seconds on
+    the sender's clock, ISO-8601 UTC on the wire: with `sent_at`, `deadline_ms` counts from the
+    sending, so time the request spent upstream (a broker's queue, a clogged bridge) counts against it.
+    """
 
     id: str
     image: bytes | None = None
@@ -175,6 +189,16 @@ class Request:
     offload: OffloadMode = "auto"
     model: str | None = None
     result_format: ResultFormat = "edgeinfer"
+    sent_at: float | None = None
+    deadline_at: float | None = None
+
+    def expires_at(self) -> float | None:
+        """The wall-clock time (epoch s) after which an answer is of no use, as far as the request
+        itself says; None when it says nothing absolute (then `deadline_ms` counts from arrival)."""
+        ends = [] if self.deadline_at is None else [self.deadline_at]
+        if self.sent_at is not None and self.deadline_ms is not None:
+            ends.append(self.sent_at + self.deadline_ms / 1000.0)
+        return min(ends, default=None)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id}
@@ -190,6 +214,10 @@ class Request:
         out["offload"] = self.offload
         if self.result_format != "edgeinfer":
             out["result_format"] = self.result_format
+        if self.sent_at is not None:
+            out["sent_at"] = iso_utc(self.sent_at)
+        if self.deadline_at is not None:
+            out["deadline_at"] = iso_utc(self.deadline_at)
         return out
 
     def to_json(self) -> bytes:
@@ -252,7 +280,11 @@ def parse_request(
     raw_path = doc.get("image_path")
     if raw_image is not None and raw_path is not None:
         raise bad("give either 'image' or 'image_path', not both")
-    if raw_image is not None:
+    if isinstance(raw_image, (bytes, bytearray)):  # a raw MQTT 5 request (see `parse_raw_request`)
+        if not raw_image:
+            raise bad("the image payload is empty", ErrorCode.BAD_IMAGE)
+        image = bytes(raw_image)
+    elif raw_image is not None:
         if not isinstance(raw_image, str) or not raw_image:
             raise bad("'image' must be a non-empty base64 string", ErrorCode.BAD_IMAGE)
         try:
@@ -306,6 +338,18 @@ def parse_request(
     if result_format not in _RESULT_FORMATS:
         raise bad("'result_format' must be 'edgeinfer' or 'dlr'")
 
+    times: dict[str, float | None] = {}
+    for key in ("sent_at", "deadline_at"):
+        raw = doc.get(key)
+        times[key] = None
+        if raw is not None:
+            try:
+                if not isinstance(raw, str):
+                    raise ValueError(raw)
+                times[key] = parse_iso_utc(raw)
+            except (ValueError, OverflowError, OSError):
+                raise bad(f"'{key}' must be an ISO-8601 UTC time, e.g. 2026-11-29T14:52:13.123Z") from None
+
     return Request(
         id=rid,
         image=image,
@@ -316,7 +360,46 @@ def parse_request(
         offload=offload,
         model=model,
         result_format=result_format,
+        sent_at=times["sent_at"],
+        deadline_at=times["deadline_at"],
     )
+
+
+_RAW_NUMBERS = {"deadline_ms": float, "top_k": int}
+
+
+def parse_raw_request(
+    image: bytes,
+    params: Mapping[str, str],
+    *,
+    correlation_data: bytes | None = None,
+    max_bytes: int | None = None,
+) -> Request:
+    """A request whose payload is the encoded image itself (MQTT 5, `content_type` one of
+    `RAW_IMAGE_TYPES`), its parameters in user properties named as the JSON keys (string values).
+
+    Without an `id` property the correlation data stands in for it (as text when it is UTF-8, else as
+    hex), so the answer can still be matched. Raises `MessageError` as `parse_request` does.
+    """
+    doc: dict[str, Any] = {k: v for k, v in params.items() if k not in ("image", "image_path")}
+    if "id" not in doc and correlation_data:
+        try:
+            doc["id"] = correlation_data.decode("utf-8")
+        except UnicodeDecodeError:
+            doc["id"] = correlation_data.hex()
+    rid = _request_id(doc)
+    if max_bytes is not None and len(image) > max_bytes:
+        raise MessageError(
+            ErrorCode.TOO_LARGE, f"payload is {len(image)} bytes, over the limit of {max_bytes}", rid
+        )
+    for key, kind in _RAW_NUMBERS.items():
+        if key in doc:
+            try:
+                doc[key] = kind(doc[key])
+            except ValueError:
+                raise MessageError(ErrorCode.BAD_REQUEST, f"'{key}' must be a number", rid) from None
+    doc["image"] = bytes(image)
+    return parse_request(doc, allow_image_path=False)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from edgeinfer.runtime.config import RuntimeConfig
 from edgeinfer.runtime.engine import Engine
 from edgeinfer.runtime.placement import Decision, PlacementContext
 from edgeinfer.runtime.server import InferenceServer
-from edgeinfer.transport import MemoryBus, Message, Target, UnauthorizedError
+from edgeinfer.transport import MemoryBus, Message, MqttProperties, Target, UnauthorizedError
 from tests.helpers.images import solid_jpeg, solid_png
 
 THING = "dev1"
@@ -33,10 +33,18 @@ RESULT = result_topic(THING)
 class GuardedBus(MemoryBus):
     """A MemoryBus whose nucleus refuses publishes on `forbidden/#` (as accessControl would)."""
 
-    def publish(self, topic: str, payload: bytes, *, target: Target = "local", qos: int = 0) -> None:
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        target: Target = "local",
+        qos: int = 0,
+        properties: MqttProperties | None = None,
+    ) -> None:
         if topic.startswith("forbidden/"):
             raise UnauthorizedError(f"not authorized to publish to {topic}")
-        super().publish(topic, payload, target=target, qos=qos)
+        super().publish(topic, payload, target=target, qos=qos, properties=properties)
 
 
 def wait_for(pred: Callable[[], bool], timeout: float = 30.0) -> None:

@@ -13,6 +13,15 @@ no path can answer twice.
 Results go to `reply_to` (when `replyToTopics` allows it) or `edgeinfer/{thing}/result`, on the bus
 the request came from (local pub/sub or IoT Core). A `reply_to` outside the allowed topics, or one the
 nucleus refuses at publish time, gets a BAD_REQUEST result on the default topic instead.
+
+On IoT Core, MQTT 5's request/response works beside the JSON contract: the payload may be the image
+itself (`content_type` image/jpeg or image/png, parameters in user properties), and a request with a
+response topic (and no `reply_to`) is answered there, with its correlation data. A result that would
+not fit through IoT Core (`IOT_CORE_MAX_BYTES`) is answered TOO_LARGE instead.
+
+Deadlines count from when the request was sent, when it says (`sent_at`, `deadline_at`, or MQTT 5's
+message expiry, which the broker counts down while it holds the message): a request that waited
+upstream past its budget is answered DEADLINE_EXCEEDED on arrival, before any work is spent on it.
 """
 
 from __future__ import annotations
@@ -31,6 +40,8 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.messages import (
+    IOT_CORE_MAX_BYTES,
+    RAW_IMAGE_TYPES,
     ErrorCode,
     Latency,
     MessageError,
@@ -40,6 +51,7 @@ from edgeinfer.messages import (
     error_result,
     infer_topic,
     iso_utc,
+    parse_raw_request,
     parse_request,
     result_topic,
 )
@@ -55,7 +67,15 @@ from edgeinfer.runtime.placement import (
     PlacementPolicy,
 )
 from edgeinfer.runtime.timings import TimingPublisher
-from edgeinfer.transport import Bus, Message, Subscription, Target, TransportError, UnauthorizedError
+from edgeinfer.transport import (
+    Bus,
+    Message,
+    MqttProperties,
+    Subscription,
+    Target,
+    TransportError,
+    UnauthorizedError,
+)
 from edgeinfer.transport.base import topic_matches
 
 log = logging.getLogger(__name__)
@@ -93,6 +113,7 @@ class Job:
     source: str | None = None  # set for frames from a camera/video/folder source
     on_done: Callable[[], None] | None = None
     discard: bool = False  # a self-test job: the whole path runs, nothing is published
+    reply_properties: MqttProperties | None = None  # MQTT 5: the request's correlation data, echoed
     answered: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -113,6 +134,7 @@ class Stats:
     batches: list[int] = field(default_factory=list)  # sizes of recent executions (last 1000)
     offloaded: int = 0
     publish_failures: int = 0
+    expired_on_arrival: int = 0  # answered DEADLINE_EXCEEDED before any work: they waited upstream
 
 
 class InferenceServer:
@@ -317,16 +339,62 @@ class InferenceServer:
         with self._stats_lock:
             self.stats.received += 1
         cfg = self.cfg
-        try:
-            req = parse_request(
-                msg.payload, max_bytes=cfg.max_payload_bytes, allow_image_path=msg.target == "local"
+        props = msg.properties if msg.target == "iot" else None
+        raw = props is not None and (props.content_type or "").lower() in RAW_IMAGE_TYPES
+        # MQTT 5 request/response: the answer goes back with the request's correlation data.
+        reply_props = None
+        if props is not None and props.correlation_data is not None:
+            reply_props = MqttProperties(
+                content_type="application/json",
+                correlation_data=props.correlation_data,
+                payload_format="utf8",
             )
+        response_topic = props.response_topic if props is not None else None
+        if response_topic is not None and not self._reply_allowed(response_topic):
+            response_topic = None  # answered on the default topic (BAD_REQUEST below if no reply_to)
+        try:
+            if raw:
+                assert props is not None
+                req = parse_raw_request(
+                    msg.payload,
+                    dict(props.user_properties),
+                    correlation_data=props.correlation_data,
+                    max_bytes=cfg.max_payload_bytes,
+                )
+            else:
+                req = parse_request(
+                    msg.payload, max_bytes=cfg.max_payload_bytes, allow_image_path=msg.target == "local"
+                )
         except MessageError as exc:
-            self._publish_error(exc.request_id, exc.code, exc.message, target=msg.target, arrived=arrived)
+            self._publish_error(
+                exc.request_id,
+                exc.code,
+                exc.message,
+                target=msg.target,
+                arrived=arrived,
+                topic=response_topic,
+                properties=reply_props,
+            )
             return
-        if cfg.top_k != 5 and b'"top_k"' not in msg.payload:
+        if raw and props is not None:
+            given_top_k = props.user("top_k") is not None
+        else:
+            given_top_k = b'"top_k"' in msg.payload
+        if cfg.top_k != 5 and not given_top_k:
             req.top_k = cfg.top_k  # the request left it out: the configured default (topK)
         default_topic = result_topic(self.thing)
+        if req.reply_to is None and props is not None and props.response_topic is not None:
+            if response_topic is None:
+                self._publish_error(
+                    req.id,
+                    ErrorCode.BAD_REQUEST,
+                    f"response topic {props.response_topic!r} is not a topic this component may publish to",
+                    target=msg.target,
+                    arrived=arrived,
+                    properties=reply_props,
+                )
+                return
+            req.reply_to = response_topic
         if req.reply_to is not None and not self._reply_allowed(req.reply_to):
             self._publish_error(
                 req.id,
@@ -334,6 +402,7 @@ class InferenceServer:
                 f"'reply_to' {req.reply_to!r} is not a topic this component may publish to",
                 target=msg.target,
                 arrived=arrived,
+                properties=reply_props,
             )
             return
         engine = self.engine
@@ -349,6 +418,7 @@ class InferenceServer:
                 target=msg.target,
                 arrived=arrived,
                 topic=req.reply_to,
+                properties=reply_props,
             )
             return
         if req.image_path is not None and not self._path_allowed(req.image_path):
@@ -359,16 +429,25 @@ class InferenceServer:
                 target=msg.target,
                 arrived=arrived,
                 topic=req.reply_to,
+                properties=reply_props,
             )
             return
-        deadline_ms = req.deadline_ms or cfg.default_deadline_ms or None
         job = Job(
             request=req,
             target=msg.target,
             reply_topic=req.reply_to or default_topic,
             arrived=arrived,
-            deadline=arrived + deadline_ms / 1000 if deadline_ms else None,
+            deadline=self._deadline(req, props, arrived),
+            reply_properties=reply_props,
         )
+        if job.deadline is not None and job.deadline <= arrived:
+            with self._stats_lock:
+                self.stats.expired_on_arrival += 1
+            waited_ms = (arrived - job.deadline) * 1000
+            self._fail(
+                job, ErrorCode.DEADLINE_EXCEEDED, f"the deadline passed {waited_ms:.0f} ms before it arrived"
+            )
+            return
         decision = self._decide(job)
         if decision.where == "reject":
             self._fail(job, decision.code or ErrorCode.OVERLOADED, decision.reason or "refused by placement")
@@ -394,6 +473,21 @@ class InferenceServer:
         )
         self._serve_local(job, inline=inline)
 
+    def _deadline(self, req: Request, props: MqttProperties | None, arrived: float) -> float | None:
+        """The request's deadline on this server's clock: the earliest of `deadline_ms` (from
+        `sent_at` when given, else from arrival; `defaultDeadlineMs` when it has none), `deadline_at`,
+        and what is left of its MQTT 5 message expiry."""
+        ends: list[float] = []
+        expires = req.expires_at()
+        if expires is not None:
+            ends.append(arrived + (expires - self.wall()))
+        deadline_ms = req.deadline_ms or self.cfg.default_deadline_ms or None
+        if deadline_ms and req.sent_at is None:
+            ends.append(arrived + deadline_ms / 1000)
+        if props is not None and props.message_expiry_s is not None:
+            ends.append(arrived + props.message_expiry_s)
+        return min(ends, default=None)
+
     def _serve_local(self, job: Job, *, fallback: bool = False, inline: bool = False) -> None:
         """Admit and decode on the edge (`inline`: on this thread). `fallback`: an offload came back
         late or failed — serve it here even past its deadline (an answer, late, rather than none)."""
@@ -417,9 +511,6 @@ class InferenceServer:
     def self_test(self, n: int = 2, timeout: float = 30.0) -> bool:
         """Push `n` synthetic 640×480 JPEG requests through parse → decode → batcher → engine → reply,
         discarding the results, so every thread and code path is warm before RUNNING."""
-        import base64
-        import json
-
         import cv2
 
         img = np.zeros((480, 640, 3), dtype=np.uint8)
@@ -429,8 +520,8 @@ class InferenceServer:
             return False
         left = threading.Semaphore(0)
         for i in range(n):
-            payload = json.dumps({"id": f"self-test-{i}", "image": base64.b64encode(bytes(buf)).decode()})
-            req = parse_request(payload.encode(), max_bytes=self.cfg.max_payload_bytes)
+            payload = Request(f"self-test-{i}", image=bytes(buf)).to_json()
+            req = parse_request(payload, max_bytes=self.cfg.max_payload_bytes)
             job = Job(req, "local", "", self.clock(), discard=True, on_done=left.release)
             if not self.batcher.admit():
                 return False
@@ -640,6 +731,20 @@ class InferenceServer:
             payload = json.dumps(doc, separators=(",", ":")).encode()
         else:
             payload = result.to_json()
+        if job.target == "iot" and len(payload) > IOT_CORE_MAX_BYTES:
+            # The nucleus would refuse it and the client would hear nothing: a short answer that fits.
+            size = len(payload)
+            result = error_result(
+                result.id,
+                ErrorCode.TOO_LARGE,
+                f"the result is {size} bytes, over IoT Core's {IOT_CORE_MAX_BYTES}: ask for less",
+                timestamp=result.timestamp,
+                latency=result.latency_ms,
+                placement=result.placement,
+                model=result.model,
+                provider=result.provider,
+            )
+            payload = result.to_json()
         topic = job.reply_topic
         # Not waiting for the nucleus: the reply thread (or the transport thread that answers a bad
         # request inline) goes on at once; a refusal comes back through `_published`.
@@ -650,6 +755,7 @@ class InferenceServer:
                 target=job.target,
                 qos=1 if job.target == "iot" else 0,
                 on_done=lambda exc: self._published(job, result, exc),
+                properties=job.reply_properties,
             )
         except TransportError as exc:
             self._publish_failed(job, exc)
@@ -706,6 +812,7 @@ class InferenceServer:
                 err.to_json(),
                 target=job.target,
                 on_done=lambda exc2: self._publish_failed(job, exc2),
+                properties=job.reply_properties,
             )
         except TransportError as exc2:
             self._publish_failed(job, exc2)
@@ -739,10 +846,11 @@ class InferenceServer:
         target: Target,
         arrived: float,
         topic: str | None = None,
+        properties: MqttProperties | None = None,
     ) -> None:
         """An error for a request that never became a job (bad payload, refused reply_to)."""
         req = Request(id=request_id or "")
-        job = Job(req, target, topic or result_topic(self.thing), arrived)
+        job = Job(req, target, topic or result_topic(self.thing), arrived, reply_properties=properties)
         result = error_result(request_id, code, message, timestamp="")
         self._send(job, result)
 
@@ -792,6 +900,7 @@ class InferenceServer:
             mean_batch_size=self._mean_batch,
             deadline_left_ms=None if job.deadline is None else (job.deadline - self.clock()) * 1000,
             provider=self.engine.provider,
+            age_ms=None if job.request.sent_at is None else (self.wall() - job.request.sent_at) * 1000,
         )
 
     def _reply_allowed(self, topic: str) -> bool:

@@ -17,10 +17,35 @@ Target = Literal["local", "iot"]
 
 
 @dataclass(frozen=True)
+class MqttProperties:
+    """MQTT 5 publish properties, as IoT Core carries them and the nucleus hands them over IPC
+    (awsiotsdk's `MQTTMessage` / `PublishToIoTCoreRequest` have the same fields).
+
+    `message_expiry_s` on a received message is what is left of the sender's interval (the broker
+    counts down the time it held the message); on a publish, the interval to give it.
+    """
+
+    content_type: str | None = None
+    correlation_data: bytes | None = None
+    response_topic: str | None = None
+    user_properties: tuple[tuple[str, str], ...] = ()
+    message_expiry_s: int | None = None
+    payload_format: Literal["bytes", "utf8"] | None = None
+
+    def user(self, key: str) -> str | None:
+        """The first user property named `key`, if any."""
+        for name, value in self.user_properties:
+            if name == key:
+                return value
+        return None
+
+
+@dataclass(frozen=True)
 class Message:
     topic: str
     payload: bytes
     target: Target = "local"
+    properties: MqttProperties | None = None  # IoT Core messages only (MQTT 5)
 
 
 class TransportError(Exception):
@@ -52,7 +77,15 @@ class PubSub(Protocol):
     blocking method of the transport (the I/O thread would wait on itself).
     """
 
-    def publish(self, topic: str, payload: bytes, *, target: Target = "local", qos: int = 0) -> None: ...
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        target: Target = "local",
+        qos: int = 0,
+        properties: MqttProperties | None = None,
+    ) -> None: ...
 
     def subscribe(
         self,
@@ -72,7 +105,7 @@ class Bus(PubSub, Protocol):
 
     `publish_nowait` sends without waiting for the nucleus (safe in an inline handler); `on_done`, on
     a transport thread, learns the outcome. It raises `TransportError` at once when the message
-    cannot even be sent.
+    cannot even be sent. `properties` (MQTT 5) travel on IoT Core publishes; local pub/sub has none.
     """
 
     def publish_nowait(
@@ -83,6 +116,7 @@ class Bus(PubSub, Protocol):
         target: Target = "local",
         qos: int = 0,
         on_done: PublishDone | None = None,
+        properties: MqttProperties | None = None,
     ) -> None: ...
 
     def get_configuration(self, key_path: Sequence[str] = (), component: str | None = None) -> Any: ...

@@ -30,6 +30,7 @@ from edgeinfer.transport.base import (
     ConfigValidator,
     Message,
     MessageHandler,
+    MqttProperties,
     PublishDone,
     Target,
     TransportError,
@@ -73,6 +74,46 @@ def _start(what: str, fn: Callable[[], Any]) -> Any:
         return fn()
     except Exception as exc:
         raise TransportError(f"{what}: {_describe(exc)}") from exc
+
+
+def _properties(msg: Any) -> MqttProperties | None:
+    """The MQTT 5 properties of an awsiotsdk `MQTTMessage` (None when it carries none)."""
+    correlation = msg.correlation_data
+    if isinstance(correlation, str):
+        correlation = correlation.encode()
+    users = tuple((str(p.key or ""), str(p.value or "")) for p in msg.user_properties or ())
+    fmt = msg.payload_format
+    props = MqttProperties(
+        content_type=msg.content_type or None,
+        correlation_data=bytes(correlation) if correlation is not None else None,
+        response_topic=msg.response_topic or None,
+        user_properties=users,
+        message_expiry_s=msg.message_expiry_interval_seconds,
+        payload_format="utf8" if fmt == "UTF8" else "bytes" if fmt == "BYTES" else None,
+    )
+    return None if props == MqttProperties() else props
+
+
+def _sdk_properties(props: MqttProperties) -> dict[str, Any]:
+    """`PublishToIoTCore` keyword arguments for MQTT 5 properties (only the ones set)."""
+    from awsiot.greengrasscoreipc import model
+
+    out: dict[str, Any] = {}
+    if props.content_type is not None:
+        out["content_type"] = props.content_type
+    if props.correlation_data is not None:
+        out["correlation_data"] = props.correlation_data
+    if props.response_topic is not None:
+        out["response_topic"] = props.response_topic
+    if props.user_properties:
+        out["user_properties"] = [model.UserProperty(key=k, value=v) for k, v in props.user_properties]
+    if props.message_expiry_s is not None:
+        out["message_expiry_interval_seconds"] = props.message_expiry_s
+    if props.payload_format is not None:
+        out["payload_format"] = (
+            model.PayloadFormat.UTF8 if props.payload_format == "utf8" else model.PayloadFormat.BYTES
+        )
+    return out
 
 
 class _Sub:
@@ -164,8 +205,16 @@ class GreengrassIpcBus:
 
     # ------------------------------------------------------------ pub/sub
 
-    def publish(self, topic: str, payload: bytes, *, target: Target = "local", qos: int = 0) -> None:
-        what, future = self._publish(topic, payload, target, qos)
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        target: Target = "local",
+        qos: int = 0,
+        properties: MqttProperties | None = None,
+    ) -> None:
+        what, future = self._publish(topic, payload, target, qos, properties)
         self._wait(future, what)
 
     def publish_nowait(
@@ -176,8 +225,9 @@ class GreengrassIpcBus:
         target: Target = "local",
         qos: int = 0,
         on_done: PublishDone | None = None,
+        properties: MqttProperties | None = None,
     ) -> None:
-        what, future = self._publish(topic, payload, target, qos)
+        what, future = self._publish(topic, payload, target, qos, properties)
         if on_done is not None:
 
             def done(f: concurrent.futures.Future[Any]) -> None:
@@ -187,18 +237,20 @@ class GreengrassIpcBus:
             future.add_done_callback(done)
 
     def _publish(
-        self, topic: str, payload: bytes, target: Target, qos: int
+        self, topic: str, payload: bytes, target: Target, qos: int, properties: MqttProperties | None
     ) -> tuple[str, concurrent.futures.Future[Any]]:
         from awsiot.greengrasscoreipc import model
 
         if target == "iot":
             what = f"PublishToIoTCore {topic}"
+            extra = _sdk_properties(properties) if properties is not None else {}
             return what, _start(
                 what,
                 lambda: self._client.publish_to_iot_core_async(
                     topic_name=topic,
                     qos=model.QOS.AT_LEAST_ONCE if qos else model.QOS.AT_MOST_ONCE,
                     payload=payload,
+                    **extra,
                 ),
             )
         what = f"PublishToTopic {topic}"
@@ -225,7 +277,7 @@ class GreengrassIpcBus:
             def on_iot(event: Any) -> None:
                 msg = event.message
                 payload = msg.payload.encode() if isinstance(msg.payload, str) else bytes(msg.payload or b"")
-                safe(Message(msg.topic_name or topic, payload, "iot"))
+                safe(Message(msg.topic_name or topic, payload, "iot", _properties(msg)))
 
             iot_qos = model.QOS.AT_LEAST_ONCE if qos else model.QOS.AT_MOST_ONCE
             if inline:

@@ -13,6 +13,7 @@ from edgeinfer.transport.base import (
     ConfigValidator,
     Message,
     MessageHandler,
+    MqttProperties,
     PublishDone,
     Target,
     TransportError,
@@ -53,10 +54,18 @@ class MemoryBus:
         self._config_handlers: list[ConfigUpdateHandler] = []
         self._validators: list[ConfigValidator] = []
 
-    def publish(self, topic: str, payload: bytes, *, target: Target = "local", qos: int = 0) -> None:
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        target: Target = "local",
+        qos: int = 0,
+        properties: MqttProperties | None = None,
+    ) -> None:
         if self.fail_publish:
             raise TransportError(f"publish to {topic} failed: bus is offline")
-        message = Message(topic, bytes(payload), target)
+        message = Message(topic, bytes(payload), target, properties if target == "iot" else None)
         with self._lock:
             self.published.append(message)
             handlers = [h for f, t, h in self._subs if t == target and topic_matches(f, topic)]
@@ -71,11 +80,12 @@ class MemoryBus:
         target: Target = "local",
         qos: int = 0,
         on_done: PublishDone | None = None,
+        properties: MqttProperties | None = None,
     ) -> None:
         """`publish`, then `on_done` with its outcome: in memory the refusal a nucleus would send back
         (e.g. a subclass's `UnauthorizedError`) arrives through `on_done` as well."""
         try:
-            self.publish(topic, payload, target=target, qos=qos)
+            self.publish(topic, payload, target=target, qos=qos, properties=properties)
         except TransportError as exc:
             if on_done is None:
                 raise

@@ -48,6 +48,7 @@ from typing import Any
 from edgeinfer.transport.base import (
     Message,
     MessageHandler,
+    MqttProperties,
     Target,
     TransportError,
     UnauthorizedError,
@@ -334,12 +335,20 @@ class MqttPubSub:
     # --------------------------------------------------------------------------------- PubSub API
 
     def publish(
-        self, topic: str, payload: bytes, *, target: Target = "iot", qos: int = 0, wait: bool = True
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        target: Target = "iot",
+        qos: int = 0,
+        wait: bool = True,
+        properties: MqttProperties | None = None,
     ) -> None:
         """Publish and wait for completion (QoS 0: written; QoS 1: PUBACK). TransportError otherwise.
 
         `wait=False` hands the message to the client and returns at once (still TransportError when
-        offline); a later failure is only logged. For senders that must not spend a round trip."""
+        offline); a later failure is only logged. For senders that must not spend a round trip.
+        `properties` go out as the publish's MQTT 5 properties."""
         from awscrt import mqtt5
 
         if self._closed:
@@ -347,6 +356,8 @@ class MqttPubSub:
         if not self._connected.is_set():
             raise TransportError(f"publish to {topic} failed: not connected to {self.describe}")
         packet = mqtt5.PublishPacket(payload=bytes(payload), qos=mqtt5.QoS(_qos(qos)), topic=topic)
+        if properties is not None:
+            _set_properties(packet, properties)
         try:
             future = self._client.publish(packet)
         except Exception as exc:
@@ -480,7 +491,7 @@ class MqttPubSub:
         if isinstance(payload, str):
             payload = payload.encode("utf-8")
         ids = tuple(packet.subscription_identifiers or ())
-        message = Message(packet.topic, bytes(payload or b""), "iot")
+        message = Message(packet.topic, bytes(payload or b""), "iot", _properties(packet))
         entries = self._matching(message, ids)
         _run(message, [e.handler for e in entries if e.inline])
         if any(not e.inline for e in entries):
@@ -578,6 +589,40 @@ def set_tcp_nodelay(addresses: frozenset[str], port: int) -> int:
             with contextlib.suppress(OSError):
                 sock.detach()
     return done
+
+
+def _properties(packet: Any) -> MqttProperties | None:
+    """The MQTT 5 properties of a received `awscrt.mqtt5.PublishPacket` (None when it has none)."""
+    correlation = packet.correlation_data_bytes
+    if isinstance(correlation, str):
+        correlation = correlation.encode()
+    fmt = packet.payload_format_indicator
+    props = MqttProperties(
+        content_type=packet.content_type or None,
+        correlation_data=bytes(correlation) if correlation is not None else None,
+        response_topic=packet.response_topic or None,
+        user_properties=tuple((str(p.name), str(p.value)) for p in packet.user_properties or ()),
+        message_expiry_s=packet.message_expiry_interval_sec,
+        payload_format=None if fmt is None else "utf8" if int(fmt) == 1 else "bytes",
+    )
+    return None if props == MqttProperties() else props
+
+
+def _set_properties(packet: Any, props: MqttProperties) -> None:
+    from awscrt import mqtt5
+
+    packet.content_type = props.content_type
+    packet.correlation_data_bytes = props.correlation_data
+    packet.response_topic = props.response_topic
+    packet.message_expiry_interval_sec = props.message_expiry_s
+    if props.user_properties:
+        packet.user_properties = [mqtt5.UserProperty(name=k, value=v) for k, v in props.user_properties]
+    if props.payload_format is not None:
+        packet.payload_format_indicator = (
+            mqtt5.PayloadFormatIndicator.AWS_MQTT5_PFI_UTF8
+            if props.payload_format == "utf8"
+            else mqtt5.PayloadFormatIndicator.AWS_MQTT5_PFI_BYTES
+        )
 
 
 def _qos(qos: int) -> int:

@@ -166,7 +166,9 @@ class HybridPlacement:
         ticket = self.policy.begin_offload(
             shadow, pending, payload_bytes=len(request.image or b""), arrived=arrived, now=now
         )
-        self._send(ticket, dataclasses.replace(request, id=ticket.wire_id, reply_to=None), left, "offload")
+        # The cloud counts the deadline from `origin` (what is left now): the client's own times stay here.
+        wire = dataclasses.replace(request, id=ticket.wire_id, reply_to=None, sent_at=None, deadline_at=None)
+        self._send(ticket, wire, left, "offload")
 
     # ------------------------------------------------------------------------------ seam: cascade
 
@@ -186,7 +188,12 @@ class HybridPlacement:
             shadow, _Pending(reply, None), payload_bytes=len(request.image), now=now, held=result
         )
         wire = dataclasses.replace(
-            request, id=ticket.wire_id, reply_to=None, model=self.policy.config.cloud_model or None
+            request,
+            id=ticket.wire_id,
+            reply_to=None,
+            model=self.policy.config.cloud_model or None,
+            sent_at=None,
+            deadline_at=None,
         )
         self._send(ticket, wire, left, "cascade")
         return True

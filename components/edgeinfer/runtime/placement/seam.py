@@ -73,8 +73,9 @@ class PlacementContext:
     max_batch_size: int
     engine_ms_per_batch: float  # moving average of recent batch runs (0 before the first)
     mean_batch_size: float  # of recent batches
-    deadline_left_ms: float | None  # None: the request has no deadline
+    deadline_left_ms: float | None  # None: no deadline; counted from when it was sent, when known
     provider: str
+    age_ms: float | None = None  # since the client sent it (its `sent_at`), when it says
     # Given to `Offloader.offload` only: serve the request on the edge after all (a late or failed
     # offload); its result then goes out through the normal edge path, still exactly once.
     local: Callable[[], None] | None = None
