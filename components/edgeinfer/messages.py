@@ -26,6 +26,8 @@ __all__ = [
     "IOT_CORE_MAX_BYTES",
     "RAW_IMAGE_TYPES",
     "TIMINGS_TOPIC",
+    "Box",
+    "Detection",
     "ErrorCode",
     "ErrorInfo",
     "Latency",
@@ -169,6 +171,7 @@ _RESULT_FORMATS = ("edgeinfer", "dlr")
 _MAX_ID_LEN = 256
 _MAX_TOPIC_LEN = 256
 MAX_TOP_K = 100
+MAX_DETECTIONS = 300
 
 
 @dataclass
@@ -191,6 +194,9 @@ class Request:
     result_format: ResultFormat = "edgeinfer"
     sent_at: float | None = None
     deadline_at: float | None = None
+    # detection: None takes the runtime's configured defaults (from the model's manifest)
+    max_detections: int | None = None
+    score_threshold: float | None = None
 
     def expires_at(self) -> float | None:
         """The wall-clock time (epoch s) after which an answer is of no use, as far as the request
@@ -206,7 +212,7 @@ class Request:
             out["image"] = codec.b64encode(self.image).decode("ascii")
         if self.image_path is not None:
             out["image_path"] = self.image_path
-        for key in ("reply_to", "deadline_ms", "model"):
+        for key in ("reply_to", "deadline_ms", "model", "max_detections", "score_threshold"):
             value = getattr(self, key)
             if value is not None:
                 out[key] = value
@@ -338,6 +344,23 @@ def parse_request(
     if result_format not in _RESULT_FORMATS:
         raise bad("'result_format' must be 'edgeinfer' or 'dlr'")
 
+    max_detections = doc.get("max_detections")
+    if max_detections is not None and (
+        isinstance(max_detections, bool)
+        or not isinstance(max_detections, int)
+        or not 1 <= max_detections <= MAX_DETECTIONS
+    ):
+        raise bad(f"'max_detections' must be an integer from 1 to {MAX_DETECTIONS}")
+    score_threshold = doc.get("score_threshold")
+    if score_threshold is not None:
+        if (
+            isinstance(score_threshold, bool)
+            or not isinstance(score_threshold, (int, float))
+            or not 0 <= score_threshold < 1
+        ):
+            raise bad("'score_threshold' must be a number from 0 to below 1")
+        score_threshold = float(score_threshold)
+
     times: dict[str, float | None] = {}
     for key in ("sent_at", "deadline_at"):
         raw = doc.get(key)
@@ -362,10 +385,12 @@ def parse_request(
         result_format=result_format,
         sent_at=times["sent_at"],
         deadline_at=times["deadline_at"],
+        max_detections=max_detections,
+        score_threshold=score_threshold,
     )
 
 
-_RAW_NUMBERS = {"deadline_ms": float, "top_k": int}
+_RAW_NUMBERS = {"deadline_ms": float, "top_k": int, "max_detections": int, "score_threshold": float}
 
 
 def parse_raw_request(
@@ -469,6 +494,40 @@ class Prediction:
 
 
 @dataclass(frozen=True)
+class Box:
+    """A box in the source image's pixels (the image the request carried, before any resize)."""
+
+    x_min: float
+    y_min: float
+    x_max: float
+    y_max: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "x_min": _round(self.x_min, 1),
+            "y_min": _round(self.y_min, 1),
+            "x_max": _round(self.x_max, 1),
+            "y_max": _round(self.y_max, 1),
+        }
+
+
+@dataclass(frozen=True)
+class Detection:
+    index: int
+    label: str
+    score: float
+    box: Box
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "label": self.label,
+            "score": _round(self.score, 6),
+            "box": self.box.to_dict(),
+        }
+
+
+@dataclass(frozen=True)
 class ModelRef:
     name: str
     version: str
@@ -517,10 +576,13 @@ class Result:
     batch_size: int = 0
     latency_ms: Latency = field(default_factory=Latency)
     error: ErrorInfo | None = None
+    detections: list[Detection] | None = None  # set (maybe empty) by a detector, instead of predictions
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "status": self.status}
-        if self.status == "ok":
+        if self.status == "ok" and self.detections is not None:
+            out["detections"] = [d.to_dict() for d in self.detections]
+        elif self.status == "ok":
             out["predictions"] = [p.to_dict() for p in self.predictions]
         if self.model is not None:
             out["model"] = self.model.to_dict()
@@ -542,7 +604,25 @@ class Result:
 
         That component publishes `{"timestamp", "inference-type", "inference-description",
         "inference-results": [{"Label", "Score"}]}` with scores as strings; we keep its shape and types.
+        A detector's result takes `aws.greengrass.DLRObjectDetection`'s shape: `"inference-type":
+        "object-detection"`, results `{"Label", "Score", "Boundaries": "[x_min y_min x_max y_max]"}`,
+        every value a string; the boundaries are in the source image's pixels (DLR's own are in its
+        512×512 stretched input, which would need the image size to map back).
         """
+        if self.detections is not None:
+            return {
+                "timestamp": self.timestamp,
+                "inference-type": "object-detection",
+                "inference-description": f"{len(self.detections)} objects detected",
+                "inference-results": [
+                    {
+                        "Label": d.label,
+                        "Score": str(round(d.score, 6)),
+                        "Boundaries": f"[{d.box.x_min:g} {d.box.y_min:g} {d.box.x_max:g} {d.box.y_max:g}]",
+                    }
+                    for d in self.detections
+                ],
+            }
         return {
             "timestamp": self.timestamp,
             "inference-type": "image-classification",
@@ -572,6 +652,17 @@ class Result:
                 batch_size=int(doc.get("batch_size", 0)),
                 latency_ms=Latency.from_dict(doc.get("latency_ms", {})),
                 error=ErrorInfo(ErrorCode(error["code"]), str(error.get("message", ""))) if error else None,
+                detections=[
+                    Detection(
+                        int(d["index"]),
+                        str(d["label"]),
+                        float(d["score"]),
+                        Box(*(float(d["box"][k]) for k in ("x_min", "y_min", "x_max", "y_max"))),
+                    )
+                    for d in doc["detections"]
+                ]
+                if "detections" in doc
+                else None,
             )
         except _MALFORMED as exc:
             raise _malformed("result", exc) from None
