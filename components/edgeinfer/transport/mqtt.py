@@ -372,6 +372,52 @@ class MqttPubSub:
             err = UnauthorizedError if int(code) == _NOT_AUTHORIZED else TransportError
             raise err(f"publish to {topic} refused by {self.describe}: {_name(code)}")
 
+    def publish_future(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        qos: int = 0,
+        retain: bool = False,
+        properties: MqttProperties | None = None,
+    ) -> Future[None]:
+        """Hand a publish to the client, in call order, and return its completion (QoS 0: written;
+        QoS 1: PUBACK) as a future that fails with TransportError. TransportError at once when
+        closed or offline. For senders that keep several publishes in flight and must know when
+        each one is done (the simulated core's IoT bridge)."""
+        from awscrt import mqtt5
+
+        if self._closed:
+            raise TransportError(f"publish to {topic} failed: client is closed")
+        if not self._connected.is_set():
+            raise TransportError(f"publish to {topic} failed: not connected to {self.describe}")
+        packet = mqtt5.PublishPacket(
+            payload=bytes(payload), qos=mqtt5.QoS(_qos(qos)), topic=topic, retain=retain
+        )
+        if properties is not None:
+            _set_properties(packet, properties)
+        try:
+            crt_future = self._client.publish(packet)
+        except Exception as exc:
+            raise TransportError(f"publish to {topic} failed: {exc}") from exc
+        out: Future[None] = Future()
+
+        def completed(done: Future[Any]) -> None:  # on the CRT's thread: only settle the future
+            try:
+                puback = getattr(done.result(), "puback", None)
+            except Exception as exc:
+                out.set_exception(TransportError(f"publish to {topic} failed: {exc}"))
+                return
+            code = getattr(puback, "reason_code", None)
+            if code is not None and int(code) >= _SUBACK_ERROR_MIN:
+                err = UnauthorizedError if int(code) == _NOT_AUTHORIZED else TransportError
+                out.set_exception(err(f"publish to {topic} refused by {self.describe}: {_name(code)}"))
+                return
+            out.set_result(None)
+
+        crt_future.add_done_callback(completed)
+        return out
+
     def subscribe(
         self,
         topic: str,
