@@ -253,7 +253,7 @@ def test_bad_configuration_is_refused_and_reported(simulator: Any, tmp_path: Pat
     sim = simulator(device(tmp_path), thing=THING, config_merge={COMPONENT: {"windowSeconds": 1}})
     inbox = sim.cloud_client().subscribe(f"edgeinfer/{THING}/telemetry")
     inbox.wait_for(1, timeout=30)
-    with pytest.raises(Exception, match="windowSeconds must be between"):
+    with pytest.raises(Exception, match="windowSeconds: must be between"):
         sim.update_configuration(COMPONENT, merge={"windowSeconds": 0})
     sim.update_configuration(COMPONENT, merge={"windowSeconds": 0.5})  # applied live, no restart
     assert sim.state(COMPONENT) == "RUNNING"

@@ -1,4 +1,5 @@
-"""The component on a MemoryBus: timings in, windows out on IoT Core, RUNNING, config, Prometheus."""
+"""The component on a MemoryBus: timings in, windows out on IoT Core, RUNNING, config on both nuclei,
+Prometheus."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from edgeinfer.messages import TIMINGS_TOPIC, TelemetryWindow, TimingBatch, tele
 from edgeinfer.telemetry.component import ConfigError, TelemetryComponent, TelemetryConfig
 from edgeinfer.transport import MemoryBus
 from tests.helpers.clock import FakeClock
+from tests.helpers.config import lite_typed
 from tests.helpers.telemetry import make_record
 
 
@@ -26,8 +28,11 @@ def windows(bus: MemoryBus, thing: str = "dev") -> list[TelemetryWindow]:
     ]
 
 
-def make(tmp_path: Path, clock: FakeClock, **config: object) -> tuple[MemoryBus, TelemetryComponent]:
-    bus = MemoryBus(config=dict(config))
+def make(
+    tmp_path: Path, clock: FakeClock, *, lite: bool = False, **config: object
+) -> tuple[MemoryBus, TelemetryComponent]:
+    """`lite`: the configuration typed and the validation subscription answered as nucleus lite does."""
+    bus = MemoryBus(config=lite_typed(config) if lite else dict(config), validation=not lite)
     cfg = TelemetryConfig.from_dict(bus.config)
     comp = TelemetryComponent(
         bus, "dev", cfg, clock=clock, system=lambda: {"cpu_percent": 3.5}, work=tmp_path
@@ -84,28 +89,57 @@ def test_configuration_validation_and_live_update(tmp_path: Path, clock: FakeClo
     assert comp.tick()[0].window_s == 2
 
 
+def test_without_live_validation_updates_apply_and_bad_ones_are_logged(
+    tmp_path: Path, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    bus, comp = make(tmp_path, clock, lite=True, windowSeconds=10)
+    assert bus.states == ["RUNNING"]
+    off = [r.getMessage() for r in caplog.records if "live configuration validation is off" in r.getMessage()]
+    assert len(off) == 1
+    assert off[0].startswith("com.edgeinfer.Telemetry: ")
+    assert bus.propose_configuration({"windowSeconds": "-1"}) is None  # nothing validates it …
+    assert "windowSeconds: must be between 0.05 and 3600" in caplog.text  # … the component refuses it
+    assert comp.config.window_seconds == 10
+    assert bus.propose_configuration({"windowSeconds": "2", "spoolMaxWindows": "5"}) is None
+    assert (comp.config.window_seconds, comp.spool.max_windows) == (2, 5)
+
+
 @pytest.mark.parametrize(
     ("doc", "message"),
     [
-        ({"windowSeconds": "soon"}, "windowSeconds='soon'"),
-        ({"qos": 2}, "qos must be 0 or 1"),
-        ({"prometheusPort": 70000}, "prometheusPort"),
-        ({"systemMetrics": "yes"}, "systemMetrics"),
-        ({"spoolMaxWindows": 1.5}, "spoolMaxWindows"),
-        ({"spoolMaxWindows": "inf"}, "spoolMaxWindows"),
+        ({"windowSeconds": "soon"}, "windowSeconds: must be a number, got 'soon'"),
+        ({"qos": 2}, "qos: must be 0 or 1"),
+        ({"prometheusPort": 70000}, "prometheusPort: must be 0"),
+        ({"systemMetrics": "yes"}, "systemMetrics: must be true or false"),
+        ({"spoolMaxWindows": 1.5}, "spoolMaxWindows: must be an integer"),
+        ({"spoolMaxWindows": "inf"}, "spoolMaxWindows: must be an integer"),
     ],
 )
 def test_bad_configuration_is_one_clear_line(doc: dict[str, object], message: str) -> None:
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match=message) as err:
         TelemetryConfig.from_dict(doc)
+    assert str(err.value).startswith("configuration of com.edgeinfer.Telemetry: ")
+    assert "\n" not in str(err.value)
 
 
 def test_configuration_defaults_and_coercion() -> None:
     cfg = TelemetryConfig.from_dict({"accessControl": {}, "prometheusPort": "9464", "gpuMetrics": "false"})
-    assert cfg.prometheusPort == 9464
-    assert cfg.gpuMetrics is False
-    assert cfg.windowSeconds == 10
-    assert cfg.prometheusBind == "127.0.0.1"
+    assert cfg.prometheus_port == 9464
+    assert cfg.gpu_metrics is False
+    assert cfg.window_seconds == 10
+    assert cfg.prometheus_bind == "127.0.0.1"
+
+
+def test_classic_and_lite_typing_give_the_same_config() -> None:
+    doc = dict(TelemetryConfig().to_dict(), windowSeconds=2.5, qos=0, systemMetrics=False, spoolDir="/x")
+    assert lite_typed(doc)["windowSeconds"] == "2.5"
+    assert TelemetryConfig.from_dict(lite_typed(doc)) == TelemetryConfig.from_dict(doc)
+    assert TelemetryConfig.from_dict(doc).window_seconds == 2.5
+
+
+def test_unknown_keys_are_warned_by_name(caplog: pytest.LogCaptureFixture) -> None:
+    assert TelemetryConfig.from_dict({"windowSecond": 5}) == TelemetryConfig()
+    assert "com.edgeinfer.Telemetry: unknown configuration key windowSecond (ignored)" in caplog.text
 
 
 def free_port() -> int:
@@ -148,7 +182,7 @@ def test_prometheus_off_by_default(tmp_path: Path, clock: FakeClock) -> None:
 def test_run_loop_with_a_sender_thread(tmp_path: Path) -> None:
     """The real loop on the real clock: stop() ends it promptly and the last window is not lost."""
     bus = MemoryBus()
-    comp = TelemetryComponent(bus, "dev", TelemetryConfig(windowSeconds=0.05), system=dict, work=tmp_path)
+    comp = TelemetryComponent(bus, "dev", TelemetryConfig(window_seconds=0.05), system=dict, work=tmp_path)
     comp.start()
     runner = threading.Thread(target=comp.run, kwargs={"tick_s": 0.01})
     runner.start()
@@ -173,9 +207,9 @@ def test_main_outside_greengrass_is_one_clear_error(
     from edgeinfer.telemetry.component import main
 
     monkeypatch.delenv("AWS_IOT_THING_NAME", raising=False)
-    assert main() == 1
+    assert main([]) == 1
     assert "AWS_IOT_THING_NAME is not set" in caplog.text
     monkeypatch.setenv("AWS_IOT_THING_NAME", "dev")
     monkeypatch.delenv("SVCUID", raising=False)
-    assert main() == 1
+    assert main([]) == 1
     assert "not running under Greengrass" in caplog.text

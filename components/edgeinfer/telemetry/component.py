@@ -5,8 +5,11 @@ windows (`window.WindowAggregator`), adds system figures (`system.SystemSampler`
 to IoT Core on `edgeinfer/{thing}/telemetry` through the spool (`spool.SpoolingPublisher`), optionally
 serves Prometheus text on the device (`prometheus`), and reports RUNNING once it is subscribed.
 
-Configuration (recipe `DefaultConfiguration`, camelCase as AWS's components; read at start, and
-`windowSeconds` / the spool bounds follow configuration updates live):
+Configuration (recipe `DefaultConfiguration`, camelCase as AWS's components) is read over IPC at
+start (GetConfiguration, with `-o KEY=VALUE` overrides for local runs); `windowSeconds`, `qos` and the
+spool bounds follow configuration updates live. Where the nucleus validates proposed changes (the
+classic nucleus) a bad one is refused with its reasons; nucleus lite does not, and a bad change is
+then logged and ignored.
 
     windowSeconds     10          window length (s)
     qos               1           MQTT QoS of the telemetry publishes to IoT Core (0 or 1)
@@ -27,11 +30,13 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from edgeinfer import config
+from edgeinfer.config import ConfigError
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.messages import TIMINGS_TOPIC, TelemetryWindow, telemetry_topic
 from edgeinfer.telemetry.prometheus import MetricsState, PrometheusExporter
@@ -40,90 +45,56 @@ from edgeinfer.telemetry.system import SystemSampler
 from edgeinfer.telemetry.window import WindowAggregator
 from edgeinfer.transport import Bus, Message, Subscription, TransportError
 
-__all__ = ["TelemetryComponent", "TelemetryConfig", "main"]
+__all__ = ["ConfigError", "TelemetryComponent", "TelemetryConfig", "main"]
 
 log = logging.getLogger(__name__)
 
 COMPONENT = "com.edgeinfer.Telemetry"
 
 
-class ConfigError(EdgeinferError):
-    """A configuration value the component cannot use."""
-
-
 @dataclass(frozen=True)
 class TelemetryConfig:
-    windowSeconds: float = 10.0  # noqa: N815 (recipe keys are camelCase)
+    """The component's configuration (recipe keys: the camelCase of each field, see the table above)."""
+
+    window_seconds: float = 10.0
     qos: int = 1
-    spoolDir: str = ""  # noqa: N815
-    spoolMaxWindows: int = 8640  # noqa: N815
-    spoolMaxBytes: int = 50_000_000  # noqa: N815
-    systemMetrics: bool = True  # noqa: N815
-    gpuMetrics: bool = True  # noqa: N815
-    processMatch: str = "edgeinfer."  # noqa: N815
-    prometheusPort: int = 0  # noqa: N815
-    prometheusBind: str = "127.0.0.1"  # noqa: N815
+    spool_dir: str = ""
+    spool_max_windows: int = 8640
+    spool_max_bytes: int = 50_000_000
+    system_metrics: bool = True
+    gpu_metrics: bool = True
+    process_match: str = "edgeinfer."
+    prometheus_port: int = 0
+    prometheus_bind: str = "127.0.0.1"
 
     @classmethod
-    def from_dict(cls, doc: Mapping[str, Any]) -> TelemetryConfig:
-        """Validate configuration; unknown keys (e.g. accessControl) are ignored. Raises ConfigError."""
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            if f.name not in doc:
-                continue
-            raw = doc[f.name]
-            kind = type(getattr(cls(), f.name))
-            try:
-                values[f.name] = _coerce(raw, kind)
-            except (TypeError, ValueError, OverflowError):  # OverflowError: int("inf")
-                raise ConfigError(
-                    f"configuration {f.name}={raw!r} of {COMPONENT} must be a {kind.__name__}"
-                ) from None
-        config = cls(**values)
-        config.check()
-        return config
+    def from_dict(cls, doc: Mapping[str, Any] | None) -> TelemetryConfig:
+        """Read the component's configuration (either nucleus's typing). Raises ConfigError."""
+        return config.read(cls, doc, component=COMPONENT)
 
-    def check(self) -> None:
+    def to_dict(self) -> dict[str, Any]:
+        return config.to_recipe(self)
+
+    def check(self) -> list[tuple[str, str]]:
         problems = []
-        if not 0.05 <= self.windowSeconds <= 3600:
-            problems.append("windowSeconds must be between 0.05 and 3600")
+        if not 0.05 <= self.window_seconds <= 3600:
+            problems.append(("windowSeconds", "must be between 0.05 and 3600"))
         if self.qos not in (0, 1):
-            problems.append("qos must be 0 or 1")
-        if self.spoolMaxWindows < 1:
-            problems.append("spoolMaxWindows must be at least 1")
-        if self.spoolMaxBytes < 1024:
-            problems.append("spoolMaxBytes must be at least 1024")
-        if not 0 <= self.prometheusPort <= 65535:
-            problems.append("prometheusPort must be 0 (off) or a TCP port")
-        if problems:
-            raise ConfigError(f"bad configuration of {COMPONENT}: " + "; ".join(problems))
+            problems.append(("qos", "must be 0 or 1"))
+        if self.spool_max_windows < 1:
+            problems.append(("spoolMaxWindows", "must be at least 1"))
+        if self.spool_max_bytes < 1024:
+            problems.append(("spoolMaxBytes", "must be at least 1024"))
+        if not 0 <= self.prometheus_port <= 65535:
+            problems.append(("prometheusPort", "must be 0 (off) or a TCP port"))
+        return problems
 
     def spool_path(self, work: Path | None = None) -> Path:
-        return Path(self.spoolDir) if self.spoolDir else (work or Path.cwd()) / "spool"
+        return Path(self.spool_dir) if self.spool_dir else (work or Path.cwd()) / "spool"
 
 
-def _coerce(raw: Any, kind: type) -> Any:
-    """Greengrass configuration arrives as JSON; numbers may come as strings from the console."""
-    if kind is bool:
-        if isinstance(raw, bool):
-            return raw
-        if isinstance(raw, str) and raw.lower() in ("true", "false"):
-            return raw.lower() == "true"
-        raise TypeError
-    if kind is int:
-        if isinstance(raw, bool):
-            raise TypeError
-        value = float(raw)
-        if value != int(value):
-            raise ValueError
-        return int(value)
-    if kind is float:
-        if isinstance(raw, bool):
-            raise TypeError
-        return float(raw)
-    if not isinstance(raw, str):
-        raise TypeError
-    return raw
+# Applied while running; every other key waits for the next start.
+LIVE_KEYS = frozenset({"window_seconds", "spool_max_windows", "spool_max_bytes", "qos"})
 
 
 class TelemetryComponent:
@@ -139,24 +110,28 @@ class TelemetryComponent:
         wall: Callable[[], float] = time.time,
         system: Callable[[], Mapping[str, Any]] | None = None,
         work: Path | None = None,
+        overrides: Mapping[str, Any] | None = None,
     ) -> None:
         self.bus = bus
+        self.overrides = dict(overrides or {})
         self.thing = thing
         self.config = config or TelemetryConfig()
         self._clock = clock
         cfg = self.config
-        self.spool = Spool(cfg.spool_path(work), max_windows=cfg.spoolMaxWindows, max_bytes=cfg.spoolMaxBytes)
+        self.spool = Spool(
+            cfg.spool_path(work), max_windows=cfg.spool_max_windows, max_bytes=cfg.spool_max_bytes
+        )
         self.publisher = SpoolingPublisher(bus, telemetry_topic(thing), self.spool, qos=cfg.qos, clock=clock)
         self._sampler: SystemSampler | None = None
-        if system is None and cfg.systemMetrics:
+        if system is None and cfg.system_metrics:
             self._sampler = SystemSampler(
-                match=tuple(m for m in cfg.processMatch.split(",") if m.strip()),
-                gpu=cfg.gpuMetrics,
+                match=tuple(m for m in cfg.process_match.split(",") if m.strip()),
+                gpu=cfg.gpu_metrics,
             )
             system = self._sampler
         self.aggregator = WindowAggregator(
             thing,
-            window_s=cfg.windowSeconds,
+            window_s=cfg.window_seconds,
             clock=clock,
             wall=wall,
             system=system,
@@ -172,24 +147,23 @@ class TelemetryComponent:
 
     def start(self) -> None:
         self._subs.append(self.bus.subscribe(TIMINGS_TOPIC, self._on_timings, target="local"))
-        self._subs.append(self.bus.on_configuration_update(self._on_config_update))
-        self._subs.append(self.bus.on_validate_configuration(self._validate))
-        if self.config.prometheusPort:
+        self._subs += config.subscribe(self.bus, COMPONENT, self._on_config_update, self._validate)
+        if self.config.prometheus_port:
             try:
                 self.exporter = PrometheusExporter(
-                    self.metrics, bind=self.config.prometheusBind, port=self.config.prometheusPort
+                    self.metrics, bind=self.config.prometheus_bind, port=self.config.prometheus_port
                 )
             except OSError as exc:  # port taken: telemetry still flows to IoT Core
                 log.error(
                     "cannot serve Prometheus on %s:%d: %s",
-                    self.config.prometheusBind,
-                    self.config.prometheusPort,
+                    self.config.prometheus_bind,
+                    self.config.prometheus_port,
                     exc,
                 )
         log.info(
             "telemetry for %s: %.3g s windows on %s, spool %s (%d waiting, next seq %d)",
             self.thing,
-            self.config.windowSeconds,
+            self.config.window_seconds,
             telemetry_topic(self.thing),
             self.spool.dir,
             len(self.spool),
@@ -268,28 +242,26 @@ class TelemetryComponent:
 
     def _validate(self, proposed: dict[str, Any]) -> str | None:
         try:
-            TelemetryConfig.from_dict(proposed)
+            read_config(proposed, self.overrides)
         except ConfigError as exc:
-            return str(exc)
+            return exc.reasons
         return None
 
     def _on_config_update(self, key_path: list[str]) -> None:
         try:
-            doc = self.bus.get_configuration()
-            new = TelemetryConfig.from_dict(doc if isinstance(doc, Mapping) else {})
+            new = read_config(self.bus.get_configuration(), self.overrides)
         except (TransportError, ConfigError) as exc:
             log.warning("ignoring a configuration update (%s): %s", "/".join(key_path), exc)
             return
-        if new.windowSeconds != self.config.windowSeconds:
-            self.aggregator.set_window(new.windowSeconds)
-        self.spool.max_windows = new.spoolMaxWindows
-        self.spool.max_bytes = new.spoolMaxBytes
+        if new.window_seconds != self.config.window_seconds:
+            self.aggregator.set_window(new.window_seconds)
+        self.spool.max_windows = new.spool_max_windows
+        self.spool.max_bytes = new.spool_max_bytes
         self.publisher.qos = new.qos
         restart_needed = [
-            f.name
+            config.key_of(f)
             for f in fields(TelemetryConfig)
-            if f.name not in ("windowSeconds", "spoolMaxWindows", "spoolMaxBytes", "qos")
-            and getattr(new, f.name) != getattr(self.config, f.name)
+            if f.name not in LIVE_KEYS and getattr(new, f.name) != getattr(self.config, f.name)
         ]
         if restart_needed:
             log.warning("configuration %s changes at the next restart", ", ".join(restart_needed))
@@ -297,17 +269,36 @@ class TelemetryComponent:
         log.info("configuration updated: %s", "/".join(key_path))
 
 
+def read_config(doc: Any, overrides: Mapping[str, Any] | None = None) -> TelemetryConfig:
+    """The configuration the nucleus holds (`doc`) under the command line's overrides."""
+    return TelemetryConfig.from_dict(config.merge(doc if isinstance(doc, Mapping) else {}, overrides or {}))
+
+
 def thing_name() -> str:
     thing = os.environ.get("AWS_IOT_THING_NAME", "")
     if not thing:
-        raise ConfigError("AWS_IOT_THING_NAME is not set: run this component on a Greengrass core")
+        raise EdgeinferError("AWS_IOT_THING_NAME is not set: run this component on a Greengrass core")
     return thing
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """`python -m edgeinfer.telemetry`: the component's Run step."""
+    import argparse
     import signal
 
+    parser = argparse.ArgumentParser(
+        prog="python -m edgeinfer.telemetry",
+        description="Run the com.edgeinfer.Telemetry component (its recipe's Run step).",
+    )
+    parser.add_argument(
+        "-o",
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a configuration key over what the nucleus holds, e.g. windowSeconds=1 (local runs; repeatable)",
+    )
+    args = parser.parse_args(argv)
     logging.basicConfig(
         level=os.environ.get("EDGEINFER_LOG_LEVEL", "INFO").upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -315,15 +306,15 @@ def main() -> int:
     from edgeinfer.transport.ipc import GreengrassIpcBus
 
     try:
+        overrides = config.parse_overrides(args.option)
         thing = thing_name()
         bus = GreengrassIpcBus.connect()
-    except (ConfigError, TransportError) as exc:
+    except (EdgeinferError, TransportError) as exc:
         log.error("%s", exc)
         return 1
     try:
-        doc = bus.get_configuration()
-        config = TelemetryConfig.from_dict(doc if isinstance(doc, Mapping) else {})
-        component = TelemetryComponent(bus, thing, config)
+        cfg = read_config(bus.get_configuration(), overrides)
+        component = TelemetryComponent(bus, thing, cfg, overrides=overrides)
     except (ConfigError, TransportError, OSError) as exc:  # OSError: the spool folder is unusable
         log.error("%s", exc)
         try:
