@@ -1,5 +1,6 @@
 """Every recipe and every gdk-config.json of the project against the GDK's schemas, plus the rules
-the schemas cannot say: no account id, bucket or secret; the default user; the shared venv path."""
+the schemas cannot say: no account id, bucket or secret; the default user; the shared venv path; the
+version written once (edgeinfer.__version__, stamped where a recipe names it)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import yaml
 
 from edgeinfer import __version__
 from edgeinfer.bundle.build import lower_keys, schema
-from edgeinfer.greengrass.recipe import satisfies
+from edgeinfer.greengrass.recipe import VERSION_PLACEHOLDER, read_recipe, satisfies
 from tests.helpers import PROJECT
 
 ROOT = PROJECT
@@ -22,7 +23,7 @@ RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
 GDK_CONFIGS = sorted(
     [ROOT / "gdk-config.json", *(ROOT / "components" / "edgeinfer").glob("*/gdk-config.json")]
 )
-VENV_PYTHON = "{kernel:rootPath}/work/com.edgeinfer.RuntimeInstaller/venv/bin/python"
+INSTALLER_WORK = "{kernel:rootPath}/work/com.edgeinfer.RuntimeInstaller"
 EXPECTED = {
     "com.edgeinfer.InferenceRuntime",
     "com.edgeinfer.ModelStore",
@@ -32,9 +33,8 @@ EXPECTED = {
 
 
 def load(path: Path) -> dict[str, Any]:
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    assert isinstance(data, dict)
-    return data
+    """A recipe as every reader sees it: the version placeholder stamped."""
+    return read_recipe(path)
 
 
 def recipes() -> dict[str, dict[str, Any]]:
@@ -61,6 +61,13 @@ def test_recipe_is_valid_against_the_gdk_schema(path: Path) -> None:
     assert errors == []
     assert path.stem == recipe["ComponentName"]
     assert recipe["ComponentVersion"] == __version__
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
+def test_the_version_is_written_once(path: Path) -> None:
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    assert raw["ComponentVersion"] == VERSION_PLACEHOLDER
+    assert __version__ not in path.read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
@@ -93,15 +100,30 @@ def test_dependencies_are_in_the_bundle_and_their_versions_satisfy_the_ranges() 
                 assert satisfies(by_name[dep]["ComponentVersion"], requirement), (name, dep, requirement)
 
 
-def test_code_components_run_from_the_installer_venv() -> None:
+def test_code_components_wait_for_the_installer_venv_then_run_it() -> None:
     for name, recipe in recipes().items():
         lifecycles = [m.get("Lifecycle") or {} for m in recipe.get("Manifests", [])]
-        runs = [str(lc.get("Run", "")) for lc in lifecycles if isinstance(lc, dict) and lc.get("Run")]
+        runs = [str(lc["run"]["Script"]) for lc in lifecycles if isinstance(lc, dict) and "run" in lc]
         for run in runs:
-            assert run.strip().startswith(VENV_PYTHON + " -m edgeinfer."), (name, run)
+            lines = run.splitlines()
+            assert lines[0] == f"installer='{INSTALLER_WORK}'", name
+            assert 'until [ -f "$installer/platform.json" ]' in run, name
+            assert lines[-1].startswith('exec "$installer/venv/bin/python" -m edgeinfer.'), name
         if runs:
             deps = recipe.get("ComponentDependencies") or {}
-            assert "com.edgeinfer.RuntimeInstaller" in deps, f"{name} runs the venv but does not depend on it"
+            # SOFT: neither nucleus starts it first, and lite never starts a HARD dependant of an
+            # install-only component (systemd BindsTo=), hence the wait above.
+            assert deps["com.edgeinfer.RuntimeInstaller"]["DependencyType"] == "SOFT", name
+
+
+def test_the_runtime_finds_the_model_store_through_its_pointer() -> None:
+    by_name = recipes()
+    (store,) = [m["Lifecycle"]["install"] for m in by_name["com.edgeinfer.ModelStore"]["Manifests"]]
+    assert "'{artifacts:path}' > '{work:path}/artifacts-path.tmp'" in store
+    (run,) = [m["Lifecycle"]["run"]["Script"] for m in by_name["com.edgeinfer.InferenceRuntime"]["Manifests"]]
+    assert "store='{kernel:rootPath}/work/com.edgeinfer.ModelStore/artifacts-path'" in run
+    assert '--model-dir "$(cat "$store")"' in run
+    assert ":artifacts:path}" not in run.replace("{artifacts:path}", "")
 
 
 def test_model_store_lists_the_files_the_model_build_writes() -> None:
@@ -123,14 +145,15 @@ def test_installer_recipe_passes_every_configuration_key() -> None:
 
     recipe = recipes()["com.edgeinfer.RuntimeInstaller"]
     defaults = recipe["ComponentConfiguration"]["DefaultConfiguration"]
-    script = recipe["Manifests"][0]["Lifecycle"]["Install"]["Script"]
+    script = recipe["Manifests"][0]["Lifecycle"]["install"]["Script"]
     config = InstallerConfig.from_mapping(defaults)  # every key is known to the installer
     assert config == InstallerConfig()  # and the recipe's defaults are the installer's own
-    for key in defaults:
-        if key != "python":
-            assert f"-o {key}='{{configuration:/{key}}}'" in script, key
+    for key, value in defaults.items():
+        # lite interpolates a list or map as backslash-escaped JSON: only scalars on the command line
+        passed = f"-o {key}='{{configuration:/{key}}}'" in script
+        assert passed == (key != "python" and not isinstance(value, (list, dict))), key
     assert "{configuration:/python}" in script
-    assert "edgeinfer-0.1.0-py3-none-any.whl" in script
+    assert f"edgeinfer-{__version__}-py3-none-any.whl" in script
 
 
 def test_every_gdk_config_is_valid_and_matches_its_recipe() -> None:

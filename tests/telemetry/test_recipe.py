@@ -44,13 +44,10 @@ def test_default_configuration_matches_the_code(recipe: dict[str, Any]) -> None:
     assert defaults == TelemetryConfig().to_dict()
 
 
-def test_linux_manifests_run_the_installer_venv(recipe: dict[str, Any]) -> None:
-    arches = {m["Platform"]["architecture"] for m in recipe["Manifests"]}
-    assert arches == {"amd64", "aarch64"}
-    for manifest in recipe["Manifests"]:
-        assert manifest["Platform"]["os"] == "linux"
-        run = manifest["Lifecycle"]["Run"]
-        assert run == (
-            "{kernel:rootPath}/work/com.edgeinfer.RuntimeInstaller/venv/bin/python -m edgeinfer.telemetry"
-        )
-    assert "com.edgeinfer.RuntimeInstaller" in recipe["ComponentDependencies"]
+def test_linux_manifest_runs_the_installer_venv(recipe: dict[str, Any]) -> None:
+    (manifest,) = recipe["Manifests"]
+    assert manifest["Platform"] == {"os": "linux", "runtime": "*"}
+    run = manifest["Lifecycle"]["run"]["Script"]
+    assert run.splitlines()[0] == "installer='{kernel:rootPath}/work/com.edgeinfer.RuntimeInstaller'"
+    assert run.splitlines()[-1] == 'exec "$installer/venv/bin/python" -m edgeinfer.telemetry'
+    assert recipe["ComponentDependencies"]["com.edgeinfer.RuntimeInstaller"]["DependencyType"] == "SOFT"

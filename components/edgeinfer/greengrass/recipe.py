@@ -261,11 +261,30 @@ def recipe_files(recipes_dir: Path) -> list[Path]:
     return files
 
 
+# This project's recipes name their own version (ComponentVersion, dependency ranges, wheel file
+# names) by this placeholder, so that a version bump is one edit of `edgeinfer.__version__`. Every
+# reader of a recipe (the simulated core, the bundle build, publishing, the nucleus checks) sees it
+# replaced; the recipes `edgeinfer build` writes carry the version itself.
+VERSION_PLACEHOLDER = "{edgeinfer:version}"
+
+
+def stamp_version(text: str, version: str | None = None) -> str:
+    """`text` with every VERSION_PLACEHOLDER replaced by `version` (default `edgeinfer.__version__`)."""
+    if VERSION_PLACEHOLDER not in text:
+        return text
+    if version is None:
+        from edgeinfer import __version__
+
+        version = __version__
+    return text.replace(VERSION_PLACEHOLDER, version)
+
+
 def read_recipe(path: Path) -> dict[str, Any]:
     """A recipe file's top-level mapping as written (JSON by suffix, else YAML), nothing checked
-    beyond that; RecipeError naming the file when it cannot be read or is not a mapping."""
+    beyond that but VERSION_PLACEHOLDER stamped; RecipeError naming the file when it cannot be read
+    or is not a mapping."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = stamp_version(path.read_text(encoding="utf-8"))
         raw = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
