@@ -246,3 +246,53 @@ def test_topics_and_timestamps() -> None:
     assert is_thing_name("x" * 128)
     assert not any(map(is_thing_name, ["", "a/b", "a+", "#", "a b", "x" * 129]))
     assert parse_iso_utc(iso_utc(1234.5)) == pytest.approx(1234.5)
+
+
+def test_sent_at_and_deadline_at_round_trip_and_give_the_absolute_deadline() -> None:
+    from edgeinfer.messages import iso_utc
+
+    doc = {"id": "t", "image": "AAAA", "deadline_ms": 250, "sent_at": "2026-11-29T14:52:13.000Z"}
+    req = parse_request(doc)
+    assert req.sent_at is not None
+    assert req.expires_at() == pytest.approx(req.sent_at + 0.25)
+    again = parse_request(req.to_json())
+    assert again.sent_at == pytest.approx(req.sent_at)
+    assert again.deadline_at is None
+    both = parse_request({**doc, "deadline_at": iso_utc(req.sent_at + 0.1)})
+    assert both.expires_at() == pytest.approx(req.sent_at + 0.1)  # the earlier of the two
+    assert parse_request({"id": "n", "image": "AAAA", "deadline_ms": 5}).expires_at() is None
+    for bad in (12345, "yesterday", ""):
+        with pytest.raises(MessageError) as info:
+            parse_request({**doc, "sent_at": bad})
+        assert info.value.code is ErrorCode.BAD_REQUEST
+        assert info.value.request_id == "t"
+
+
+def test_raw_request_reads_its_parameters_from_user_properties() -> None:
+    from edgeinfer.messages import parse_raw_request
+
+    req = parse_raw_request(
+        b"\xff\xd8jpeg", {"id": "r1", "top_k": "3", "deadline_ms": "80", "offload": "never"}
+    )
+    assert (req.id, req.top_k, req.deadline_ms, req.offload, req.image) == (
+        "r1",
+        3,
+        80.0,
+        "never",
+        b"\xff\xd8jpeg",
+    )
+    assert parse_raw_request(b"x", {}, correlation_data=b"abc").id == "abc"
+    assert parse_raw_request(b"x", {}, correlation_data=b"\x00\xff").id == "00ff"
+    with pytest.raises(MessageError) as info:
+        parse_raw_request(b"x", {"id": "r2", "top_k": "many"})
+    assert info.value.code is ErrorCode.BAD_REQUEST
+    assert info.value.request_id == "r2"
+    with pytest.raises(MessageError) as info:
+        parse_raw_request(b"x" * 100, {"id": "r3"}, max_bytes=10)
+    assert info.value.code is ErrorCode.TOO_LARGE
+    assert info.value.request_id == "r3"
+    with pytest.raises(MessageError) as info:
+        parse_raw_request(b"", {"id": "r4"})
+    assert info.value.code is ErrorCode.BAD_IMAGE
+    with pytest.raises(MessageError):
+        parse_raw_request(b"x", {})  # no id and no correlation data

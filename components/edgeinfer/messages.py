@@ -403,15 +403,16 @@ def parse_raw_request(
     """A request whose payload is the encoded image itself (MQTT 5, `content_type` one of
     `RAW_IMAGE_TYPES`), its parameters in user properties named as the JSON keys (string values).
 
-    Without an `id` property the correlation data stands in for it (as text when it is UTF-8, else as
-    hex), so the answer can still be matched. Raises `MessageError` as `parse_request` does.
+    Without an `id` property the correlation data stands in for it (as text when it is printable
+    UTF-8, else as hex), so the answer can still be matched. Raises `MessageError` as `parse_request` does.
     """
     doc: dict[str, Any] = {k: v for k, v in params.items() if k not in ("image", "image_path")}
     if "id" not in doc and correlation_data:
         try:
-            doc["id"] = correlation_data.decode("utf-8")
+            text = correlation_data.decode("utf-8")
         except UnicodeDecodeError:
-            doc["id"] = correlation_data.hex()
+            text = ""
+        doc["id"] = text if text.isprintable() and text else correlation_data.hex()
     rid = _request_id(doc)
     if max_bytes is not None and len(image) > max_bytes:
         raise MessageError(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import json
 import threading
 import time
@@ -730,3 +731,106 @@ def test_failure_after_inference_answers_the_batch_and_frees_its_lane(
         assert res["boom"].error.code == ErrorCode.INTERNAL
         assert res["next"].status == "ok"  # the lane came back
         wait_for(lambda: server.batcher.idle)  # nothing held: admitted, queued or running
+
+
+# ------------------------------------------------------------------ deadlines from the sender, MQTT 5
+
+
+def test_a_request_past_its_deadline_on_arrival_is_answered_deadline_exceeded_not_computed(
+    harness: Harness,
+) -> None:
+    from edgeinfer.messages import iso_utc
+
+    now = time.time()
+    img = b64(solid_jpeg((250, 5, 5)))
+    # Sent 5 s ago with 100 ms to live: it waited upstream past its budget.
+    harness.send({"id": "old", "image": img, "deadline_ms": 100, "sent_at": iso_utc(now - 5)})
+    harness.send({"id": "due", "image": img, "deadline_at": iso_utc(now - 1)})
+    # Sent just now with a generous budget: served.
+    harness.send({"id": "new", "image": img, "deadline_ms": 60_000, "sent_at": iso_utc(now)})
+    results = {r.id: r for r in harness.wait_results(3)}
+    for rid in ("old", "due"):
+        assert results[rid].status == "error"
+        assert results[rid].error is not None
+        assert results[rid].error.code is ErrorCode.DEADLINE_EXCEEDED
+        assert results[rid].batch_size == 0  # never reached the engine
+    assert results["new"].status == "ok"
+    assert harness.server.stats.expired_on_arrival == 2
+
+
+def test_mqtt5_message_expiry_counts_as_the_deadline(harness: Harness) -> None:
+    img = b64(solid_jpeg((250, 5, 5)))
+    expired = MqttProperties(message_expiry_s=0)
+    harness.bus.publish(
+        INFER, json.dumps({"id": "x", "image": img}).encode(), target="iot", properties=expired
+    )
+    (result,) = harness.wait_results(1, target="iot")
+    assert result.error is not None
+    assert result.error.code is ErrorCode.DEADLINE_EXCEEDED
+
+
+def test_mqtt5_raw_jpeg_request_is_answered_on_its_response_topic_with_its_correlation_data(
+    harness: Harness,
+) -> None:
+    reply = f"{RESULT}/client-7"
+    props = MqttProperties(
+        content_type="image/jpeg",
+        correlation_data=b"\x00\x01corr",
+        response_topic=reply,
+        user_properties=(("top_k", "1"), ("deadline_ms", "30000")),
+    )
+    harness.bus.publish(INFER, solid_jpeg((5, 250, 5)), target="iot", properties=props)
+    wait_for(lambda: len(harness.bus.messages_on(reply)) == 1)
+    (msg,) = harness.bus.messages_on(reply)
+    result = Result.parse(msg.payload)
+    assert result.status == "ok"
+    assert result.id == b"\x00\x01corr".hex()  # no `id` property: the correlation data stands in
+    assert len(result.predictions) == 1
+    assert result.predictions[0].label == "green"
+    assert msg.properties is not None
+    assert msg.properties.correlation_data == b"\x00\x01corr"
+    assert msg.properties.content_type == "application/json"
+    # A response topic the component may not publish to: BAD_REQUEST on the default topic, still
+    # with the correlation data, so the client can match it.
+    bad = dataclasses.replace(props, response_topic="elsewhere/x", user_properties=(("id", "r2"),))
+    harness.bus.publish(INFER, solid_jpeg((5, 250, 5)), target="iot", properties=bad)
+    wait_for(lambda: len(harness.bus.messages_on(RESULT, "iot")) == 1)
+    (msg,) = harness.bus.messages_on(RESULT, "iot")
+    err = Result.parse(msg.payload)
+    assert err.id == "r2"
+    assert err.error is not None
+    assert err.error.code is ErrorCode.BAD_REQUEST
+    assert msg.properties is not None
+    assert msg.properties.correlation_data == b"\x00\x01corr"
+
+
+def test_a_json_request_with_a_response_topic_is_answered_there(harness: Harness) -> None:
+    reply = f"{RESULT}/json-client"
+    props = MqttProperties(correlation_data=b"c1", response_topic=reply)
+    body = json.dumps({"id": "j1", "image": b64(solid_jpeg((5, 5, 250)))}).encode()
+    harness.bus.publish(INFER, body, target="iot", properties=props)
+    wait_for(lambda: len(harness.bus.messages_on(reply)) == 1)
+    msg = harness.bus.messages_on(reply)[0]
+    assert Result.parse(msg.payload).id == "j1"
+    assert msg.properties is not None
+    assert msg.properties.correlation_data == b"c1"
+
+
+def test_a_result_over_iot_cores_limit_is_answered_too_large(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edgeinfer.messages import IOT_CORE_MAX_BYTES, Prediction
+
+    engine = harness.server.engine
+    many = [Prediction(i, "x" * 300, 0.001) for i in range(600)]  # ~200 KB of JSON
+    monkeypatch.setattr(engine, "top_k", lambda probs, k: many)
+    harness.send({"id": "big", "image": b64(solid_jpeg((250, 5, 5)))}, target="iot")
+    harness.send({"id": "local-big", "image": b64(solid_jpeg((250, 5, 5)))})
+    wait_for(lambda: len(harness.bus.messages_on(RESULT)) == 2)
+    by_target = {m.target: m for m in harness.bus.messages_on(RESULT)}
+    iot = Result.parse(by_target["iot"].payload)
+    assert len(by_target["iot"].payload) < IOT_CORE_MAX_BYTES
+    assert iot.id == "big"
+    assert iot.error is not None
+    assert iot.error.code is ErrorCode.TOO_LARGE
+    assert len(by_target["local"].payload) > IOT_CORE_MAX_BYTES  # local pub/sub takes 16 MiB

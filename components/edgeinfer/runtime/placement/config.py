@@ -23,6 +23,13 @@ class OffloadConfig:
     prior_cloud_ms: float = 60.0  # predicted cloud latency before any offload came back
     prior_cloud_item_ms: float = 10.0  # … plus this per offload already in flight (the cloud's queue)
     max_inflight: int = 256  # offloads waiting for an answer at once
+    # Offloads handed to the nucleus and not yet taken by it: the classic nucleus keeps at most
+    # `maxInFlightPublishes` (5) QoS 1 publishes in flight and queues the rest behind them.
+    max_inflight_publishes: int = 5
+    # The offload's image: re-encoded as a JPEG with this shorter side (0: the local model's common
+    # input size, which the cloud's preprocessing shares), never enlarged.
+    offload_image_side: int = 0
+    offload_jpeg_quality: int = 90
     # Deadline offloads in flight are capped by an adaptive limit (AIMD, as TCP's window): +1/limit
     # for each answer back with headroom (round trip <= `cloud_limit_headroom` of the time it had),
     # ×`cloud_limit_backoff` for an answer that missed (at most once per `cloud_limit_hold_s`).
@@ -89,6 +96,10 @@ class OffloadConfig:
             if not 0.5 <= getattr(cfg, name) < 1:
                 problems.append(f"placement.{_camel(name)} must be from 0.5 to below 1")
                 setattr(cfg, name, getattr(cls, name))
+        cfg.max_inflight_publishes = max(1, cfg.max_inflight_publishes)
+        if not 1 <= cfg.offload_jpeg_quality <= 100:
+            problems.append("placement.offloadJpegQuality must be from 1 to 100")
+            cfg.offload_jpeg_quality = cls.offload_jpeg_quality
         if cfg.window < 2:
             problems.append("placement.window must be at least 2")
             cfg.window = 2

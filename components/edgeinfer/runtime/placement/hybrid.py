@@ -8,6 +8,7 @@ it from the recipe's `placement` object for the runtime component (opt-in: `enab
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import threading
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from edgeinfer.messages import (
+    IOT_CORE_MAX_BYTES,
     ErrorCode,
     OffloadOrigin,
     OffloadRequest,
@@ -39,6 +41,7 @@ from edgeinfer.runtime.placement.seam import (
     PlacementPolicy,
     Reply,
 )
+from edgeinfer.runtime.placement.wire import needs_reencode, reencode
 from edgeinfer.transport import Bus, Message, Subscription, Target, TransportError
 
 if TYPE_CHECKING:
@@ -74,6 +77,8 @@ class HybridPlacement:
         policy: OffloadPolicy[_Pending] | None = None,
         *,
         target: Target = "iot",
+        image_side: int = 0,
+        image_keep: int = 0,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -81,6 +86,11 @@ class HybridPlacement:
         self.thing = thing
         self.policy: OffloadPolicy[_Pending] = policy or OffloadPolicy(clock=clock)
         self.target = target
+        # The shorter side offloaded images are re-encoded to (0: sent as they are).
+        self.image_side = self.policy.config.offload_image_side or image_side
+        self.image_keep = image_keep  # the pixels the network looks at (its crop of `image_side`)
+        self._encoder: concurrent.futures.ThreadPoolExecutor | None = None
+        self._wire_bytes = 20_000.0  # running mean of re-encoded offload images (for predictions)
         self.clock = clock
         self.wall = wall
         self._sub: Subscription | None = None
@@ -99,6 +109,8 @@ class HybridPlacement:
         *,
         max_batch_size: int,
         local_models: Iterable[str],
+        image_side: int = 0,
+        image_keep: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> tuple[HybridPlacement, list[str]]:
         """From the runtime recipe's `placement` object (see `OffloadConfig`). Returns the problems too."""
@@ -106,7 +118,7 @@ class HybridPlacement:
         policy: OffloadPolicy[_Pending] = OffloadPolicy(
             cfg, max_batch_size=max_batch_size, local_models=local_models, clock=clock
         )
-        return cls(bus, thing, policy, clock=clock), problems
+        return cls(bus, thing, policy, image_side=image_side, image_keep=image_keep, clock=clock), problems
 
     # ----------------------------------------------------------------------------------- lifecycle
 
@@ -131,6 +143,8 @@ class HybridPlacement:
             self._wake.notify_all()
         if self._timer is not None:
             self._timer.join(5)
+        if self._encoder is not None:
+            self._encoder.shutdown(wait=True)  # what it holds is sent (or served) first
         for ticket in self.policy.drain():
             self._fallback(ticket, "the runtime is stopping")
 
@@ -144,7 +158,7 @@ class HybridPlacement:
         decision = self.policy.decide_left(
             request,
             ahead=int(ctx.outstanding),
-            payload_bytes=len(request.image),
+            payload_bytes=self._payload_estimate(request.image),
             deadline_left_ms=ctx.deadline_left_ms,
         )
         if decision.where == "edge":
@@ -164,11 +178,11 @@ class HybridPlacement:
             shadow = dataclasses.replace(request, deadline_ms=left)
         pending = _Pending(reply, ctx.local)
         ticket = self.policy.begin_offload(
-            shadow, pending, payload_bytes=len(request.image or b""), arrived=arrived, now=now
+            shadow, pending, payload_bytes=self._payload_estimate(request.image), arrived=arrived, now=now
         )
         # The cloud counts the deadline from `origin` (what is left now): the client's own times stay here.
         wire = dataclasses.replace(request, id=ticket.wire_id, reply_to=None, sent_at=None, deadline_at=None)
-        self._send(ticket, wire, left, "offload")
+        self._dispatch(ticket, wire, left, "offload")
 
     # ------------------------------------------------------------------------------ seam: cascade
 
@@ -185,7 +199,11 @@ class HybridPlacement:
         left = None if request.deadline_ms is None else request.deadline_ms - spent_ms
         shadow = request if left is None else dataclasses.replace(request, deadline_ms=max(0.0, left))
         ticket = self.policy.begin_offload(
-            shadow, _Pending(reply, None), payload_bytes=len(request.image), now=now, held=result
+            shadow,
+            _Pending(reply, None),
+            payload_bytes=self._payload_estimate(request.image),
+            now=now,
+            held=result,
         )
         wire = dataclasses.replace(
             request,
@@ -195,27 +213,80 @@ class HybridPlacement:
             sent_at=None,
             deadline_at=None,
         )
-        self._send(ticket, wire, left, "cascade")
+        self._dispatch(ticket, wire, left, "cascade")
         return True
 
+    def _payload_estimate(self, image: bytes | None) -> int:
+        """The bytes an offload of `image` will carry (what the cloud latency model is fitted on)."""
+        if image is None:
+            return 0
+        if needs_reencode(image, self.image_side):
+            return min(len(image), int(self._wire_bytes))
+        return len(image)
+
+    def _dispatch(self, ticket: Ticket[_Pending], wire: Request, left: float | None, what: str) -> None:
+        """Send now, or re-encode the image first on the encoder thread (never on the transport's
+        thread, which reads the next request meanwhile). At most `maxInflightPublishes` offloads are
+        between here and the nucleus: the policy offers no more (`publish_started`)."""
+        self.policy.publish_started()
+        if wire.image is None or not needs_reencode(wire.image, self.image_side):
+            self._send(ticket, wire, left, what)
+            return
+        if self._encoder is None:
+            self._encoder = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="edgeinfer-offload-encode"
+            )
+        try:
+            self._encoder.submit(self._encode_and_send, ticket, wire, left, what)
+        except RuntimeError:  # shutting down: sent as it is
+            self._send(ticket, wire, left, what)
+
+    def _encode_and_send(
+        self, ticket: Ticket[_Pending], wire: Request, left: float | None, what: str
+    ) -> None:
+        try:
+            image, _scale = reencode(
+                wire.image or b"",
+                self.image_side,
+                keep=self.image_keep,
+                quality=self.policy.config.offload_jpeg_quality,
+            )
+            ticket.payload_bytes = len(image)
+            self._wire_bytes = 0.9 * self._wire_bytes + 0.1 * len(image)
+            wire = dataclasses.replace(wire, image=image)
+        except Exception:
+            log.exception("re-encoding the offload of %s failed; sending it as it is", ticket.request_id)
+        self._send(ticket, wire, left, what)
+
     def _send(self, ticket: Ticket[_Pending], wire: Request, left: float | None, what: str) -> None:
-        """Publish an offload without waiting for the nucleus (`offload` runs on the transport's
-        thread: inline handlers); a publish that fails now or is refused later is served as the
-        policy says."""
+        """Publish an offload without waiting for the nucleus; a publish that fails now or is refused
+        later is served as the policy says. One that would not fit through IoT Core is not sent, and
+        is served here without counting against the cloud."""
         payload = OffloadRequest(wire, OffloadOrigin(self.thing, left, iso_utc(self.wall()))).to_json()
+        if len(payload) > IOT_CORE_MAX_BYTES:
+            self.policy.publish_finished()
+            if self.policy.cancel(ticket):
+                self._fallback(
+                    ticket, f"the {what} is {len(payload)} bytes, over IoT Core's {IOT_CORE_MAX_BYTES}"
+                )
+            return
         try:
             self.bus.publish_nowait(
                 offload_topic(self.thing),
                 payload,
                 target=self.target,
                 qos=1,
-                on_done=lambda exc: self._publish_failed(ticket, what, exc),
+                on_done=lambda exc: self._published(ticket, what, exc),
             )
         except TransportError as exc:
-            self._publish_failed(ticket, what, exc)
+            self._published(ticket, what, exc)
             return
         with self._wake:
             self._wake.notify_all()
+
+    def _published(self, ticket: Ticket[_Pending], what: str, exc: Exception | None) -> None:
+        self.policy.publish_finished()
+        self._publish_failed(ticket, what, exc)
 
     # ------------------------------------------------------------------------------ engine hooks
 
@@ -309,7 +380,13 @@ def create_placement(
     if engine is not None:
         names = [engine.manifest.name, engine.model_ref.variant]
     hybrid, problems = HybridPlacement.from_config(
-        bus, thing, doc, max_batch_size=cfg.max_batch_size, local_models=names
+        bus,
+        thing,
+        doc,
+        max_batch_size=cfg.max_batch_size,
+        local_models=names,
+        image_side=engine.input_size if engine is not None else 0,
+        image_keep=engine.detail if engine is not None else 0,
     )
     for problem in problems:
         log.warning("placement: %s", problem)

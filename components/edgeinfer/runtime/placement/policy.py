@@ -103,6 +103,7 @@ class OffloadPolicy(Generic[T]):
         self.local_fit = self._feedback_fit(256)
         self._lock = threading.RLock()
         self._ledger: Ledger[T] = Ledger()
+        self.publishing = 0  # offloads not yet taken by the nucleus (see `max_inflight_publishes`)
         self._busy_until: float | None = None  # predicted end of the batch now running
         self.counters: dict[str, int] = {
             "local": 0,
@@ -384,8 +385,12 @@ class OffloadPolicy(Generic[T]):
             self.cloud_fit = self._feedback_fit(128)
 
     def _cloud_ready(self) -> bool:
+        cfg = self.config
         return (
-            self.config.enabled and len(self._ledger) < self.config.max_inflight and self.breaker.available()
+            cfg.enabled
+            and len(self._ledger) < cfg.max_inflight
+            and self.publishing < cfg.max_inflight_publishes
+            and self.breaker.available()
         )
 
     def wants_cascade(
@@ -472,6 +477,24 @@ class OffloadPolicy(Generic[T]):
             self.counters["fallbacks"] += 1
             return True
 
+    def cancel(self, ticket: Ticket[T], reason: str = "too_large") -> bool:
+        """The offload is not sent, through no fault of the cloud's (it would not fit through IoT
+        Core): closed without touching the breaker, the limit or the models. True: it was open."""
+        with self._lock:
+            if self._ledger.close(ticket.wire_id) is None:
+                return False
+            self.counters[reason] = self.counters.get(reason, 0) + 1
+            return True
+
+    def publish_started(self) -> None:
+        """An offload is on its way to the nucleus (encoding, or handed over and not yet taken)."""
+        with self._lock:
+            self.publishing += 1
+
+    def publish_finished(self) -> None:
+        with self._lock:
+            self.publishing = max(0, self.publishing - 1)
+
     def on_cloud_result(self, result: Result, now: float | None = None) -> CloudOutcome[T] | None:
         """A result arrived on `edgeinfer/{thing}/offload/result`. None: unknown, duplicate or too late."""
         now = self.clock() if now is None else now
@@ -554,6 +577,7 @@ class OffloadPolicy(Generic[T]):
                 "breaker": self.breaker.state.value,
                 "breaker_opened": self.breaker.opened_count,
                 "inflight": len(self._ledger),
+                "publishing": self.publishing,
                 "utilization": _round3(self.utilization()),
                 "cloud_limit": round(self.cloud_limit, 2),
                 "service_ms": {"a": coef[0], "b": coef[1]} if coef else None,

@@ -255,3 +255,93 @@ def test_offload_with_the_bus_offline_is_served_locally_at_once() -> None:
     assert replies == []
     assert hybrid.policy.breaker.state is BreakerState.OPEN
     assert hybrid.policy.inflight == 0
+
+
+def _photo(width: int, height: int) -> bytes:
+    """A JPEG with detail in it (a solid colour would compress to nothing)."""
+    import cv2
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    img = cv2.GaussianBlur(rng.integers(0, 255, (height, width, 3), dtype=np.uint8), (0, 0), 2)
+    ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 95])
+    assert ok
+    return bytes(buf)
+
+
+def _ctx(served: list[str], left: float | None = None) -> Any:
+    from edgeinfer.runtime.placement import PlacementContext
+
+    return PlacementContext(
+        THING, "local", 0, 0, 64, 8, 0.0, 0.0, left, "cpu", local=lambda: served.append("x")
+    )
+
+
+def test_a_1080p_offload_is_re_encoded_at_the_models_size_and_fits_through_iot_core() -> None:
+    import cv2
+    import numpy as np
+
+    from edgeinfer.messages import IOT_CORE_MAX_BYTES, OffloadRequest, Request, offload_topic
+
+    photo = _photo(1920, 1080)
+    assert len(base64.b64encode(photo)) > IOT_CORE_MAX_BYTES  # as it came, it would not fit
+    bus = MemoryBus()
+    hybrid = HybridPlacement(bus, THING, OffloadPolicy(OffloadConfig()), image_side=256, image_keep=224)
+    served: list[str] = []
+    try:
+        hybrid.offload(Request("hd", image=photo, offload="always"), _ctx(served), lambda r: None)
+        assert wait_for(lambda: len(bus.messages_on(offload_topic(THING))) == 1, 10)
+    finally:
+        hybrid.stop()
+    (msg,) = bus.messages_on(offload_topic(THING))
+    assert len(msg.payload) < IOT_CORE_MAX_BYTES
+    sent = OffloadRequest.parse(msg.payload).request.image
+    assert sent is not None
+    img = cv2.imdecode(np.frombuffer(sent, dtype=np.uint8), cv2.IMREAD_COLOR)
+    assert min(img.shape[:2]) == 256
+    assert img.shape[1] / img.shape[0] == pytest.approx(1920 / 1080, rel=0.01)
+    assert served == ["x"]  # served locally when the offload's time ran out at stop (no router here)
+
+
+def test_an_offload_that_cannot_fit_is_served_locally_and_is_not_a_cloud_failure() -> None:
+    from edgeinfer.messages import Request, offload_topic
+
+    bus = MemoryBus()
+    hybrid = HybridPlacement(bus, THING, OffloadPolicy(OffloadConfig(breaker_failures=1)), image_side=256)
+    served: list[str] = []
+    # 140,000 bytes that are no image: nothing to re-encode, and over 128 KB as they are.
+    hybrid.offload(Request("big", image=b"\x01" * 140_000, offload="always"), _ctx(served), lambda r: None)
+    assert served == ["x"]
+    assert bus.messages_on(offload_topic(THING)) == []  # never handed to the nucleus
+    assert hybrid.policy.breaker.state is BreakerState.CLOSED
+    assert hybrid.policy.breaker.consecutive_failures == 0
+    assert hybrid.policy.counters["too_large"] == 1
+    assert hybrid.policy.inflight == 0
+    assert hybrid.policy.publishing == 0
+
+
+class HoldingBus(MemoryBus):
+    """A nucleus that takes publishes but never reports them done (its in-flight window is full)."""
+
+    def publish_nowait(self, topic: str, payload: bytes, **kw: Any) -> None:
+        kw.pop("on_done", None)
+        self.publish(topic, payload, **kw)
+
+
+def test_no_more_offloads_than_the_nucleus_keeps_in_flight() -> None:
+    from edgeinfer.messages import Request, offload_topic
+
+    bus = HoldingBus()
+    hybrid = HybridPlacement(bus, THING, OffloadPolicy(OffloadConfig()))
+    served: list[str] = []
+    ctx = _ctx(served)
+    decisions = []
+    for i in range(8):
+        req = Request(f"a{i}", image=b"jpg", offload="always")
+        decision = hybrid.decide(req, ctx)
+        decisions.append(decision.where)
+        if decision.where == "cloud":
+            hybrid.offload(req, ctx, lambda r: None)
+    assert decisions == ["cloud"] * 5 + ["edge"] * 3  # maxInflightPublishes 5, as the nucleus
+    assert len(bus.messages_on(offload_topic(THING))) == 5
+    assert hybrid.policy.publishing == 5
