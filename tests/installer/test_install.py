@@ -26,8 +26,8 @@ def offline_config(wheelhouse: Path, versions: dict[str, str], **extra: object) 
     return InstallerConfig.from_mapping(
         {
             "packages": [],  # ONNX Runtime and its own dependencies only: what the wheelhouse holds
-            "packageVersions": {"numpy": versions["numpy"]},
-            "onnxruntimeVersion": versions["onnxruntime"],
+            # this environment's own versions: what the wheelhouse was repacked from
+            "packageVersions": {"numpy": versions["numpy"], "onnxruntime": versions["onnxruntime"]},
             "wheelhouse": str(wheelhouse),
             "allowRoot": True,
             **extra,
@@ -277,7 +277,11 @@ def test_gpu_provider_that_does_not_load_is_reported_or_refused(tmp_path: Path) 
     assert not paths.work.joinpath("platform.json").exists()
     run_installer(InstallerConfig(existingVenv=str(venv)), paths, source=gpu)
     report = json.loads(paths.work.joinpath("platform.json").read_text())
-    assert report["providers"]["expected"] == ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert report["providers"]["expected"] == [
+        "TensorrtExecutionProvider",
+        "CUDAExecutionProvider",
+        "CPUExecutionProvider",
+    ]
     assert report["providers"]["loaded"] == ["CPUExecutionProvider"]
     assert "CUDAExecutionProvider" in report["providers"]["failed"]
     assert report["installed"]["onnxruntime"]["package"] == "onnxruntime-gpu"
@@ -304,3 +308,21 @@ def test_the_shipped_wheelhouse_is_found_and_offline_needs_one(tmp_path: Path) -
             InstallerConfig(offline=True, allowRoot=True), Paths(work=tmp_path / "w2"), source=CPU_HOST
         )
     assert not (tmp_path / "w2").exists()
+
+
+def test_an_interpreter_without_venv_is_refused_before_anything_changes(
+    linked: Paths, tmp_path: Path
+) -> None:
+    # Debian's and Ubuntu's python3.X without python3.X-venv: `import ensurepip` fails.
+    python = tmp_path / "python3.12"
+    python.write_text("#!/bin/sh\nexit 1\n")
+    python.chmod(0o755)
+    ubuntu = RecordedProbe.load(PLATFORMS / "ubuntu2404_x86_64.json")
+    before = snapshot(linked.work)
+    with pytest.raises(InstallError) as err:
+        run_installer(InstallerConfig(allowRoot=True), linked, source=ubuntu, python=str(python))
+    assert str(err.value) == (
+        f"{python} (Python 3.12) cannot make a venv: it has no venv/ensurepip module; "
+        "sudo apt install python3.12-venv"
+    )
+    assert snapshot(linked.work) == before

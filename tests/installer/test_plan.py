@@ -9,12 +9,14 @@ import pytest
 from edgeinfer.installer.plan import (
     CPU,
     CUDA,
+    NVIDIA_INDEX,
     TENSORRT,
     ConfigError,
     InstallerConfig,
     UnsupportedPlatformError,
     choose,
 )
+from edgeinfer.installer.preflight import interpreter_refusal, venv_refusal
 from edgeinfer.installer.probe import PlatformInfo, RecordedProbe, probe
 
 PLATFORMS = Path(__file__).parent / "platforms"
@@ -64,8 +66,32 @@ def test_probe_jetson() -> None:
     assert info.jetson is not None
     assert info.jetson.model == "NVIDIA Jetson AGX Orin Developer Kit"
     assert info.jetson.l4t_version == "36.4.0"
+    assert info.jetson.chip == "tegra234"
     assert info.tensorrt_version == "10.3.0"
     assert info.architecture == "aarch64"
+
+
+def test_probe_reads_the_os_glibc_and_interpreters() -> None:
+    info = found("al2023_python311_beside")
+    assert (info.os_id, info.os_version, info.glibc, info.python_minor) == ("amzn", "2023", "2.34", "3.9")
+    assert info.pythons == ["python3.11"]
+    tags = info.platform_tags()
+    assert tags[0] == "manylinux_2_34_x86_64"
+    assert {"manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64"} <= set(tags)
+    assert found("rpi_trixie_arm64").platform_tags()[0] == "manylinux_2_41_aarch64"
+
+
+def test_jetson_is_told_by_its_chip_not_its_model_string() -> None:
+    xavier = found("jetson_xavier_jp5")
+    assert xavier.jetson is not None
+    assert (xavier.jetson.model, xavier.jetson.chip, xavier.jetson.jetpack) == (
+        "Jetson-AGX",
+        "tegra194",
+        "5.1",
+    )
+    thor = found("jetson_thor_jp7")
+    assert thor.jetson is not None
+    assert (thor.jetson.chip, thor.jetson.l4t_major, thor.jetson.jetpack) == ("tegra264", "38", "7.0")
 
 
 def test_plan_x86_64_cpu() -> None:
@@ -74,58 +100,130 @@ def test_plan_x86_64_cpu() -> None:
     assert plan.onnxruntime_package == "onnxruntime"
     assert ort_requirements(plan.requirements) == ["onnxruntime==1.32.0"]
     assert plan.expected_providers == [CPU]
-    assert plan.constraints["numpy"]  # the rest of the stack is pinned
+    assert plan.constraints["numpy"] == "2.4.6"  # the rest of the stack is pinned
+    assert plan.only_binary
+    assert not [k for k in plan.constraints if k.startswith(("onnxruntime", "tensorrt"))]
+
+
+def test_python_310_gets_its_own_pins() -> None:
+    plan = choose(found("ubuntu2204_x86_64"), InstallerConfig())
+    assert (plan.python, ort_requirements(plan.requirements)) == ("3.10", ["onnxruntime==1.23.2"])
+    assert plan.constraints["numpy"] == "2.2.6"  # NumPy >= 2.3 needs Python 3.11
+    gpu = choose(found("ubuntu2204_cuda13"), InstallerConfig())  # no CUDA 13 build for cp310
+    assert ort_requirements(gpu.requirements) == ["onnxruntime-gpu[cuda,cudnn]==1.23.2"]
+    assert gpu.optional == ["tensorrt-cu12-libs==10.16.1.11"]  # the build's CUDA, not the driver's
+
+
+def test_a_deployment_overrides_any_pin_and_an_empty_value_lifts_it() -> None:
+    # What a Greengrass merge can do: change values, add keys, never delete one.
+    config = InstallerConfig.from_mapping(
+        {"pins": {"3.10": {"numpy": "2.2.5", "onnxruntime": ""}}, "packageVersions": {"rich": "14.0.0"}}
+    )
+    plan = choose(found("ubuntu2204_x86_64"), config)
+    assert ort_requirements(plan.requirements) == ["onnxruntime"]
+    assert (plan.constraints["numpy"], plan.constraints["rich"]) == ("2.2.5", "14.0.0")
+    assert config.pins["3.11"]["numpy"] == "2.4.6"  # the other rows stay
+    ranged = InstallerConfig.from_mapping({"packageVersions": {"onnxruntime": ">=1.20,<1.24"}})
+    assert ort_requirements(choose(found("ubuntu2204_x86_64"), ranged).requirements) == [
+        "onnxruntime>=1.20,<1.24"
+    ]
+
+
+def test_a_python_without_pins_is_refused_naming_the_setting() -> None:
+    info = found("x86_64_cpu")
+    info.python = "3.14.0"
+    with pytest.raises(
+        UnsupportedPlatformError, match=r'^Python 3\.14 has no pins .*python: python3\.13.*pins\."3\.14"'
+    ):
+        choose(info, InstallerConfig())
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("al2023", "install one: sudo dnf install python3.11, then set python: python3.11"),
+        ("al2023_python311_beside", "python3.11 is installed: set python: python3.11"),
+        ("ubuntu2004_x86_64", "ppa:deadsnakes/ppa && sudo apt install python3.10 python3.10-venv"),
+        ("jetson_xavier_jp5", "set python: python3.10"),
+        ("al2", "Amazon Linux 2 is out of support"),
+    ],
+)
+def test_an_old_python_is_refused_in_one_line_naming_what_to_do(name: str, says: str) -> None:
+    with pytest.raises(UnsupportedPlatformError) as err:
+        choose(found(name), InstallerConfig())
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith(f"Python {found(name).python} is too old")
+    assert says in message
+
+
+def test_interpreter_and_venv_refusals() -> None:
+    assert interpreter_refusal("3.10.0") is None
+    assert interpreter_refusal("3.13.0") is None
+    assert "set python: python3.12" in str(
+        interpreter_refusal("3.9.2", available=["python3.12", "python3.10"])
+    )
+    ok = venv_refusal("python3.12", "3.12.3", os_id="ubuntu", run=lambda argv: True)
+    assert ok is None
+    missing = venv_refusal("python3.12", "3.12.3", os_id="ubuntu", run=lambda argv: False)
+    assert missing == (
+        "python3.12 (Python 3.12) cannot make a venv: it has no venv/ensurepip module; "
+        "sudo apt install python3.12-venv"
+    )
+    assert "dnf install python3.11" in str(
+        venv_refusal("python3.11", "3.11.9", os_id="amzn", run=lambda a: False)
+    )
 
 
 def test_plan_cuda_takes_cuda_libraries_from_wheels_when_absent() -> None:
-    plan = choose(found("x86_64_cuda"), InstallerConfig())
+    plan = choose(found("x86_64_cuda"), InstallerConfig(enableTensorRT=False))
     assert plan.accelerator == "cuda"
     assert ort_requirements(plan.requirements) == ["onnxruntime-gpu[cuda,cudnn]==1.26.0"]  # CUDA 12
     assert plan.expected_providers == [CUDA, CPU]
     assert "nvidia-ml-py" in plan.requirements  # NVML for the telemetry's GPU figures
+    assert plan.optional == []
 
 
-def test_plan_cuda_tensorrt_only_when_asked() -> None:
+def test_plan_cuda_tensorrt_from_the_system_when_it_has_tensorrt_10() -> None:
     info = found("x86_64_cuda_trt")
-    plain = choose(info, InstallerConfig())
-    assert ort_requirements(plain.requirements) == ["onnxruntime-gpu==1.26.0"]  # the system's CUDA 12
-    assert plain.expected_providers == [CUDA, CPU]
-    asked = choose(info, InstallerConfig(enableTensorRT=True))
-    assert asked.expected_providers == [TENSORRT, CUDA, CPU]
-    assert not [r for r in asked.requirements if r.startswith("tensorrt")]  # the system has libnvinfer
+    plan = choose(info, InstallerConfig())
+    assert ort_requirements(plan.requirements) == ["onnxruntime-gpu==1.26.0"]  # the system's CUDA 12
+    assert plan.expected_providers == [TENSORRT, CUDA, CPU]
+    assert plan.optional == []  # the system has libnvinfer.so.10
+    assert choose(info, InstallerConfig(enableTensorRT=False)).expected_providers == [CUDA, CPU]
 
 
-def test_plan_tensorrt_asked_but_absent_installs_the_pip_package() -> None:
-    plan = choose(found("x86_64_cuda"), InstallerConfig(enableTensorRT=True))
-    assert "tensorrt-cu12-libs<11" in plan.requirements  # ORT's TensorRT provider links libnvinfer.so.10
+def test_plan_tensorrt_absent_installs_nvidia_wheels_of_the_builds_cuda_and_tensorrt_major() -> None:
+    plan = choose(found("x86_64_cuda"), InstallerConfig())
+    assert plan.optional == ["tensorrt-cu12-libs==10.16.1.11"]  # ORT's TensorRT provider links .so.10
+    assert plan.optional_index_urls == [NVIDIA_INDEX]  # PyPI's tensorrt-cu12-libs are build stubs
     assert plan.expected_providers[0] == TENSORRT
-    named = choose(
-        found("x86_64_cuda"), InstallerConfig(enableTensorRT=True, tensorrtPackage="tensorrt-cu12")
-    )
-    assert "tensorrt-cu12" in named.requirements
+    assert not [r for r in plan.requirements if r.startswith("tensorrt")]  # optional: CUDA stands alone
+    named = choose(found("x86_64_cuda"), InstallerConfig(tensorrtPackage="tensorrt-cu12"))
+    assert named.optional == ["tensorrt-cu12"]
 
 
 def test_plan_cuda13_driver_takes_the_cuda13_build() -> None:
     info = found("x86_64_cuda13")
     assert info.cuda_major == "13"
-    plan = choose(info, InstallerConfig(enableTensorRT=True))
+    plan = choose(info, InstallerConfig())
     assert plan.rule == "linux-x86_64-cuda"
     assert ort_requirements(plan.requirements) == ["onnxruntime-gpu[cuda,cudnn]==1.31.1"]
-    assert "tensorrt-cu13-libs<11" in plan.requirements
-    assert any("built for CUDA 13" in note for note in plan.notes)
+    assert plan.optional == ["tensorrt-cu13-libs==10.16.1.11"]
+    assert any("built for CUDA 13" in detail for detail in plan.details)
 
 
 def test_plan_prefers_the_build_for_a_complete_system_cuda_stack() -> None:
     info = found("x86_64_cuda_trt")  # system CUDA 12.6, cuDNN 9, TensorRT 10 (built for CUDA 12)
     assert info.gpu is not None
     info.gpu.cuda_driver_version = "13.0"  # a driver that would run the CUDA 13 build too
-    plan = choose(info, InstallerConfig(enableTensorRT=True))
+    plan = choose(info, InstallerConfig())
     assert ort_requirements(plan.requirements) == ["onnxruntime-gpu==1.26.0"]  # no GB of wheels
-    assert not [r for r in plan.requirements if r.startswith("tensorrt")]
+    assert plan.optional == []
     info.cudnn_version = None  # incomplete: the CUDA 13 build, and a TensorRT for it
-    plan = choose(info, InstallerConfig(enableTensorRT=True))
+    plan = choose(info, InstallerConfig())
     assert ort_requirements(plan.requirements) == ["onnxruntime-gpu[cuda,cudnn]==1.31.1"]
-    assert "tensorrt-cu13-libs<11" in plan.requirements
+    assert plan.optional == ["tensorrt-cu13-libs==10.16.1.11"]
 
 
 def test_plan_gpu_build_is_the_newest_the_driver_runs() -> None:
@@ -133,27 +231,68 @@ def test_plan_gpu_build_is_the_newest_the_driver_runs() -> None:
     assert info.gpu is not None
     info.gpu.cuda_driver_version = "14.1"  # a newer driver runs the CUDA 13 build
     config = InstallerConfig.from_mapping(
-        {"onnxruntimeGpuVersions": '{"12": "1.26.0", "13": "1.31.0"}', "allowList": [{"name": "any"}]}
+        {"pins": {info.python_minor: {"onnxruntime-gpu-cuda13": "1.31.0"}}, "allowList": [{"name": "any"}]}
     )
     assert ort_requirements(choose(info, config).requirements) == ["onnxruntime-gpu[cuda,cudnn]==1.31.0"]
-    only13 = InstallerConfig(onnxruntimeGpuVersions={"13": "1.31.1"})
-    with pytest.raises(UnsupportedPlatformError, match=r"^no onnxruntime-gpu build for CUDA 12 .*has: 13\)$"):
-        choose(found("x86_64_cuda"), only13)
 
 
-def test_plan_jetson_needs_an_index_or_wheel() -> None:
-    info = found("jetson_orin")
-    with pytest.raises(UnsupportedPlatformError, match="jetsonIndexUrl or jetsonWheelUrl"):
-        choose(info, InstallerConfig())
+def test_no_gpu_build_for_the_driver_is_the_cpu_with_one_warning_or_a_refusal() -> None:
+    only13 = {"pins": {"3.11": {"onnxruntime-gpu-cuda12": ""}}}  # what a merge can do to a default key
+    plan = choose(found("x86_64_cuda"), InstallerConfig.from_mapping(only13))
+    assert (plan.accelerator, plan.expected_providers) == ("cpu", [CPU])
+    assert ort_requirements(plan.requirements) == ["onnxruntime==1.32.0"]
+    assert len(plan.notes) == 1
+    assert 'set pins."3.11".onnxruntime-gpu-cuda12 for the GPU' in plan.notes[0]
+    strict = InstallerConfig.from_mapping({**only13, "allowCpuFallback": False})
+    with pytest.raises(
+        UnsupportedPlatformError, match=r"^no onnxruntime-gpu build for Python 3\.11 runs on CUDA 12"
+    ):
+        choose(found("x86_64_cuda"), strict)
+
+
+def test_jetson_without_a_gpu_source_installs_the_cpu_build_with_one_warning() -> None:
+    for name in ("jetson_orin", "jetson_orin_jp6", "jetson_orin_jp60"):
+        plan = choose(found(name), InstallerConfig())
+        assert (plan.accelerator, plan.rule, plan.expected_providers) == ("cpu", "jetson", [CPU])
+        assert ort_requirements(plan.requirements) == ["onnxruntime==1.23.2"]  # aarch64 cp310 wheels
+        assert len(plan.notes) == 1
+        assert "set jetsonIndexUrl" in plan.notes[0]
+        assert "jetsonWheelUrl" in plan.notes[0]
+    with pytest.raises(UnsupportedPlatformError, match=r"set jetsonIndexUrl .* \(or allowCpuFallback: true"):
+        choose(found("jetson_orin_jp6"), InstallerConfig(allowCpuFallback=False))
+
+
+def test_jetson_with_an_index_or_wheel_never_asks_for_the_cpu_pin() -> None:
+    info = found("jetson_orin_jp6")
     index = "https://pypi.jetson-ai-lab.example/jp6/cu126"
     plan = choose(info, InstallerConfig(jetsonIndexUrl=index))
     assert plan.accelerator == "jetson"
     assert plan.extra_index_urls == [index]
-    assert ort_requirements(plan.requirements) == ["onnxruntime-gpu==1.32.0"]
+    assert ort_requirements(plan.requirements) == ["onnxruntime-gpu"]  # what the index has for cp310
+    assert plan.expected_providers == [TENSORRT, CUDA, CPU]  # JetPack 6.2's TensorRT 10.3
+    assert plan.optional == []  # JetPack's own CUDA, cuDNN and TensorRT
+    pinned = InstallerConfig(jetsonIndexUrl=index, packageVersions={"onnxruntime-gpu-jetson": "1.23.0"})
+    assert ort_requirements(choose(info, pinned).requirements) == ["onnxruntime-gpu==1.23.0"]
     wheel = "https://example.invalid/onnxruntime_gpu-1.20.0-cp310-cp310-linux_aarch64.whl"
-    plan = choose(info, InstallerConfig(jetsonWheelUrl=wheel, enableTensorRT=True))
+    plan = choose(info, InstallerConfig(jetsonWheelUrl=wheel))
     assert ort_requirements(plan.requirements) == [f"onnxruntime-gpu @ {wheel}"]
-    assert plan.expected_providers == [TENSORRT, CUDA, CPU]
+
+
+def test_jetpack_60_tensorrt_8_cannot_serve_the_tensorrt_provider() -> None:
+    plan = choose(found("jetson_orin_jp60"), InstallerConfig(jetsonIndexUrl="https://jp6.example/cu122"))
+    assert plan.expected_providers == [CUDA, CPU]
+    assert any("TensorRT 8.6.2" in detail for detail in plan.details)
+
+
+def test_jetpack_7_takes_pypis_aarch64_cuda13_build() -> None:
+    for name in ("jetson_thor_jp7", "jetson_orin_jp72"):
+        plan = choose(found(name), InstallerConfig())
+        assert (plan.accelerator, plan.rule) == ("jetson", "jetson")
+        assert ort_requirements(plan.requirements) == ["onnxruntime-gpu==1.31.1"]  # no nvidia-* wheels
+        assert plan.expected_providers == [TENSORRT, CUDA, CPU]
+        assert plan.notes == []
+    old = InstallerConfig(packageVersions={"onnxruntime-gpu-cuda13": "1.28.0"})  # no aarch64 wheel
+    assert choose(found("jetson_thor_jp7"), old).accelerator == "cpu"
 
 
 @pytest.mark.parametrize("name", ["raspberry_pi_armv7", "macos_arm64"])

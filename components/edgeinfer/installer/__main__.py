@@ -14,6 +14,15 @@ from __future__ import annotations
 
 import sys
 
-from edgeinfer.installer.main import main
+from edgeinfer.installer.preflight import check_running_interpreter
+
+# First, and with nothing imported that an old interpreter could choke on: Python < 3.10 gets one
+# line naming the interpreter to set or the package to install.
+_refusal = check_running_interpreter()
+if _refusal is not None:
+    print(f"edgeinfer.installer: error: {_refusal}", file=sys.stderr)
+    sys.exit(2)
+
+from edgeinfer.installer.main import main  # noqa: E402
 
 sys.exit(main())

@@ -39,7 +39,8 @@ from typing import Any
 from edgeinfer import __version__
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.files import atomic_write, sha256_file
-from edgeinfer.installer.plan import CPU, ORT_PACKAGES, InstallerConfig, Plan, choose
+from edgeinfer.installer.plan import CPU, ORT_PACKAGES, TENSORRT, InstallerConfig, Plan, choose
+from edgeinfer.installer.preflight import venv_refusal
 from edgeinfer.installer.probe import PlatformInfo, ProbeSource, probe
 from edgeinfer.installer.tiny_model import write_tiny_model
 
@@ -144,10 +145,12 @@ def fingerprint(
     existing: str,
 ) -> str:
     """Everything that decides the environment's content; unchanged → the Install step is a no-op."""
+    found = info.to_dict()
+    found.pop("pythons", None)  # a python3.X installed beside the venv's changes nothing in it
     material = {
         "installer": __version__,
         "schema": SCHEMA_VERSION,
-        "platform": info.to_dict(),
+        "platform": found,
         "plan": plan.to_dict(),
         "python": python,
         "wheels": {w.name: sha256_file(w) for w in wheels},
@@ -177,10 +180,12 @@ def _last_error(output: str) -> str:
     message = errors[-1] if errors else (lines[-1] if lines else "no output")
     if len(errors) > 1 and "versions: none" in errors[-2]:
         message = errors[-2]  # "Could not find a version ... (from versions: none)" is the useful one
+    if message.startswith("ERROR: "):
+        message = message[len("ERROR: ") :]
     for line in lines:
         if any(marker in line for marker in _UNREACHABLE):
-            return f"the package index is unreachable ({message.removeprefix('ERROR: ')})"
-    return message.removeprefix("ERROR: ")
+            return f"the package index is unreachable ({message})"
+    return message
 
 
 def _run(argv: Sequence[str], timeout_s: float, what: str, env: dict[str, str] | None = None) -> str:
@@ -233,6 +238,14 @@ def _stream(argv: Sequence[str], timeout_s: float, what: str, env: dict[str, str
         raise InstallError(f"{what} failed: {_last_error(''.join(tail))}")
 
 
+def _python_version(python: str) -> str:
+    """The version of interpreter `python` ("3.12.3"), asked of it."""
+    out = _run(
+        [python, "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"], 60, f"running {python}"
+    )
+    return out.strip()
+
+
 def _pip_env(use_pip_config: bool = False) -> dict[str, str]:
     """pip's environment. Unless `usePipConfig` is set, the machine's pip configuration (files and
     PIP_* variables: extra indexes, find-links, constraints) is ignored, so the venv holds exactly the
@@ -252,7 +265,7 @@ def _pip_env(use_pip_config: bool = False) -> dict[str, str]:
 # ------------------------------------------------------------------------------------------- verify
 
 _VERIFY = r"""
-import importlib.metadata as md, json, sys
+import importlib.metadata as md, json, os, sys
 out = {"python": sys.version.split()[0], "packages": {}, "error": None, "version": None,
        "available": [], "loaded": [], "failed": {}}
 for d in md.distributions():
@@ -292,18 +305,55 @@ if gpu:
                     pass
     except Exception as exc:
         out["gpu_libraries"] = "preload failed: %s: %s" % (type(exc).__name__, exc)
+try:
+    from edgeinfer.runtime.providers import engine_files, tensorrt_backed
+except ImportError:  # the same rule, for an environment without the project
+    import glob
+    def engine_files(folder):
+        return {os.path.basename(f): os.stat(f).st_mtime for f in glob.glob(os.path.join(folder, "*.engine"))}
+    def tensorrt_backed(providers, before, after):
+        if not providers or providers[0] != "TensorrtExecutionProvider":
+            return False, "ONNX Runtime fell back to %s" % (providers[0] if providers else "nothing")
+        if not after:
+            return False, "TensorRT is listed first but built no engine"
+        return True, "engine %s" % ", ".join(sorted(after))
 x = numpy.array([[-1.0, 0.0, 1.0, 2.0]], dtype=numpy.float32)
+def session(p, options):
+    so = ort.SessionOptions(); so.log_severity_level = 3
+    chain = [p] if p == "CPUExecutionProvider" else [p, "CPUExecutionProvider"]
+    return ort.InferenceSession(sys.argv[1], so, providers=chain, provider_options=[options, {}][:len(chain)])
+def runs(s):
+    y = s.run(None, {"x": x})[0]
+    return None if y.tolist() == [[0.0, 0.0, 1.0, 2.0]] else "wrong result %s" % (y.tolist(),)
+out["tensorrt"] = {}
 for p in json.loads(sys.argv[2]):
     try:
-        so = ort.SessionOptions(); so.log_severity_level = 3
-        chain = [p] if p == "CPUExecutionProvider" else [p, "CPUExecutionProvider"]
-        s = ort.InferenceSession(sys.argv[1], so, providers=chain)
+        if p == "TensorrtExecutionProvider":
+            # Listed first is not enough: ORT lists TensorRT even when no node went to it. An engine
+            # in the cache proves one was built, and which precisions build here.
+            for precision in ("fp32", "fp16"):
+                cache = os.path.join(sys.argv[3], precision)
+                os.makedirs(cache, exist_ok=True)
+                options = {"trt_engine_cache_enable": True, "trt_engine_cache_path": cache,
+                           "trt_fp16_enable": precision == "fp16"}
+                before = engine_files(cache)
+                s = session(p, options)
+                wrong = runs(s) if s.get_providers()[:1] == [p] else None
+                ok, why = tensorrt_backed(s.get_providers(), before, engine_files(cache))
+                out["tensorrt"][precision] = why if ok else "no: " + why
+                if precision == "fp32" and (wrong or not ok):
+                    out["failed"][p] = wrong or why
+                    break
+            else:
+                out["loaded"].append(p)
+            continue
+        s = session(p, {})
         got = s.get_providers()
         if not got or got[0] != p:
             out["failed"][p] = "did not load (session fell back to %s)" % (got,); continue
-        y = s.run(None, {"x": x})[0]
-        if y.tolist() != [[0.0, 0.0, 1.0, 2.0]]:
-            out["failed"][p] = "wrong result %s" % (y.tolist(),); continue
+        wrong = runs(s)
+        if wrong:
+            out["failed"][p] = wrong; continue
         out["loaded"].append(p)
     except Exception as exc:
         out["failed"][p] = "%s: %s" % (type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
@@ -318,7 +368,7 @@ def verify_environment(python: Path, expected: Sequence[str], timeout_s: float =
     with tempfile.TemporaryDirectory(prefix="edgeinfer-verify-") as tmp:
         model = write_tiny_model(Path(tmp))
         out = _run(
-            [str(python), "-c", _VERIFY, str(model), json.dumps(list(expected))],
+            [str(python), "-c", _VERIFY, str(model), json.dumps(list(expected)), str(Path(tmp) / "trt")],
             timeout_s,
             "verify",
             env=_pip_env(),
@@ -387,7 +437,8 @@ def _build_venv(
     python: str,
     wheels: Sequence[Path],
     wheelhouse: Path | None,
-) -> None:
+) -> list[str]:
+    """Make the venv and install the plan into it; the optional requirements that did not install."""
     cmd = [python, "-m", "venv"]
     if plan.system_site_packages:
         cmd.append("--system-site-packages")
@@ -397,13 +448,39 @@ def _build_venv(
     constraints.write_text("".join(f"{k}=={v}\n" for k, v in plan.constraints.items()), encoding="utf-8")
     pip = [vpy, "-m", "pip", "install", "--no-input", "--progress-bar", "off"]
     pip += ["--timeout", str(config.pipTimeoutSeconds), "--retries", str(config.pipRetries)]
-    pip += _index_args(plan, config, wheelhouse)
+    if plan.only_binary:
+        # What the pins promise is a wheel for this machine: never hours of a source build instead.
+        pip += ["--only-binary", ":all:"]
+    index = _index_args(plan, config, wheelhouse)
     env = _pip_env(config.usePipConfig)
     _stream(
-        [*pip, "-c", str(constraints), *plan.requirements], config.installTimeoutSeconds, "pip install", env
+        [*pip, *index, "-c", str(constraints), *plan.requirements],
+        config.installTimeoutSeconds,
+        "pip install",
+        env,
     )
     if config.installProject and wheels:
-        _stream([*pip, "--no-deps", str(wheels[-1])], 300, "installing the edgeinfer wheel", env)
+        _stream(
+            [*pip, "--no-index", "--no-deps", str(wheels[-1])], 300, "installing the edgeinfer wheel", env
+        )
+    missing: list[str] = []
+    if plan.optional:
+        extra = (
+            []
+            if "--no-index" in index
+            else [a for u in plan.optional_index_urls for a in ("--extra-index-url", u)]
+        )
+        try:
+            _stream(
+                [*pip, *index, *extra, "-c", str(constraints), *plan.optional],
+                config.installTimeoutSeconds,
+                f"pip install {' '.join(plan.optional)}",
+                env,
+            )
+        except InstallError as exc:
+            log.warning("%s: the plan stands without them", exc)
+            missing = list(plan.optional)
+    return missing
 
 
 def _gc(paths: Paths, current: Path, previous: Path | None, limit: int) -> None:
@@ -448,9 +525,13 @@ def run_installer(
             "(or set allowRoot: true)"
         )
     info = probe(source)
+    if source is None and python != sys.executable:
+        info.python = _python_version(python)
     plan = choose(info, config)
     for note in plan.notes:
         log.warning("%s", note)
+    for detail in plan.details:
+        log.info("%s", detail)
     wheels = project_wheels(paths) if config.installProject and not existing else []
     wheelhouse = None if existing else find_wheelhouse(paths, config)
     listing = check_wheelhouse(wheelhouse) if wheelhouse is not None else []
@@ -465,6 +546,10 @@ def run_installer(
         log.info("platform and plan unchanged (fingerprint %s): nothing to do", fp[:12])
         return Outcome(skipped=True, fingerprint=fp, seconds=seconds, report=previous)
 
+    if not existing:
+        refusal = venv_refusal(python, info.python, os_id=info.os_id)
+        if refusal:
+            raise InstallError(refusal)
     if not existing and not ("--no-index" in _index_args(plan, config, wheelhouse) or config.usePipConfig):
         for url in [plan.index_url or PYPI, *plan.extra_index_urls]:
             check_index(url, min(config.pipTimeoutSeconds, 30))
@@ -482,7 +567,10 @@ def run_installer(
         venvs.mkdir(parents=True, exist_ok=True)
         built = venvs / f"{fp[:12]}-{int(time.time() * 1000)}"
         try:
-            _build_venv(built, plan, config, python=python, wheels=wheels, wheelhouse=wheelhouse)
+            missing = _build_venv(built, plan, config, python=python, wheels=wheels, wheelhouse=wheelhouse)
+            if missing and TENSORRT in plan.expected_providers:
+                plan.expected_providers.remove(TENSORRT)
+                plan.notes.append(f"TensorRT's libraries did not install ({', '.join(missing)}): CUDA runs")
             verified = verify_environment(built / "bin" / "python", plan.expected_providers)
         except BaseException:
             shutil.rmtree(built, ignore_errors=True)
@@ -525,6 +613,7 @@ def run_installer(
             "available": verified["available"],
             "loaded": verified["loaded"],
             "failed": verified["failed"],
+            "tensorrt": verified.get("tensorrt") or {},
         },
         "install_seconds": round(clock() - start, 3),
     }

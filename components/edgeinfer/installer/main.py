@@ -32,6 +32,23 @@ def parse_option(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+def nucleus_configuration(mode: str = "auto") -> dict[str, Any]:
+    """The component's whole configuration from the nucleus (GetConfiguration over IPC, standard
+    library only), or {} when not run by one (`auto`) or told not to ask (`no`)."""
+    from edgeinfer.transport import TransportError, ipc_config
+
+    if mode == "no" or (mode == "auto" and not ipc_config.available()):
+        return {}
+    try:
+        value = ipc_config.get_configuration()
+    except TransportError as exc:
+        raise ConfigError(f"cannot read the configuration from the nucleus: {exc}") from None
+    if not isinstance(value, dict):
+        raise ConfigError("the nucleus holds no configuration map for this component")
+    value.pop("accessControl", None)  # the nucleus's own key
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m edgeinfer.installer",
@@ -41,6 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--work", required=True, type=Path, help="the component's work folder ({work:path})")
     parser.add_argument("--artifacts", type=Path, help="{artifacts:path} (the edgeinfer wheel)")
     parser.add_argument("--unpacked", type=Path, help="{artifacts:decompressedPath} (wheelhouse/)")
+    parser.add_argument(
+        "--from-nucleus",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="read the configuration with GetConfiguration (auto: when run by a nucleus); "
+        "--config-file and -o override what it holds",
+    )
     parser.add_argument("--config-file", type=Path, help="JSON object of configuration keys")
     parser.add_argument(
         "-o", "--option", action="append", default=[], metavar="KEY=VALUE", help="one configuration key"
@@ -59,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     try:
-        raw: dict[str, Any] = {}
+        raw = nucleus_configuration(args.from_nucleus)
         if args.config_file is not None:
             try:
                 loaded = json.loads(args.config_file.read_text(encoding="utf-8"))

@@ -14,15 +14,16 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from edgeinfer.errors import EdgeinferError
+from edgeinfer.installer.preflight import interpreter_refusal
 from edgeinfer.installer.probe import PlatformInfo
 
 __all__ = [
     "CPU",
     "CUDA",
     "DEFAULT_ALLOW_LIST",
-    "DEFAULT_ONNXRUNTIME_GPU_VERSIONS",
     "DEFAULT_PACKAGES",
-    "DEFAULT_PACKAGE_VERSIONS",
+    "DEFAULT_PINS",
+    "NVIDIA_INDEX",
     "ORT_PACKAGES",
     "TENSORRT",
     "AllowRule",
@@ -53,24 +54,53 @@ ORT_PACKAGES = frozenset(
 
 # The rest of the stack the device side imports (the project's own runtime dependencies).
 DEFAULT_PACKAGES = ["numpy", "opencv-python-headless", "awsiotsdk", "PyYAML", "rich", "orjson", "pybase64"]
-# Pins: a set known to work together (the project's CI environment). Override per fleet in the
-# deployment's configuration (`packageVersions`), e.g. for Python 3.10 devices.
-DEFAULT_ONNXRUNTIME_VERSION = "1.32.0"
-# onnxruntime-gpu per CUDA major. PyPI's builds are for CUDA 12 up to 1.26.0 and for CUDA 13 from
-# 1.27.0, and they lag the CPU package (1.31.1 while `onnxruntime` is at 1.32.0): one pin for both
-# would name a wheel that does not exist. A machine whose driver runs a newer CUDA than any key takes
-# the newest key's build (drivers run older CUDA majors).
-DEFAULT_ONNXRUNTIME_GPU_VERSIONS = {"12": "1.26.0", "13": "1.31.1"}
-DEFAULT_PACKAGE_VERSIONS = {
-    "numpy": "2.4.6",
+
+# Pins per Python minor of the venv: versions that have wheels for every platform the default
+# allow-list admits (manylinux x86-64 and aarch64), checked against the index by
+# tests/installer/test_matrix.py. Besides distributions, the keys name the ONNX Runtime builds:
+# `onnxruntime` (CPU), `onnxruntime-gpu-cudaNN` (PyPI's onnxruntime-gpu built for CUDA NN: CUDA 12 up to
+# 1.26.0, CUDA 13 from 1.27.0, cp311+ from 1.24, aarch64 from 1.29) and `onnxruntime-gpu-jetson` (what
+# to ask of jetsonIndexUrl). An empty value is the same as an absent key: unpinned, or for a build,
+# none — a deployment's merge can override any default this way, though it cannot delete a key.
+_STACK = {
     "opencv-python-headless": "5.0.0.93",
     "awsiotsdk": "1.31.0",
-    "awscrt": "0.36.1",
+    "awscrt": "0.36.1",  # awsiotsdk 1.31.0 asks for exactly this one
     "PyYAML": "6.0.4",
     "rich": "15.0.0",
     "orjson": "3.13.0",
     "pybase64": "1.5.1",
+    # TensorRT 10 (what ORT's TensorRT provider links: libnvinfer.so.10 in 1.23.2, 1.26.0 and 1.31.1)
+    "tensorrt-cu12-libs": "10.16.1.11",
+    "tensorrt-cu13-libs": "10.16.1.11",
 }
+DEFAULT_PINS: dict[str, dict[str, str]] = {
+    # NumPy >= 2.3 and ONNX Runtime >= 1.24 need Python >= 3.11
+    "3.10": {
+        "onnxruntime": "1.23.2",
+        "onnxruntime-gpu-cuda12": "1.23.2",
+        "onnxruntime-gpu-cuda13": "",
+        "onnxruntime-gpu-jetson": "",
+        "numpy": "2.2.6",
+        **_STACK,
+    },
+    **{
+        minor: {
+            "onnxruntime": "1.32.0",
+            "onnxruntime-gpu-cuda12": "1.26.0",
+            "onnxruntime-gpu-cuda13": "1.31.1",
+            "onnxruntime-gpu-jetson": "",
+            "numpy": "2.4.6",
+            **_STACK,
+        }
+        for minor in ("3.11", "3.12", "3.13")
+    },
+}
+ORT_TENSORRT_MAJOR = "10"  # the TensorRT major of every onnxruntime-gpu build in DEFAULT_PINS
+AARCH64_GPU_WHEELS_FROM = (1, 29)  # PyPI's first aarch64 onnxruntime-gpu (CUDA 13, SBSA builds)
+# Where NVIDIA publishes the TensorRT wheels themselves; PyPI's tensorrt-cuNN-libs are stubs that
+# download from here when built, which --only-binary refuses.
+NVIDIA_INDEX = "https://pypi.nvidia.com"
 
 DEFAULT_ALLOW_LIST: list[dict[str, Any]] = [
     {"name": "linux-x86_64-cpu", "os": "linux", "architectures": ["x86_64"], "accelerators": ["cpu"]},
@@ -84,12 +114,13 @@ DEFAULT_ALLOW_LIST: list[dict[str, Any]] = [
     },
     {"name": "linux-aarch64-cpu", "os": "linux", "architectures": ["aarch64"], "accelerators": ["cpu"]},
     {
-        "name": "jetson-orin-xavier",
+        # Xavier (tegra194), Orin (tegra234), Thor (tegra264) on JetPack 5.1, 6.x and 7.x
+        "name": "jetson",
         "os": "linux",
         "architectures": ["aarch64"],
         "accelerators": ["jetson"],
-        "jetsonModels": ["Orin", "Xavier"],
-        "l4tMajors": ["35", "36"],
+        "jetsonChips": ["tegra194", "tegra234", "tegra264"],
+        "l4tMajors": ["35", "36", "38", "39"],
     },
 ]
 
@@ -120,6 +151,7 @@ class AllowRule:
     accelerators: list[str] = field(default_factory=list)  # "cpu" | "cuda" | "jetson"
     cudaMajors: list[str] = field(default_factory=list)  # noqa: N815 (recipe key)
     minDriverVersion: str = ""  # noqa: N815
+    jetsonChips: list[str] = field(default_factory=list)  # noqa: N815 (/proc/device-tree/compatible)
     jetsonModels: list[str] = field(default_factory=list)  # noqa: N815 (substrings of the board model)
     l4tMajors: list[str] = field(default_factory=list)  # noqa: N815
 
@@ -156,11 +188,13 @@ class AllowRule:
             if self.minDriverVersion and _version_tuple(driver) < _version_tuple(self.minDriverVersion):
                 return f"driver {driver or 'unknown'} < {self.minDriverVersion}"
         if accelerator == "jetson" and info.jetson is not None:
+            chip = info.jetson.chip or ""
+            if self.jetsonChips and chip not in [c.lower() for c in self.jetsonChips]:
+                return f"chip {chip or 'unknown'}"
             model = info.jetson.model.lower()
             if self.jetsonModels and not any(m.lower() in model for m in self.jetsonModels):
                 return f"board {info.jetson.model!r}"
-            l4t_major = (info.jetson.l4t_version or "").split(".")[0]
-            if self.l4tMajors and l4t_major not in self.l4tMajors:
+            if self.l4tMajors and info.jetson.l4t_major not in self.l4tMajors:
                 return f"L4T {info.jetson.l4t_version or 'unknown'}"
         return None
 
@@ -220,21 +254,24 @@ class InstallerConfig:
     allowList: list[AllowRule] = field(  # noqa: N815
         default_factory=lambda: [AllowRule.from_mapping(r) for r in DEFAULT_ALLOW_LIST]
     )
-    allowCpuFallback: bool = True  # noqa: N815 (GPU found but not allowed → CPU plan, with a warning)
-    enableTensorRT: bool = False  # noqa: N815
-    onnxruntimeVersion: str = DEFAULT_ONNXRUNTIME_VERSION  # noqa: N815 (CPU, and Jetson's index)
-    onnxruntimeGpuVersions: dict[str, str] = field(  # noqa: N815 (CUDA major → onnxruntime-gpu)
-        default_factory=lambda: dict(DEFAULT_ONNXRUNTIME_GPU_VERSIONS)
+    # no GPU build fits, or the allow-list refuses the GPU → CPU plan, with one warning
+    allowCpuFallback: bool = True  # noqa: N815
+    # TensorRT where the device has it (Jetson: JetPack's) or can get it (x86-64: NVIDIA's wheels)
+    enableTensorRT: bool = True  # noqa: N815
+    pins: dict[str, dict[str, str]] = field(  # Python minor → package → version (DEFAULT_PINS)
+        default_factory=lambda: {k: dict(v) for k, v in DEFAULT_PINS.items()}
     )
     packages: list[str] = field(default_factory=lambda: list(DEFAULT_PACKAGES))
-    packageVersions: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_PACKAGE_VERSIONS))  # noqa: N815
+    packageVersions: dict[str, str] = field(default_factory=dict)  # noqa: N815 (over pins, any Python)
     indexUrl: str = ""  # noqa: N815 (empty: pip's own configuration)
     extraIndexUrls: list[str] = field(default_factory=list)  # noqa: N815
     jetsonIndexUrl: str = ""  # noqa: N815 (e.g. a Jetson AI Lab index for your JetPack)
     jetsonWheelUrl: str = ""  # noqa: N815 (or one onnxruntime-gpu wheel URL / path)
-    # The pip requirement when TensorRT is asked but absent; empty: TensorRT 10's libraries for the
-    # CUDA major of the onnxruntime-gpu build (its TensorRT provider links libnvinfer.so.10).
+    # The pip requirement for TensorRT where the system has none for the build; empty: the pinned
+    # tensorrt-cuNN-libs of the build's CUDA major, from tensorrtIndexUrl.
     tensorrtPackage: str = ""  # noqa: N815
+    tensorrtIndexUrl: str = NVIDIA_INDEX  # noqa: N815
+    allowSourceBuilds: bool = False  # noqa: N815 (pip may build sdists: hours on a board, or a failure)
     wheelhouse: str = ""  # empty: the unpacked artifact `wheelhouse/`, when present
     offline: bool = False  # never contact an index (a wheelhouse is required)
     usePipConfig: bool = False  # noqa: N815 (honour the machine's pip.conf / PIP_* variables)
@@ -264,8 +301,16 @@ class InstallerConfig:
             default = getattr(defaults, key)
             if key == "allowList":
                 kwargs[key] = [AllowRule.from_mapping(r) for r in _as_list(key, value)]
-            elif key in ("packageVersions", "onnxruntimeGpuVersions"):
+            elif key == "packageVersions":
                 kwargs[key] = {str(k): str(v) for k, v in _as_map(key, value).items()}
+            elif key == "pins":
+                merged = {k: dict(v) for k, v in DEFAULT_PINS.items()}  # a partial map overrides
+                for minor, row in _as_map(key, value).items():
+                    values = _as_map(f"pins.{minor}", row).items()
+                    merged.setdefault(str(minor), {}).update(
+                        {str(k): "" if v is None else str(v) for k, v in values}
+                    )
+                kwargs[key] = merged
             elif isinstance(default, bool):
                 kwargs[key] = _as_bool(key, value)
             elif isinstance(default, int):
@@ -293,7 +338,9 @@ def _req_name(requirement: str) -> str:
 
 @dataclass
 class Plan:
-    """What to install. `requirements` are pip requirement specifiers; `constraints` pin the rest."""
+    """What to install. `requirements` are pip requirement specifiers; `constraints` pin the rest;
+    `optional` is installed after them and may fail without failing the plan (TensorRT's libraries:
+    the CUDA provider still runs)."""
 
     accelerator: str
     rule: str
@@ -301,10 +348,16 @@ class Plan:
     requirements: list[str]
     constraints: dict[str, str]
     expected_providers: list[str]
+    python: str = ""  # the venv's Python minor, whose pins these are
+    platform_tags: list[str] = field(default_factory=list)  # the wheels this machine takes
     index_url: str = ""
     extra_index_urls: list[str] = field(default_factory=list)
+    optional: list[str] = field(default_factory=list)
+    optional_index_urls: list[str] = field(default_factory=list)
+    only_binary: bool = True
     system_site_packages: bool = False
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # warnings, each logged once
+    details: list[str] = field(default_factory=list)  # how the plan was made
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -338,99 +391,191 @@ def _select(info: PlatformInfo, config: InstallerConfig) -> tuple[str, AllowRule
     )
 
 
-def _gpu_build(info: PlatformInfo, config: InstallerConfig) -> tuple[str, str, bool]:
-    """(CUDA major, onnxruntime-gpu version, whether the system's CUDA stack serves it) for this
-    machine: the build for the system's own CUDA when it has cuDNN (and TensorRT, when asked) for it,
-    else the newest build its driver runs (its CUDA and cuDNN then come from the nvidia-* wheels)."""
-    machine = info.cuda_major or ""
-    builds = sorted(
-        (int(k), k)
-        for k in config.onnxruntimeGpuVersions
-        if k.isdigit() and machine.isdigit() and int(k) <= int(machine)
-    )
-    if not builds:
-        known = ", ".join(sorted(config.onnxruntimeGpuVersions)) or "none"
+def _requirement(name: str, version: str) -> str:
+    """`name==version`, `name<range>` when the pin is a range, or `name` when it is empty."""
+    version = version.strip()
+    if not version:
+        return name
+    return f"{name}{version}" if version[0] in "<>=!~" else f"{name}=={version}"
+
+
+def pins_for(info: PlatformInfo, config: InstallerConfig) -> dict[str, str]:
+    """This Python's pins with `packageVersions` over them; empty values dropped (unpinned / none)."""
+    minor = info.python_minor
+    row = config.pins.get(minor)
+    if not row:
+        known = sorted((k for k, v in config.pins.items() if v), key=_version_tuple)
         raise UnsupportedPlatformError(
-            f"no onnxruntime-gpu build for CUDA {machine or 'unknown'} "
-            f"in onnxruntimeGpuVersions (has: {known})"
+            f"Python {minor} has no pins (pins has {', '.join(known) or 'none'}): set python: "
+            f'python{known[-1] if known else "3.12"}, or add pins."{minor}" to the configuration'
         )
+    merged = {**row, **config.packageVersions}
+    return {k: v.strip() for k, v in merged.items() if v and v.strip()}
+
+
+def _gpu_builds(pins: dict[str, str]) -> dict[int, str]:
+    builds: dict[int, str] = {}
+    for key, version in pins.items():
+        major = key[len("onnxruntime-gpu-cuda") :]
+        if key.startswith("onnxruntime-gpu-cuda") and major.isdigit():
+            builds[int(major)] = version
+    return builds
+
+
+def _gpu_build(info: PlatformInfo, builds: dict[int, str], tensorrt: bool) -> tuple[int, str, bool] | None:
+    """(CUDA major, onnxruntime-gpu version, whether the system's CUDA stack serves it), or None when
+    no build runs on this driver: the build for the system's own CUDA when it has cuDNN (and a
+    TensorRT the build links, when asked), else the newest build the driver runs (its CUDA and cuDNN
+    then come from the nvidia-* wheels). Drivers run older CUDA majors."""
+    machine = info.cuda_major or ""
+    runs = sorted(m for m in builds if machine.isdigit() and m <= int(machine))
+    if not runs:
+        return None
     system = (info.cuda_version or "").split(".")[0]
-    complete = info.cudnn_version is not None and (
-        not config.enableTensorRT or info.tensorrt_version is not None
-    )
-    if complete and system in {k for _, k in builds}:
-        return system, config.onnxruntimeGpuVersions[system].strip(), True
-    major = builds[-1][1]
-    return major, config.onnxruntimeGpuVersions[major].strip(), False
+    trt_major = (info.tensorrt_version or "").split(".")[0]
+    complete = info.cudnn_version is not None and (not tensorrt or trt_major == ORT_TENSORRT_MAJOR)
+    if complete and system.isdigit() and int(system) in runs:
+        return int(system), builds[int(system)], True
+    return runs[-1], builds[runs[-1]], False
+
+
+def _jetson_pypi_build(info: PlatformInfo, builds: dict[int, str]) -> str | None:
+    """PyPI's aarch64 onnxruntime-gpu for a CUDA-13 JetPack (7.x), when the pinned build has one."""
+    jetson = info.jetson
+    cuda = (info.cuda_version or "").split(".")[0]
+    if jetson is None or not (jetson.l4t_major in ("38", "39") or cuda == "13"):
+        return None
+    version = builds.get(13, "")
+    if not version or version[0] in "<>=!~" or _version_tuple(version) < AARCH64_GPU_WHEELS_FROM:
+        return None
+    return version
+
+
+def _cpu_instead(config: InstallerConfig, why: str, setting: str) -> str:
+    """The one warning of a GPU device that gets the CPU build; a refusal when that is not allowed."""
+    if not config.allowCpuFallback:
+        raise UnsupportedPlatformError(f"{why}; set {setting} (or allowCpuFallback: true for the CPU build)")
+    return f"{why}, so the CPU build is installed: set {setting} for the GPU"
 
 
 def choose(info: PlatformInfo, config: InstallerConfig) -> Plan:
-    """Check the allow-list and plan the package set for this platform."""
+    """Check the interpreter and the allow-list, and plan the package set for this platform."""
+    refusal = interpreter_refusal(
+        info.python, os_id=info.os_id, os_version=info.os_version, available=info.pythons
+    )
+    if refusal:
+        raise UnsupportedPlatformError(refusal)
+    pins = pins_for(info, config)
     accelerator, rule, notes = _select(info, config)
-    pins = dict(config.packageVersions)
-    for name in ORT_PACKAGES:
-        pins.pop(name, None)
-    version = config.onnxruntimeVersion.strip()
-    index_url = config.indexUrl
+    minor = info.python_minor
+    details: list[str] = []
     extra = list(config.extraIndexUrls)
     expected = [CPU]
     extras_pkgs: list[str] = []
-    cuda_major = ""
-    system_stack = False
-    if accelerator == "cpu":
-        package = "onnxruntime"
-        ort_req = f"onnxruntime=={version}" if version else "onnxruntime"
-    elif accelerator == "cuda":
-        package = "onnxruntime-gpu"
-        cuda_major, gpu_version, system_stack = _gpu_build(info, config)
-        # CUDA/cuDNN runtime libraries from PyPI (nvidia-* wheels) unless the system's serve the build.
-        want_libs = not system_stack
-        spec = "onnxruntime-gpu[cuda,cudnn]" if want_libs else "onnxruntime-gpu"
-        if want_libs:
-            found_cuda = f"CUDA {info.cuda_version}" if info.cuda_version else "no CUDA runtime"
-            found_cudnn = "cuDNN" if info.cudnn_version else "no cuDNN"
+    optional: list[str] = []
+    optional_index: list[str] = []
+    package = "onnxruntime"
+    ort_req = ""
+    builds = _gpu_builds(pins)
+    if accelerator == "cuda":
+        build = _gpu_build(info, builds, config.enableTensorRT)
+        if build is None:
+            have = ", ".join(f"CUDA {m}" for m in sorted(builds)) or "none"
             notes.append(
-                f"the system has {found_cuda} and {found_cudnn}; onnxruntime-gpu {gpu_version} is "
-                f"built for CUDA {cuda_major}: taking CUDA and cuDNN from the nvidia-* wheels"
+                _cpu_instead(
+                    config,
+                    f"no onnxruntime-gpu build for Python {minor} runs on CUDA {info.cuda_major} "
+                    f"(the pins have: {have})",
+                    f'pins."{minor}".onnxruntime-gpu-cuda{info.cuda_major}',
+                )
             )
-        ort_req = f"{spec}=={gpu_version}" if gpu_version else spec
-        expected = [CUDA, CPU]
-        extras_pkgs.append("nvidia-ml-py")  # NVML: the telemetry component's GPU figures
-    else:  # jetson
-        package = "onnxruntime-gpu"
+            accelerator = "cpu"
+        else:
+            cuda_major, gpu_version, system_stack = build
+            package = "onnxruntime-gpu"
+            # CUDA/cuDNN runtime libraries from PyPI (nvidia-* wheels) unless the system's serve the build.
+            spec = "onnxruntime-gpu" if system_stack else "onnxruntime-gpu[cuda,cudnn]"
+            if not system_stack:
+                found_cuda = f"CUDA {info.cuda_version}" if info.cuda_version else "no CUDA runtime"
+                found_cudnn = "cuDNN" if info.cudnn_version else "no cuDNN"
+                details.append(
+                    f"the system has {found_cuda} and {found_cudnn}; onnxruntime-gpu {gpu_version} is "
+                    f"built for CUDA {cuda_major}: taking CUDA and cuDNN from the nvidia-* wheels"
+                )
+            ort_req = _requirement(spec, gpu_version)
+            expected = [CUDA, CPU]
+            extras_pkgs.append("nvidia-ml-py")  # NVML: the telemetry component's GPU figures
+            if config.enableTensorRT:
+                expected = [TENSORRT, *expected]
+                if not system_stack or info.tensorrt_version is None:
+                    name = f"tensorrt-cu{cuda_major}-libs"
+                    trt = config.tensorrtPackage or _requirement(name, pins.get(name, "") or "<11")
+                    optional.append(trt)
+                    if config.tensorrtIndexUrl:
+                        optional_index.append(config.tensorrtIndexUrl)
+                    details.append(
+                        f"TensorRT {ORT_TENSORRT_MAJOR} for CUDA {cuda_major} from {trt} "
+                        "(the system has none for this build)"
+                    )
+    elif accelerator == "jetson":
+        jetson = info.jetson
+        assert jetson is not None  # the rule admitted a Jetson
+        board = f"{jetson.model} ({jetson.chip or 'Jetson'}, L4T {jetson.l4t_version or '?'}"
+        board += f", JetPack {jetson.jetpack})"
+        pypi = _jetson_pypi_build(info, builds)
         if config.jetsonWheelUrl:
             ort_req = f"onnxruntime-gpu @ {config.jetsonWheelUrl}"
         elif config.jetsonIndexUrl:
-            ort_req = f"onnxruntime-gpu=={version}" if version else "onnxruntime-gpu"
+            ort_req = _requirement("onnxruntime-gpu", pins.get("onnxruntime-gpu-jetson", ""))
             extra.insert(0, config.jetsonIndexUrl)
-        else:
-            raise UnsupportedPlatformError(
-                f"Jetson ({info.jetson.model if info.jetson else '?'}) needs jetsonIndexUrl or "
-                "jetsonWheelUrl in the configuration: PyPI has no aarch64 GPU wheels of onnxruntime"
+        elif pypi is not None:
+            ort_req = f"onnxruntime-gpu=={pypi}"
+            details.append(
+                f"{board}: PyPI's aarch64 CUDA-13 onnxruntime-gpu {pypi} on JetPack's CUDA and cuDNN "
+                "(built for SBSA servers; the provider check tells whether it runs here)"
             )
-        expected = [CUDA, CPU]
-    if config.enableTensorRT and accelerator in ("cuda", "jetson"):
-        expected = [TENSORRT, *expected]
+        else:
+            notes.append(
+                _cpu_instead(
+                    config,
+                    f"{board}: no GPU build of ONNX Runtime for Python {minor} is configured",
+                    f"jetsonIndexUrl (an index with onnxruntime-gpu for JetPack {jetson.jetpack}, such as "
+                    "NVIDIA's Jetson AI Lab) or jetsonWheelUrl",
+                )
+            )
+            accelerator = "cpu"
         if accelerator == "jetson":
-            if info.tensorrt_version is None:
-                notes.append("TensorRT asked but not found: install JetPack's TensorRT")
-        elif info.tensorrt_version is None or not system_stack:
-            # None on the system, or one built for the system's CUDA while the build is for another.
-            trt = config.tensorrtPackage or f"tensorrt-cu{cuda_major}-libs<11"
-            extras_pkgs.append(trt)
-            notes.append(f"installing {trt}: no TensorRT on the system for CUDA {cuda_major}")
-    elif config.enableTensorRT:
-        notes.append("TensorRT asked, but this plan runs on the CPU")
-    requirements = [ort_req, *extras_pkgs, *config.packages]
+            package = "onnxruntime-gpu"
+            expected = [CUDA, CPU]
+            trt_major = (info.tensorrt_version or "").split(".")[0]
+            if config.enableTensorRT and trt_major == ORT_TENSORRT_MAJOR:
+                expected = [TENSORRT, *expected]
+            elif config.enableTensorRT:
+                details.append(
+                    f"JetPack {jetson.jetpack}'s TensorRT {info.tensorrt_version or 'is missing'}: ONNX "
+                    f"Runtime's TensorRT provider links TensorRT {ORT_TENSORRT_MAJOR}, so CUDA runs"
+                )
+    if accelerator == "cpu":
+        package = "onnxruntime"
+        ort_req = _requirement("onnxruntime", pins.get("onnxruntime", ""))
+    constraints = {
+        k: v for k, v in pins.items() if not k.startswith(("onnxruntime", "tensorrt")) and v[0] not in "<>=!~"
+    }
     return Plan(
         accelerator=accelerator,
         rule=rule.name,
         onnxruntime_package=package,
-        requirements=requirements,
-        constraints=dict(sorted(pins.items())),
+        requirements=[ort_req, *extras_pkgs, *config.packages],
+        constraints=dict(sorted(constraints.items())),
         expected_providers=expected,
-        index_url=index_url,
+        python=minor,
+        platform_tags=info.platform_tags(),
+        index_url=config.indexUrl,
         extra_index_urls=extra,
+        optional=optional,
+        optional_index_urls=optional_index,
+        only_binary=not config.allowSourceBuilds,
         system_site_packages=config.systemSitePackages,
         notes=notes,
+        details=details,
     )

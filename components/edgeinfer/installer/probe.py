@@ -18,7 +18,14 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
+
+from edgeinfer.installer.preflight import CANDIDATES
+
+if TYPE_CHECKING or sys.version_info >= (3, 8):
+    from typing import Protocol
+else:  # Python 3.7 (Amazon Linux 2): the interpreter check refuses it, but the module must import
+    Protocol = object
 
 __all__ = [
     "NVIDIA_SMI_QUERY",
@@ -39,6 +46,10 @@ NVIDIA_SMI_QUERY = (
 NVIDIA_SMI = ("nvidia-smi",)
 TEGRA_RELEASE = "/etc/nv_tegra_release"
 DEVICE_TREE_MODEL = "/proc/device-tree/model"
+# NUL-separated, most specific first, the SoC last: "nvidia,p3701-0005\0nvidia,tegra234\0". The stable
+# key of a Jetson board (the model string is free text that vendors' carrier boards change).
+DEVICE_TREE_COMPATIBLE = "/proc/device-tree/compatible"
+LDD_VERSION = ("ldd", "--version")
 OS_RELEASE = "/etc/os-release"
 CUDA_VERSION_JSON = "/usr/local/cuda/version.json"
 CUDNN_HEADERS = ("/usr/include/cudnn_version.h", "/usr/include/x86_64-linux-gnu/cudnn_version_v9.h")
@@ -178,6 +189,26 @@ class GpuInfo:
 class JetsonInfo:
     model: str  # "NVIDIA Jetson AGX Orin Developer Kit"
     l4t_version: str | None  # "36.4.0" from /etc/nv_tegra_release
+    chip: str | None = None  # "tegra234" from the device tree's compatible list
+
+    @property
+    def l4t_major(self) -> str:
+        return (self.l4t_version or "").split(".")[0]
+
+    @property
+    def jetpack(self) -> str:
+        """The JetPack release this L4T belongs to, as far as the device's own files tell."""
+        parts = [int(p) if p.isdigit() else 0 for p in (self.l4t_version or "0").split(".")]
+        major, minor = parts[0], parts[1] if len(parts) > 1 else 0
+        if major == 35:
+            return "5.1" if minor >= 2 else "5.0"
+        if major == 36:
+            return "6.1+" if minor >= 4 else "6.0"
+        if major == 38:
+            return "7.0"
+        if major == 39:
+            return "7.2"
+        return "unknown"
 
 
 @dataclass
@@ -188,6 +219,10 @@ class PlatformInfo:
     architecture: str
     python: str
     os_release: str | None = None
+    os_id: str | None = None  # os-release ID: "ubuntu", "debian", "amzn", "raspbian"
+    os_version: str | None = None  # os-release VERSION_ID: "22.04", "2023"
+    glibc: str | None = None  # "2.35": which manylinux wheels this machine runs
+    pythons: list[str] = field(default_factory=list)  # python3.1X on PATH that could run the venv
     gpu: GpuInfo | None = None
     jetson: JetsonInfo | None = None
     cuda_version: str | None = None  # CUDA runtime found on the system (toolkit or libcudart)
@@ -201,6 +236,30 @@ class PlatformInfo:
         if self.gpu is not None and (self.gpu.cuda_driver_version or self.cuda_version):
             return "cuda"
         return "cpu"
+
+    @property
+    def python_minor(self) -> str:
+        """ "3.10" of "3.10.12"."""
+        return ".".join(self.python.split(".")[:2])
+
+    def platform_tags(self) -> list[str]:
+        """The wheel platform tags pip accepts on this machine, most specific first (pip's
+        `--platform` takes them one by one: it does not widen manylinux_2_35 to older glibcs)."""
+        if self.os != "linux":
+            return []
+        arch = self.architecture
+        tags: list[str] = []
+        minor = int(self.glibc.split(".")[1]) if self.glibc and self.glibc.count(".") == 1 else 17
+        for m in range(max(minor, 17), 16, -1):
+            tags.append(f"manylinux_2_{m}_{arch}")
+        tags.append(f"manylinux2014_{arch}")
+        if arch == "x86_64":
+            if minor >= 12:
+                tags.append(f"manylinux2010_{arch}")
+            if minor >= 5:
+                tags.append(f"manylinux1_{arch}")
+        tags.append(f"linux_{arch}")  # wheels built on the device's own kind (Jetson indexes)
+        return tags
 
     @property
     def cuda_major(self) -> str | None:
@@ -276,11 +335,30 @@ def _parse_header_version(text: str | None, prefixes: Sequence[str]) -> str | No
     return None
 
 
-def _os_release(text: str | None) -> str | None:
+def _os_field(text: str | None, key: str) -> str | None:
     if not text:
         return None
-    m = re.search(r'^PRETTY_NAME="?([^"\n]*)"?', text, re.MULTILINE)
-    return m.group(1) if m else None
+    m = re.search(rf'^{key}="?([^"\n]*)"?', text, re.MULTILINE)
+    return m.group(1).strip() if m else None
+
+
+def _os_release(text: str | None) -> str | None:
+    return _os_field(text, "PRETTY_NAME")
+
+
+def _glibc(ldd: str | None) -> str | None:
+    # "ldd (Ubuntu GLIBC 2.35-0ubuntu3.8) 2.35"; musl's ldd prints no version to stdout
+    first = (ldd or "").strip().splitlines()[:1]
+    m = re.search(r"(\d+\.\d+)\s*$", first[0]) if first else None
+    return m.group(1) if m and "libc" in first[0].lower() else None
+
+
+def _tegra_chip(compatible: str | None) -> str | None:
+    for entry in (compatible or "").replace("\x00", "\n").splitlines():
+        m = re.fullmatch(r"nvidia,(tegra\d+)", entry.strip())
+        if m:
+            return m.group(1)
+    return None
 
 
 def probe(source: ProbeSource | None = None) -> PlatformInfo:
@@ -288,21 +366,32 @@ def probe(source: ProbeSource | None = None) -> PlatformInfo:
     src: ProbeSource = source if source is not None else SystemProbe()
     arch = src.machine().strip().lower()
     arch = _ARCH_ALIASES.get(arch, arch)
+    os_release = src.read(OS_RELEASE)
     info = PlatformInfo(
         os=src.system().strip().lower(),
         architecture=arch,
         python=src.python_version(),
-        os_release=_os_release(src.read(OS_RELEASE)),
+        os_release=_os_release(os_release),
+        os_id=_os_field(os_release, "ID"),
+        os_version=_os_field(os_release, "VERSION_ID"),
     )
     if info.os != "linux":
         return info  # GPU probing below is Linux-only; the allow-list refuses other systems anyway
 
+    info.glibc = _glibc(src.run(LDD_VERSION))
+    if info.glibc is None and isinstance(src, SystemProbe):
+        libc, version = platform.libc_ver()
+        info.glibc = version if libc == "glibc" and version else None
+    info.pythons = [name for name in CANDIDATES if src.run((name, "--version")) is not None]
     libs = src.libraries()
     tegra = src.read(TEGRA_RELEASE)
     model = src.read(DEVICE_TREE_MODEL)
     model_name = model.replace("\x00", "").strip() if model else ""
-    if tegra is not None or "jetson" in model_name.lower():
-        info.jetson = JetsonInfo(model=model_name or "NVIDIA Jetson", l4t_version=_parse_tegra_release(tegra))
+    chip = _tegra_chip(src.read(DEVICE_TREE_COMPATIBLE))
+    if tegra is not None or chip is not None or "jetson" in model_name.lower():
+        info.jetson = JetsonInfo(
+            model=model_name or "NVIDIA Jetson", l4t_version=_parse_tegra_release(tegra), chip=chip
+        )
 
     info.gpu = _parse_gpu(src.run(NVIDIA_SMI_QUERY), src.run(NVIDIA_SMI))
 

@@ -8,9 +8,10 @@ Pure functions over plain values so every decision is unit-tested without a GPU:
   and profile shapes (an engine built for another of these is invalid, and TRT would rebuild it at
   every start without a stable cache folder);
 - `loaded_provider` — what really runs: ORT falls back silently when CUDA/TensorRT libraries fail to
-  load, so the session's own `get_providers()` is the only truth;
+  load, so the session's own `get_providers()` is the first truth; for TensorRT `tensorrt_backed`
+  asks more (an engine in the cache), since ORT lists TensorRT even when it took no node;
 - `preload_gpu_libraries` — loads the CUDA and cuDNN of the `nvidia-*` wheels before the first GPU
-  session, since nothing else points ORT's pip build at them.
+  session, since nothing else points ORT's pip build at them (and TensorRT's, from its wheel).
 
 `PlatformInfo.detect()` gathers the versions and the GPU name cheaply (no subprocess).
 """
@@ -295,7 +296,14 @@ def _preload_dlls(ort_module: Any) -> str:
     return "CUDA and cuDNN preloaded" if not lines else "preload_dlls: " + "; ".join(lines)[:300]
 
 
-TRT_LIBRARIES = ("libnvinfer.so", "libnvinfer_plugin.so", "libnvonnxparser.so")
+# What the TensorRT provider links (libnvinfer.so.10, libnvonnxparser.so.10), its plugins, and the
+# builder resource that libnvinfer opens by name when it builds an engine.
+TRT_LIBRARIES = (
+    "libnvinfer.so",
+    "libnvinfer_builder_resource.so",
+    "libnvinfer_plugin.so",
+    "libnvonnxparser.so",
+)
 
 
 def _load_tensorrt_libs(import_module: Callable[[str], Any], load: Callable[[str], Any]) -> str:
@@ -356,3 +364,40 @@ def loaded_provider(session_providers: Sequence[str], wanted: str) -> tuple[str,
     """(the provider that really runs the graph, whether it is the one we asked for)."""
     first = session_providers[0] if session_providers else CPU
     return first, first == wanted
+
+
+ENGINE_SUFFIX = ".engine"
+
+
+def engine_files(cache_dir: str | None) -> dict[str, float]:
+    """The TensorRT engines in an engine cache folder: file name → modification time."""
+    if not cache_dir or not os.path.isdir(cache_dir):
+        return {}
+    found = {}
+    for entry in os.scandir(cache_dir):
+        if entry.is_file() and entry.name.endswith(ENGINE_SUFFIX):
+            found[entry.name] = entry.stat().st_mtime
+    return found
+
+
+def tensorrt_backed(
+    session_providers: Sequence[str], before: dict[str, float], after: dict[str, float]
+) -> tuple[bool, str]:
+    """Whether a session really runs on TensorRT, and why (or why not).
+
+    `get_providers()` lists the providers a session registered, not the ones that took nodes: ORT
+    lists TensorRT first when its library loaded even if the TensorRT parser refused every node (the
+    graph then runs on CUDA), and lists CUDA first when libnvinfer failed to load. So a session is
+    TensorRT-backed only when TensorRT is listed first AND its engine cache (`trt_engine_cache_path`,
+    looked at `before` the session was made and `after` it ran) holds an engine: one built now, or a
+    cached one reused (the cache folder is keyed by model, ORT, TensorRT, GPU and shapes).
+    """
+    first = session_providers[0] if session_providers else "no provider"
+    if first != TRT:
+        return False, f"ONNX Runtime fell back to {first}"
+    if not after:
+        return False, "TensorRT is listed first but built no engine (the engine cache stayed empty)"
+    built = sorted(n for n in after if n not in before or after[n] != before[n])
+    if built:
+        return True, f"engine built: {', '.join(built)}"
+    return True, f"engine reused from the cache: {', '.join(sorted(after))}"
