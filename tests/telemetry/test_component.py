@@ -6,19 +6,25 @@ from __future__ import annotations
 import json
 import random
 import socket
+import sys
 import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from edgeinfer.messages import TIMINGS_TOPIC, TelemetryWindow, TimingBatch, telemetry_topic
 from edgeinfer.telemetry.component import ConfigError, TelemetryComponent, TelemetryConfig
 from edgeinfer.transport import MemoryBus
+from tests.helpers import PROJECT
 from tests.helpers.clock import FakeClock
 from tests.helpers.config import lite_typed
 from tests.helpers.telemetry import make_record
+
+COMPONENT = "com.edgeinfer.Telemetry"
 
 
 def windows(bus: MemoryBus, thing: str = "dev") -> list[TelemetryWindow]:
@@ -213,3 +219,35 @@ def test_main_outside_greengrass_is_one_clear_error(
     monkeypatch.delenv("SVCUID", raising=False)
     assert main([]) == 1
     assert "not running under Greengrass" in caplog.text
+
+
+@pytest.mark.e2e
+def test_on_nucleus_lite_the_real_process_runs_without_live_validation(
+    simulator: Any, tmp_path: Path
+) -> None:
+    """`python -m edgeinfer.telemetry` on the simulated nucleus lite: configuration over IPC with lite's
+    string scalars, no validation subscription (one log line), updates applied and bad ones ignored."""
+    recipe = yaml.safe_load((PROJECT / "recipes" / f"{COMPONENT}.yaml").read_text("utf-8"))
+    recipe.pop("ComponentDependencies", None)
+    recipe["ComponentConfiguration"]["DefaultConfiguration"]["windowSeconds"] = 1
+    run = f"{sys.executable} -m edgeinfer.telemetry"
+    recipe["Manifests"] = [{"Platform": {"os": "linux", "runtime": "*"}, "Lifecycle": {"run": run}}]
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    (recipes / f"{COMPONENT}.yaml").write_text(yaml.safe_dump(recipe))
+    sim = simulator(recipes, thing="lite-tele", nucleus="lite")
+    sim.wait_for_report(COMPONENT, "RUNNING", timeout=60)
+    inbox = sim.cloud_client().subscribe("edgeinfer/lite-tele/telemetry")
+    inbox.wait_for(1, timeout=30)
+    assert sim.logs(COMPONENT).count("live configuration validation is off") == 1
+    sim.update_configuration(COMPONENT, merge={"windowSeconds": 0})  # nothing validates it …
+    deadline = time.monotonic() + 30
+    while "windowSeconds: must be between" not in sim.logs(COMPONENT):  # … the component ignores it
+        assert time.monotonic() < deadline, sim.logs(COMPONENT)[-2000:]
+        time.sleep(0.05)
+    sim.update_configuration(COMPONENT, merge={"windowSeconds": 0.5})
+    deadline = time.monotonic() + 30
+    while not any(json.loads(m.payload)["window_s"] == 0.5 for m in inbox.messages):
+        assert time.monotonic() < deadline, sim.logs(COMPONENT)[-2000:]
+        time.sleep(0.05)
+    assert sim.state(COMPONENT) == "RUNNING"

@@ -60,6 +60,7 @@ DEVICE_MODULES = (
     "edgeinfer/transport/_sdk_codec.py",
     "edgeinfer/transport/base.py",
     "edgeinfer/transport/ipc.py",
+    "edgeinfer/transport/ipc_config.py",
     "edgeinfer/transport/memory.py",
 )
 _EPOCH = (1980, 1, 1, 0, 0, 0)
