@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import queue
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -241,3 +242,32 @@ def test_inline_handlers_run_on_the_crt_thread_before_the_dispatcher(
     assert payloads(inline.wait_for(1)) == [b"r"]
     assert payloads(queued.wait_for(1)) == [b"r"]
     assert not any(name.startswith("mqtt-dispatch") for name in threads)
+
+
+def test_mqtt5_properties_travel_both_ways(connect: Callable[..., MqttPubSub]) -> None:
+    from edgeinfer.transport import MqttProperties
+
+    sender, receiver = connect(client_id="props-tx"), connect(client_id="props-rx")
+    got: queue.Queue[Message] = queue.Queue()
+    receiver.subscribe("p/req", got.put, qos=1)
+    props = MqttProperties(
+        content_type="image/jpeg",
+        correlation_data=b"\x00\xffid",
+        response_topic="p/resp/1",
+        user_properties=(("top_k", "3"), ("id", "r1")),
+        message_expiry_s=30,
+        payload_format="bytes",
+    )
+    sender.publish("p/req", b"\xff\xd8raw", qos=1, properties=props)
+    msg = got.get(timeout=10)
+    assert msg.payload == b"\xff\xd8raw"
+    assert msg.properties is not None
+    assert msg.properties.content_type == "image/jpeg"
+    assert msg.properties.correlation_data == b"\x00\xffid"
+    assert msg.properties.response_topic == "p/resp/1"
+    assert msg.properties.user("top_k") == "3"
+    assert msg.properties.user("id") == "r1"
+    assert msg.properties.message_expiry_s is not None
+    assert 0 < msg.properties.message_expiry_s <= 30  # what is left of it
+    sender.publish("p/req", b"plain", qos=1)
+    assert got.get(timeout=10).properties is None
