@@ -48,9 +48,25 @@ def test_sources_exist(root: str) -> None:
 
 # /proc's formats are read by edgeinfer.procfs alone: /proc/<pid>/stat's fields after the command's
 # closing parenthesis, cmdline's NUL-separated argv, /proc/stat's cpu lines, meminfo.
-_PROC_FORMATS = r'r(?:split|partition|find)\(b?"\)"|split\(b"\\0"\)|startswith\("cpu|"VmRSS:|/proc/\{|"/proc/(?:stat|uptime|meminfo)"'
+_PROC_FORMATS = "|".join(
+    [
+        r'r(?:split|partition|find)\(b?"\)"',
+        r'split\(b"\\0"\)',
+        r'startswith\("cpu',
+        r'"VmRSS:',
+        r"/proc/\{",
+        r'"/proc/(?:stat|uptime|meminfo)"',
+    ]
+)
 
 
 def test_one_proc_reader() -> None:
     found = _files(_places(_PROC_FORMATS))
     assert found == ["components/edgeinfer/procfs.py"]
+
+
+def test_one_request_encoder() -> None:
+    # Requests are encoded by edgeinfer.messages.Request (load generators: edgeinfer_bench.requests),
+    # never as a dict with a base64 image written by hand.
+    assert _places(r'"image":\s*\w*\.?b64encode') == []
+    assert _files(_places(r'"__ID__"')) == ["bench/edgeinfer_bench/requests.py"]

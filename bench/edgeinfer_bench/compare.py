@@ -25,6 +25,7 @@ from typing import Any
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.files import write_output
 from edgeinfer.stats import percentile
+from edgeinfer_bench.requests import request_templates
 
 __all__ = ["Pair", "register_bench", "summarize"]
 
@@ -81,7 +82,6 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
         bench_images,
         connect_client,
         prepare_device,
-        request_payloads,
         runtime_config,
         wait_ready,
     )
@@ -92,7 +92,7 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
         Manifest.load(store_dir)
     except ManifestError as exc:
         raise EdgeinferError(str(exc)) from None
-    payloads = request_payloads(bench_images())
+    payloads = request_templates(bench_images())
     root = Path(tempfile.mkdtemp(prefix="edgeinfer-compare-"))
     started: list[tuple[Any, Any, Any]] = []  # (simulator, bus, driver), as far as each got
     rounds: list[dict[str, Pair]] = []

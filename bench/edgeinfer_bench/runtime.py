@@ -37,9 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgeinfer import procfs
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.files import write_output
 from edgeinfer.stats import percentile
+from edgeinfer_bench.requests import request_templates, with_id
 
 log = logging.getLogger(__name__)
 
@@ -314,7 +316,7 @@ class Driver:
     def send(self) -> str:
         self.seq += 1
         rid = f"{self.prefix}{self.seq}"
-        body = self.payloads[self.seq % len(self.payloads)].replace(b"__ID__", rid.encode(), 1)
+        body = with_id(self.payloads[self.seq % len(self.payloads)], rid)
         self.sent[rid] = time.perf_counter()
         self.bus.publish(
             f"{self.topics}/infer", body, target=self.target, qos=1 if self.target == "iot" else 0
@@ -408,29 +410,15 @@ def median_segment(segments: list[dict[str, float]]) -> dict[str, float]:
     return sorted(segments, key=segment_ratio)[len(segments) // 2]
 
 
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (0 when it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
-
 def runtime_pid(root: Path) -> int | None:
-    """The runtime's process on the simulated core rooted at `root` (Linux /proc)."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                argv = fh.read().split(b"\0")
-        except OSError:
-            continue
-        if b"edgeinfer.runtime" in argv and any(str(root).encode() in a for a in argv) and b"-c" not in argv:
-            return int(entry)
-    return None
+    """The runtime's process on the simulated core rooted at `root`."""
+
+    def wanted(argv: list[bytes]) -> bool:
+        return (
+            b"edgeinfer.runtime" in argv and any(str(root).encode() in a for a in argv) and b"-c" not in argv
+        )
+
+    return next(iter(procfs.find_pids(wanted)), None)
 
 
 def runtime_config(max_batch_size: int, extra: dict[str, Any]) -> dict[str, Any]:
@@ -451,15 +439,6 @@ def connect_client(sim: Any, payloads: list[bytes]) -> tuple[Any, Driver]:
     env = sim.ipc_env(CLIENT)
     bus = GreengrassIpcBus.connect(env["AWS_GG_NUCLEUS_DOMAIN_SOCKET_FILEPATH_FOR_COMPONENT"], env["SVCUID"])
     return bus, Driver(bus, "local", THING, payloads)
-
-
-def request_payloads(images: list[bytes]) -> list[bytes]:
-    import base64
-
-    return [
-        json.dumps({"id": "__ID__", "image": base64.b64encode(img).decode(), "top_k": 5}).encode()
-        for img in images
-    ]
 
 
 # --------------------------------------------------------------------------------------------- bench
@@ -494,7 +473,7 @@ def _measure(
     from edgeinfer.sim import Simulator
     from edgeinfer.transport.mqtt import MqttPubSub
 
-    payloads = request_payloads(images)
+    payloads = request_templates(images)
     print(f"raw pipeline: {manifest.name} {manifest.version}, {len(images)} images 640×480", file=sys.stderr)
     raw_pipe = RawPipeline(store_dir, images, cfg, root / "raw")
     rounds = max(10, args.requests // 8)
@@ -599,9 +578,9 @@ def _measure(
             # The machine's speed drifts within minutes (shared vCPUs): each saturation run is
             # compared with a batched-loop run made just before it, and the rounds' median kept.
             loops.append(raw_pipe.batched(rounds)[0])
-            cpu0, own0 = (process_cpu_s(pid) if pid else 0.0), time.process_time()
+            cpu0, own0 = (procfs.process_cpu_s(pid) if pid else 0.0), time.process_time()
             rps, round_sizes = local.saturate(n_sat, window=6 * args.max_batch_size)
-            cpu_runtime += ((process_cpu_s(pid) if pid else 0.0) - cpu0) / n_sat * 1000 / SAT_ROUNDS
+            cpu_runtime += ((procfs.process_cpu_s(pid) if pid else 0.0) - cpu0) / n_sat * 1000 / SAT_ROUNDS
             cpu_bench += (time.process_time() - own0) / n_sat * 1000 / SAT_ROUNDS
             sats.append(rps)
             sizes += round_sizes

@@ -33,6 +33,7 @@ from typing import Any
 from edgeinfer import procfs
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.files import write_output
+from edgeinfer_bench.requests import request_templates
 
 TARGET_COST = 0.03
 THING = "bench-thing"
@@ -196,7 +197,7 @@ def saturated(args: argparse.Namespace, store_dir: Path) -> dict[str, Any]:
     recipes, artifacts = rb.prepare_device(root / "device", store_dir)
     core = root / "core"
     shutil.copy(rb.recipes_dir() / f"{TELEMETRY}.yaml", recipes)
-    payloads = rb.request_payloads(rb.bench_images())
+    payloads = request_templates(rb.bench_images())
     runtime_cfg = {
         "maxBatchSize": args.max_batch_size,
         "executionProviders": ["CPUExecutionProvider"],

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -25,6 +24,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from edgeinfer import procfs
 
 CUDA = "CUDAExecutionProvider"
 
@@ -128,30 +129,18 @@ def patterns(model_dir: str, runs: int = 40) -> dict[str, Any]:
 
 
 def runtime_pid() -> int | None:
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"edgeinfer.runtime" in argv and b"bench" not in argv:
-            return int(entry)
-    return None
+    return next(
+        iter(procfs.find_pids(lambda argv: b"edgeinfer.runtime" in argv and b"bench" not in argv)), None
+    )
 
 
 def thread_cpu(pid: int) -> dict[str, float]:
     """CPU seconds per thread, as `name tid` (py-spy's profile names the Python threads by tid)."""
     out: dict[str, float] = {}
-    tick = os.sysconf("SC_CLK_TCK")
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        out[f"{name} {tid}"] = (int(fields[11]) + int(fields[12])) / tick
+    for tid in procfs.pids(procfs.PROC / str(pid) / "task"):
+        name = procfs.read(procfs.PROC / str(pid) / "task" / str(tid) / "comm")
+        if name is not None:
+            out[f"{name.strip()} {tid}"] = procfs.process_cpu_s(f"{pid}/task/{tid}")
     return out
 
 

@@ -10,7 +10,6 @@ prints the results, the latencies and one telemetry window.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import logging
 import statistics
@@ -52,9 +51,10 @@ def _project_root(path: Path) -> Path:
     return root
 
 
-def _request(rid: str, image: Path, **extra: Any) -> bytes:
-    doc = {"id": rid, "image": base64.b64encode(image.read_bytes()).decode("ascii"), **extra}
-    return json.dumps(doc).encode()
+def _request(rid: str, image: Path) -> bytes:
+    from edgeinfer.messages import Request
+
+    return Request(rid, image=image.read_bytes()).to_json()
 
 
 def run(args: argparse.Namespace) -> int:
