@@ -8,7 +8,7 @@ from typing import Any
 
 from awscrt import mqtt
 
-from edgeinfer.sim import MosquittoBroker, MqttClient
+from edgeinfer.sim import CloudClient, MosquittoBroker
 
 
 def _persistent(broker: MosquittoBroker, got: list[bytes], done: threading.Event) -> mqtt.Connection:
@@ -42,7 +42,7 @@ def test_a_persistent_session_gets_what_was_published_while_the_broker_restarted
         broker.stop()
         broker.start()
         assert broker.port == port
-        with MqttClient(broker.host, broker.port) as device:
+        with CloudClient(broker.host, broker.port) as device:
             for i in range(3):
                 device.publish(f"fleet/d{i}/telemetry", b"w%d" % i, qos=1)
         conn.connect().result(10)
@@ -54,9 +54,9 @@ def test_a_persistent_session_gets_what_was_published_while_the_broker_restarted
 
 
 def test_mqtt5_shared_subscriptions(sim_broker: MosquittoBroker) -> None:
-    workers = [MqttClient(*sim_broker.address) for _ in range(2)]
+    workers = [CloudClient(*sim_broker.address) for _ in range(2)]
     inboxes = [w.subscribe("$share/routers/jobs/#") for w in workers]
-    with MqttClient(*sim_broker.address) as producer:
+    with CloudClient(*sim_broker.address) as producer:
         for i in range(20):
             producer.publish(f"jobs/{i}", b"job", qos=1)
     deadline = 50

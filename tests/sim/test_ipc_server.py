@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from awsiot.eventstreamrpc import AccessDeniedError, StreamClosedError
+from awsiot.eventstreamrpc import AccessDeniedError
 from awsiot.greengrasscoreipc import connect
 from awsiot.greengrasscoreipc.model import (
     QOS,
@@ -20,6 +20,7 @@ from awsiot.greengrasscoreipc.model import (
     PublishMessage,
     ReceiveMode,
     ResourceNotFoundError,
+    ServiceError,
     UnauthorizedError,
 )
 
@@ -150,12 +151,14 @@ def test_bad_token_is_refused_at_connect(sim: Simulator) -> None:
     client.close()
 
 
-def test_unsupported_operations_close_the_stream(sim: Simulator, ipc_clients: Any) -> None:
+def test_operations_without_a_handler_get_the_nucleus_service_error(sim: Simulator, ipc_clients: Any) -> None:
     a = ipc_clients(sim, A)
-    with pytest.raises(StreamClosedError):
+    with pytest.raises(ServiceError) as secret:
         a.get_secret_value(secret_id="db-password")
-    with pytest.raises(StreamClosedError):
+    assert secret.value.message == "Operation aws.greengrass#GetSecretValue is not supported by Greengrass"
+    with pytest.raises(ServiceError) as listing:
         a.list_components()
+    assert listing.value.message == "Operation aws.greengrass#ListComponents is not supported by Greengrass"
     assert a.get_configuration(key_path=["flag"]).value == {"flag": True}  # connection still fine
 
 
@@ -257,7 +260,7 @@ def test_pipelined_iot_core_publishes_keep_their_order(sim: Simulator, ipc_clien
 def test_binary_event_payload_is_what_the_sdk_model_writes(message: bytes, topic: str) -> None:
     from awsiot.greengrasscoreipc import model
 
-    from edgeinfer.sim.core import binary_event_payload
+    from edgeinfer.sim.pubsub import binary_event_payload
 
     event = model.SubscriptionResponseMessage(
         binary_message=model.BinaryMessage(message=message, context=model.MessageContext(topic=topic))

@@ -21,9 +21,11 @@ import yaml
 from edgeinfer.greengrass.recipe import (
     MISSING,
     STEPS,
+    Reader,
     RecipeError,
     RecipeSource,
     cget,
+    config_text,
     pointer_get,
     pointer_parts,
     read_recipe,
@@ -165,6 +167,40 @@ def profile(nucleus: str | NucleusProfile) -> NucleusProfile:
         return NUCLEI[nucleus]
     except KeyError:
         raise RecipeError(f"unknown nucleus {nucleus!r} (classic or lite)") from None
+
+
+def reader(nucleus: NucleusProfile) -> Reader:
+    """How `nucleus` reads recipes (for `edgeinfer.greengrass.recipe.load_recipes`)."""
+    if nucleus is CLASSIC or not nucleus.platform_runtime_required:
+        return Reader(lower_case_steps_only=nucleus.lifecycle_keys_lower_case_only)
+    return Reader(
+        manifest_filter=lambda platform: manifest_selectable(platform, nucleus),
+        skipped_reason=(
+            f"No lifecycle was found for linux: nucleus {nucleus.name} reads only manifests whose "
+            f'Platform.runtime is "*" or "{nucleus.runtime}"'
+        ),
+        lower_case_steps_only=nucleus.lifecycle_keys_lower_case_only,
+    )
+
+
+def var_context_options(nucleus: NucleusProfile) -> dict[str, Any]:
+    """The `VarContext` fields in which `nucleus` resolves recipe variables its own way."""
+    return {
+        "structured": nucleus.interpolation,
+        "missing_configuration": "fail" if nucleus.missing_configuration_fails else "keep",
+        "cross_component": nucleus.cross_component_variables,
+    }
+
+
+def typed_defaults(value: Any, nucleus: NucleusProfile) -> Any:
+    """DefaultConfiguration as `nucleus` stores it: lite keeps every YAML scalar as a string."""
+    if not nucleus.default_scalars_as_strings:
+        return value
+    if isinstance(value, dict):
+        return {k: typed_defaults(v, nucleus) for k, v in value.items()}
+    if isinstance(value, list):
+        return [typed_defaults(v, nucleus) for v in value]
+    return value if value is None or isinstance(value, str) else config_text(value)
 
 
 def manifest_selectable(platform_spec: Any, nucleus: NucleusProfile) -> bool:

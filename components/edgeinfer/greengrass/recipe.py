@@ -17,7 +17,7 @@ import copy
 import json
 import platform
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -190,6 +190,8 @@ def platform_matches(spec: Any, host: Mapping[str, str]) -> bool:
         return False
     for key, want_value in spec.items():
         want = str(want_value)
+        if str(key).lower() == "runtime":
+            continue  # which nucleus a manifest is for: `ManifestFilter` decides that
         if want in ("*", "all"):
             continue
         have = cget(host, str(key))
@@ -294,9 +296,29 @@ def read_recipe(path: Path) -> dict[str, Any]:
     return raw
 
 
+_SCHEME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+
+
 def artifact_filename(uri: str) -> str:
-    """The file name an artifact URI names (its last path segment)."""
-    return str(uri).rstrip("/").rsplit("/", 1)[-1]
+    """The file name an artifact URI names: its last path segment, without the scheme
+    (`s3://b/k/model.onnx`, `file:model.onnx` and `file:///abs/model.onnx` all name model.onnx)."""
+    text = str(uri).rstrip("/")
+    m = _SCHEME_RE.match(text)
+    if m:
+        text = text[m.end() :]
+    return text.rsplit("/", 1)[-1]
+
+
+def artifact_local_path(uri: str) -> Path | None:
+    """The absolute path a `file:` URI names (`file:///abs/x`, `file:/abs/x`), else None."""
+    text = str(uri)
+    if not text.lower().startswith("file:"):
+        return None
+    rest = text[5:]
+    if rest.startswith("//"):
+        rest = rest[2:]
+        rest = rest[rest.index("/") :] if "/" in rest else ""
+    return Path(rest) if rest.startswith("/") else None
 
 
 @dataclass(frozen=True)
@@ -364,7 +386,22 @@ def dependency_order(dependencies: Mapping[str, Iterable[str]]) -> list[str]:
     return order
 
 
-def load_recipe_file(path: Path, host: Mapping[str, str] | None = None) -> Recipe:
+@dataclass(frozen=True)
+class Reader:
+    """How a nucleus reads recipes beyond the model: which manifests it considers at all and
+    whether it sees lifecycle keys in any case (classic) or only in lower case (nucleus lite)."""
+
+    manifest_filter: Callable[[Any], bool] | None = None  # Platform mapping → considered
+    skipped_reason: str = ""  # said when manifests exist but the filter leaves none
+    lower_case_steps_only: bool = False
+
+
+CLASSIC_READER = Reader()
+
+
+def load_recipe_file(
+    path: Path, host: Mapping[str, str] | None = None, reader: Reader = CLASSIC_READER
+) -> Recipe:
     host = host or host_platform()
     raw = read_recipe(path)
     for key in ("RecipeFormatVersion", "ComponentName", "ComponentVersion"):
@@ -409,12 +446,18 @@ def load_recipe_file(path: Path, host: Mapping[str, str] | None = None) -> Recip
         raise _fail(path, "Manifests", "must be a list")
     chosen: dict[str, Any] | None = None
     chosen_index = -1
+    filtered = 0
     for i, manifest in enumerate(manifests):
         if not isinstance(manifest, dict):
             raise _fail(path, f"Manifests[{i}]", "must be a mapping")
+        if reader.manifest_filter is not None and not reader.manifest_filter(cget(manifest, "Platform")):
+            filtered += 1
+            continue
         if platform_matches(cget(manifest, "Platform"), host):
             chosen, chosen_index = manifest, i
             break
+    if manifests and chosen is None and filtered == len(manifests) and reader.skipped_reason:
+        raise _fail(path, "Manifests", reader.skipped_reason)
     if manifests and chosen is None:
         raise _fail(path, "Manifests", f"no manifest matches this platform {dict(host)}")
     mfield = f"Manifests[{chosen_index}]" if chosen is not None else "Lifecycle"
@@ -426,6 +469,8 @@ def load_recipe_file(path: Path, host: Mapping[str, str] | None = None) -> Recip
     lifecycle: dict[str, Any] = {}
     for key, value in lifecycle_raw.items():
         low = str(key).lower()
+        if reader.lower_case_steps_only and low in STEPS and low != "setenv" and str(key) != low:
+            continue  # not seen by this nucleus
         if low not in STEPS:
             raise _fail(
                 path,
@@ -465,11 +510,13 @@ def load_recipe_file(path: Path, host: Mapping[str, str] | None = None) -> Recip
     )
 
 
-def load_recipes(recipes_dir: Path, host: Mapping[str, str] | None = None) -> dict[str, dict[str, Recipe]]:
+def load_recipes(
+    recipes_dir: Path, host: Mapping[str, str] | None = None, reader: Reader = CLASSIC_READER
+) -> dict[str, dict[str, Recipe]]:
     """All recipes in a folder: name → version → Recipe. Duplicates are reported by file."""
     index: dict[str, dict[str, Recipe]] = {}
     for path in recipe_files(recipes_dir):
-        recipe = load_recipe_file(path, host)
+        recipe = load_recipe_file(path, host, reader)
         other = index.get(recipe.name, {}).get(recipe.version)
         if other is not None:
             raise _fail(
@@ -628,7 +675,7 @@ _NAMESPACES = ("artifacts", "configuration", "work", "kernel", "iot")
 
 @dataclass
 class VarContext:
-    """What a component's recipe variables resolve against."""
+    """What a component's recipe variables resolve against, and how (the nuclei differ)."""
 
     paths: dict[
         str, dict[str, str]
@@ -636,6 +683,23 @@ class VarContext:
     configs: Mapping[str, Mapping[str, Any]]  # component → configuration
     kernel_root: str
     thing_name: str
+    structured: str = "json"  # a list/map value: "json", or "escaped-json-strings" (nucleus lite)
+    missing_configuration: str = "keep"  # a missing {configuration:/x}: "keep" as written, or "fail"
+    cross_component: bool = True  # {Other.Component:artifacts:path} and friends
+
+
+def escaped_json(value: Any) -> str:
+    """A list or map as nucleus lite writes it on a command line: compact JSON, every scalar a
+    string, every quote backslash-escaped (`[{\\"archs\\":[\\"x86_64\\"]}]`)."""
+
+    def strings(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {str(k): strings(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [strings(x) for x in v]
+        return v if v is None else config_text(v)
+
+    return json.dumps(strings(value), separators=(",", ":")).replace('"', '\\"')
 
 
 def interpolate(text: str, recipe: Recipe, ctx: VarContext, field_name: str) -> str:
@@ -647,6 +711,12 @@ def interpolate(text: str, recipe: Recipe, ctx: VarContext, field_name: str) -> 
             return _resolve(recipe.name, first, rest, whole, own=True)
         ns, _, key = rest.partition(":")
         if ns in _NAMESPACES and ("." in first or first in ctx.configs):
+            if first != recipe.name and not ctx.cross_component:
+                raise _fail(
+                    recipe.file,
+                    field_name,
+                    f"{whole}: variables of another component are not supported by this nucleus",
+                )
             if first != recipe.name and first not in recipe.dependencies:
                 raise _fail(
                     recipe.file,
@@ -663,7 +733,13 @@ def interpolate(text: str, recipe: Recipe, ctx: VarContext, field_name: str) -> 
             except ValueError as exc:
                 raise _fail(recipe.file, field_name, f"unknown variable {whole}: {exc}") from exc
             value = pointer_get(ctx.configs.get(component, {}), parts)
-            return whole if value is MISSING else config_text(value)
+            if value is MISSING:
+                if ctx.missing_configuration == "fail":
+                    raise _fail(recipe.file, field_name, f"{whole}: no such configuration value")
+                return whole
+            if isinstance(value, (dict, list)) and ctx.structured == "escaped-json-strings":
+                return escaped_json(value)
+            return config_text(value)
         if own and ns == "kernel" and key == "rootPath":
             return ctx.kernel_root
         if own and ns == "iot" and key == "thingName":

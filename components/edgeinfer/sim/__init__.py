@@ -24,7 +24,7 @@ Python API::
         sim.history("com.example.Hello") # ["NEW", "INSTALLED", "STARTING", "RUNNING", ...]
         sim.logs("com.example.Hello")    # the component's log file (stdout + stderr + lifecycle lines)
         sim.broker                       # ("127.0.0.1", port): IoT Core stand-in, MQTT 5 and 3.1.1
-        cloud = sim.cloud_client()       # MqttClient on the broker, as IoT Core's other side
+        cloud = sim.cloud_client()       # CloudClient on the broker, as IoT Core's other side
         inbox = cloud.subscribe("edgeinfer/test-thing/#")
         cloud.publish("edgeinfer/test-thing/infer", b"{...}", qos=1)
         inbox.wait_for(1, timeout=10)    # -> list[edgeinfer.transport.Message]; TimeoutError if fewer
@@ -58,15 +58,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from edgeinfer.greengrass.recipe import RecipeError
-    from edgeinfer.sim.broker import Inbox, MosquittoBroker, MqttClient
+    from edgeinfer.sim.broker import CloudClient, Inbox, MosquittoBroker
     from edgeinfer.sim.simulator import LocalClient, SimError, Simulator
 
-__all__ = ["Inbox", "LocalClient", "MosquittoBroker", "MqttClient", "RecipeError", "SimError", "Simulator"]
+__all__ = ["CloudClient", "Inbox", "LocalClient", "MosquittoBroker", "RecipeError", "SimError", "Simulator"]
 
 _WHERE = {
     "Inbox": "broker",
     "MosquittoBroker": "broker",
-    "MqttClient": "broker",
+    "CloudClient": "broker",
     "RecipeError": "edgeinfer.greengrass.recipe",
     "LocalClient": "simulator",
     "SimError": "simulator",

@@ -1,9 +1,9 @@
 """ "IoT Core" for the simulated core: a real mosquitto broker on a free loopback port, and MQTT clients.
 
 `MosquittoBroker` starts `mosquitto` (MQTT 5 and 3.1.1, shared subscriptions, anonymous, sessions
-kept across a restart) and stops it again. `MqttClient` is a small blocking wrapper over awscrt's
-MQTT 3.1.1 client, used by the simulator's IoT Core bridge and by tests as "the cloud"; `Inbox`
-collects what a subscription got.
+kept across a restart) and stops it again. `CloudClient` is the cloud side for tests, a blocking
+convenience over the project's one MQTT client (`edgeinfer.transport.mqtt.MqttPubSub`, which the
+core's IoT bridge uses too); `Inbox` collects what a subscription got.
 """
 
 from __future__ import annotations
@@ -20,11 +20,10 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from edgeinfer.errors import EdgeinferError
-from edgeinfer.transport.base import Message, Target, topic_matches
-from edgeinfer.transport.mqtt import parse_broker, set_tcp_nodelay, subscription_topic_filter
+from edgeinfer.transport.base import Message, MqttProperties, Target, TransportError
+from edgeinfer.transport.mqtt import MqttPubSub, parse_broker
 
 log = logging.getLogger(__name__)
 
@@ -190,115 +189,42 @@ class Inbox:
             closer()
 
 
-class MqttClient:
-    """A blocking MQTT 3.1.1 client (awscrt) on the broker, as a cloud application would hold one."""
+class CloudClient:
+    """The cloud side of "IoT Core": an `MqttPubSub` on the broker with the blocking conveniences a
+    test wants (`subscribe` returns an `Inbox`, `publish` waits for the PUBACK of QoS 1)."""
 
     def __init__(self, host: str, port: int, client_id: str | None = None, timeout: float = 10.0) -> None:
-        from awscrt import mqtt
-
-        self._mqtt = mqtt
-        self.timeout = timeout
         self.client_id = client_id or f"sim-cloud-{secrets.token_hex(4)}"
-        self._subs: list[tuple[str, Callable[[Message], None]]] = []
-        self._lock = threading.Lock()
-        self._offline = False
-        self._conn = mqtt.Connection(
-            client=mqtt.Client(None, None),
-            host_name=host,
-            port=port,
-            client_id=self.client_id,
-            clean_session=True,
-            keep_alive_secs=60,
-            reconnect_min_timeout_secs=1,
-            reconnect_max_timeout_secs=5,
-            on_connection_resumed=self._on_resumed,
-        )
-        self._conn.on_message(self._on_message)
-        self._port = port
         try:
-            self._conn.connect().result(timeout)
-        except Exception as exc:
+            self.pubsub = MqttPubSub.connect_tcp(host, port, client_id=self.client_id, timeout_s=timeout)
+        except TransportError as exc:
             raise BrokerError(f"cannot connect to the broker at {host}:{port}: {exc}") from exc
-        set_tcp_nodelay(frozenset(), port)
-
-    def _on_resumed(self, return_code: Any, session_present: bool, **_: Any) -> None:
-        set_tcp_nodelay(frozenset(), self._port)
-        if not session_present:
-            log.info("reconnected to the broker: subscribing again")
-            self._conn.resubscribe_existing_topics()
-
-    def _on_message(self, topic: str, payload: bytes, **_: Any) -> None:
-        message = Message(topic, bytes(payload), "iot")
-        with self._lock:
-            handlers = [h for f, h in self._subs if topic_matches(subscription_topic_filter(f), topic)]
-        for handler in handlers:
-            try:
-                handler(message)
-            except Exception:
-                log.exception("MQTT handler for %s failed", topic)
-
-    def add_handler(
-        self, topic_filter: str, handler: Callable[[Message], None], qos: int = 1
-    ) -> Callable[[], None]:
-        entry = (topic_filter, handler)
-        with self._lock:
-            self._subs.append(entry)
-            first = sum(1 for f, _ in self._subs if f == topic_filter) == 1
-        if first and not self._offline:
-            future, _ = self._conn.subscribe(topic_filter, self._mqtt.QoS(min(qos, 1)))
-            future.result(self.timeout)
-
-        def remove() -> None:
-            with self._lock:
-                if entry not in self._subs:
-                    return
-                self._subs.remove(entry)
-                last = not any(f == topic_filter for f, _ in self._subs)
-            if last and not self._offline:
-                with contextlib.suppress(Exception):
-                    self._conn.unsubscribe(topic_filter)[0].result(self.timeout)
-
-        return remove
 
     def subscribe(self, topic_filter: str, qos: int = 1) -> Inbox:
         inbox = Inbox(topic_filter, "iot")
-        inbox._closer = self.add_handler(topic_filter, inbox.put, qos)
+        inbox._closer = self.pubsub.subscribe(topic_filter, inbox.put, qos=min(qos, 1)).close
         return inbox
 
-    def publish(self, topic: str, payload: bytes | str, qos: int = 1, retain: bool = False) -> None:
+    def publish(
+        self,
+        topic: str,
+        payload: bytes | str,
+        qos: int = 1,
+        retain: bool = False,
+        properties: MqttProperties | None = None,
+    ) -> None:
         data = payload.encode() if isinstance(payload, str) else bytes(payload)
-        future, _ = self._conn.publish(topic, data, self._mqtt.QoS(min(qos, 1)), retain)
-        if qos:
-            future.result(self.timeout)
-
-    @property
-    def online(self) -> bool:
-        return not self._offline
-
-    def go_offline(self) -> None:
-        """Drop the connection (no automatic reconnect) until `go_online()`."""
-        self._offline = True
-        with contextlib.suppress(Exception):
-            self._conn.disconnect().result(self.timeout)
-
-    def go_online(self) -> None:
-        """Connect again and subscribe again to every filter that has handlers."""
-        self._conn.connect().result(self.timeout)
-        set_tcp_nodelay(frozenset(), self._port)
-        self._offline = False
-        with self._lock:
-            filters = {f for f, _ in self._subs}
-        for topic_filter in filters:
-            self._conn.subscribe(topic_filter, self._mqtt.QoS.AT_LEAST_ONCE)[0].result(self.timeout)
-
-    def publish_async(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> Any:
-        return self._conn.publish(topic, bytes(payload), self._mqtt.QoS(min(qos, 1)), retain)[0]
+        if retain:
+            self.pubsub.publish_future(
+                topic, data, qos=min(qos, 1), retain=True, properties=properties
+            ).result(self.pubsub.operation_timeout_s)
+        else:
+            self.pubsub.publish(topic, data, qos=min(qos, 1), properties=properties)
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._conn.disconnect().result(self.timeout)
+        self.pubsub.close()
 
-    def __enter__(self) -> MqttClient:
+    def __enter__(self) -> CloudClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -3,6 +3,9 @@
 Shapes are (de)serialized with the awsiotsdk's own model classes, so the JSON is exactly what
 `GreengrassCoreIPCClientV2` sends and expects. The nucleus behaviour behind each operation lives in
 `edgeinfer.sim.core.Nucleus`; this module does the wire: connect/auth, streams, replies, errors.
+An operation of the model without a handler is answered with the modeled ServiceError the nucleus
+sends ("Operation aws.greengrass#X is not supported by Greengrass"); one outside the model with an
+error that carries no model type.
 """
 
 from __future__ import annotations
@@ -205,6 +208,8 @@ class Connection:
         log.debug("IPC client connected as %s", component)
 
     def _reply_error(self, sid: int, shape: Any) -> None:
+        if shape._model_name().partition("#")[2] in self.nucleus.profile.empty_error_messages:
+            shape.message = ""  # nucleus lite sends these without a text
         self.send(
             {
                 ":message-type": es.APPLICATION_ERROR,
@@ -217,7 +222,7 @@ class Connection:
         )
 
     def _reply_unsupported(self, sid: int, operation: str) -> None:
-        # What the nucleus's event-stream server sends for an operation it has no handler for:
+        # What the nucleus's event-stream server sends for an operation that is not in its model:
         # an error without a service-model-type (the Python client sees the stream close).
         payload = json.dumps(
             {"error": "Unsupported Operation", "message": f"{operation} is an unsupported operation."}
@@ -234,9 +239,15 @@ class Connection:
 
     async def _on_operation(self, sid: int, operation: str, frame: es.Frame) -> None:
         op_type = OPERATIONS.get(operation)
-        handler = self.nucleus.ipc_handlers.get(operation)
-        if op_type is None or handler is None:
+        if op_type is None:
             self._reply_unsupported(sid, operation)
+            return
+        handler = self.nucleus.ipc_handlers.get(operation)
+        if handler is None:
+            # The nucleus registers a handler for every operation of its model; those it does not
+            # implement answer with this modeled error (classic's UnsupportedOperationHandler).
+            message = f"Operation {operation} is not supported by Greengrass"
+            self._reply_error(sid, model.ServiceError(message=message))
             return
         try:
             body = codec.loads(frame.payload) if frame.payload else {}

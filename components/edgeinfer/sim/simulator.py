@@ -23,8 +23,9 @@ from edgeinfer.greengrass import nuclei
 from edgeinfer.greengrass.nuclei import NucleusProfile
 from edgeinfer.greengrass.recipe import RecipeError, apply_reset, deep_merge, load_recipes, resolve
 from edgeinfer.messages import is_thing_name
-from edgeinfer.sim.broker import Inbox, MosquittoBroker, MqttClient, parse_hostport
-from edgeinfer.sim.core import BROKEN, Nucleus, Options
+from edgeinfer.sim.broker import CloudClient, Inbox, MosquittoBroker, parse_hostport
+from edgeinfer.sim.core import BROKEN, Deferral, Nucleus, Options
+from edgeinfer.sim.iot_bridge import IotBridge
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +120,8 @@ class Simulator:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._owned_broker: MosquittoBroker | None = None
-        self._bridge: MqttClient | None = None
-        self._clients: list[MqttClient] = []
+        self._bridge: IotBridge | None = None
+        self._clients: list[CloudClient] = []
         self._tmp_dirs: list[str] = []
         self.root: Path = Path()
         self.socket_path = ""
@@ -130,8 +131,10 @@ class Simulator:
     # ------------------------------------------------------------ start / stop
 
     def start(self) -> Simulator:
-        index = load_recipes(self.recipes_dir)
+        index = load_recipes(self.recipes_dir, reader=nuclei.reader(self.nucleus))
         order = resolve(index, self.components)
+        for recipe in order:  # nucleus lite keeps YAML scalars as strings
+            recipe.default_config = nuclei.typed_defaults(recipe.default_config, self.nucleus)
         names = {r.name for r in order}
         for name in list(self.config_merge) + list(self.config_reset):
             if name not in names:
@@ -185,8 +188,8 @@ class Simulator:
                 self.broker = self._owned_broker.address
             else:
                 self.broker = (self._broker_arg[0], int(self._broker_arg[1]))
-            self._bridge = MqttClient(
-                *self.broker, client_id=f"{self.thing}-{os.getpid()}-{id(self) % 10000}"
+            self._bridge = IotBridge(
+                *self.broker, client_id=f"{self.thing}-{os.getpid()}-{id(self) % 10000}", profile=self.nucleus
             )
             nucleus.bridge = self._bridge
             for name, comp in nucleus.components.items():
@@ -428,9 +431,9 @@ class Simulator:
 
     # ------------------------------------------------------------ clients
 
-    def cloud_client(self, client_id: str | None = None) -> MqttClient:
+    def cloud_client(self, client_id: str | None = None) -> CloudClient:
         """An MQTT client on the broker, as a cloud application on IoT Core would be. Closed at stop()."""
-        client = MqttClient(*self.broker, client_id=client_id)
+        client = CloudClient(*self.broker, client_id=client_id)
         self._clients.append(client)
         return client
 
@@ -442,8 +445,9 @@ class Simulator:
     def iot_outage(self) -> Iterator[None]:
         """The device loses IoT Core (the broker stays up for the cloud side) inside the `with` block.
 
-        PublishToIoTCore fails with ServiceError meanwhile (the nucleus's spooler is not simulated);
-        IoT Core subscriptions are made again on the way back.
+        On classic, QoS 1 publishes wait in the spooler meanwhile (up to 2.5 MiB) and go out on the way
+        back; QoS 0 ones are refused with a ServiceError, as every publish is on lite. IoT Core
+        subscriptions are made again on the way back.
         """
         if self._bridge is None:
             raise SimError("the simulated core is not running: call start() first")
@@ -497,3 +501,45 @@ class Simulator:
         ).result(timeout)
         if reason is not None:
             raise SimError(f"configuration update of {component} rejected: {reason}")
+
+    # ------------------------------------------------------------ deployments
+
+    @property
+    def warnings(self) -> list[str]:
+        """What the core said it did differently from a nucleus (e.g. a component not run as the
+        component user because that user cannot read its interpreter)."""
+        return list(self._nucleus.warnings) if self._nucleus is not None else []
+
+    def update_component(
+        self,
+        component: str,
+        merge: Mapping[str, Any] | None = None,
+        reset: Sequence[str] | None = None,
+        *,
+        restart: bool = True,
+        policy_timeout: float = 60.0,
+        timeout: float = 300.0,
+    ) -> list[Deferral]:
+        """Deploy an update of `component` as the nucleus does under the NOTIFY_COMPONENTS update
+        policy: every component subscribed to component updates gets a PreComponentUpdateEvent and
+        may defer it (DeferComponentUpdate with recheckAfterMs: asked again after that long); each
+        round waits up to `policy_timeout` for answers. Then the configuration changes (validators
+        first), the component restarts (`restart`), and a PostComponentUpdateEvent follows.
+
+        Returns the deferrals made, in order. SimError when a validator rejects the configuration.
+        """
+        nucleus = self._need()
+        if component not in nucleus.components:
+            raise SimError(f"component {component} is not deployed")
+        assert self._loop is not None
+        _id, deferrals, rejected = asyncio.run_coroutine_threadsafe(
+            nucleus.update_component(component, merge, reset, restart=restart, policy_timeout=policy_timeout),
+            self._loop,
+        ).result(timeout)
+        if rejected is not None:
+            raise SimError(f"update of {component} rejected: {rejected}")
+        return deferrals
+
+    def pending_iot_publishes(self) -> tuple[int, int]:
+        """(messages, bytes) the IoT bridge's spooler holds that IoT Core has not acknowledged."""
+        return self._bridge.pending() if self._bridge is not None else (0, 0)

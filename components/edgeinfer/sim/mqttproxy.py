@@ -1,0 +1,97 @@
+"""PublishToIoTCore and SubscribeToIoTCore (the nucleus's `MqttProxyIPCAgent`) over the IoT bridge.
+
+MQTT 5 properties (content type, correlation data, response topic, user properties, expiry, payload
+format) pass through both ways, converted by the same functions as the component side's IPC bus.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from awsiot.greengrasscoreipc import model
+
+from edgeinfer.sim import ipc_server as ipc
+from edgeinfer.sim.iot_bridge import LoopHandoff, PublishRefusedError
+from edgeinfer.transport.base import Message
+from edgeinfer.transport.ipc import _properties as request_properties
+from edgeinfer.transport.ipc import _sdk_properties as sdk_properties
+
+if TYPE_CHECKING:
+    from edgeinfer.sim.core import Nucleus
+
+MQTTPROXY = "aws.greengrass.ipc.mqttproxy"
+PUBLISH_TIMEOUT_S = 10.0
+
+
+class MqttProxy:
+    def __init__(self, nucleus: Nucleus) -> None:
+        self.nucleus = nucleus
+        self.handoff: LoopHandoff | None = None
+
+    def handlers(self) -> dict[str, Callable[..., Any]]:
+        return {
+            "aws.greengrass#PublishToIoTCore": self._publish,
+            "aws.greengrass#SubscribeToIoTCore": self._subscribe,
+        }
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.handoff = LoopHandoff(loop)
+
+    async def _publish(self, conn: ipc.Connection, req: Any, stream: ipc.Stream) -> Any:
+        topic = req.topic_name or ""
+        if not topic:
+            raise ipc.invalid("topicName is required")
+        assert conn.component is not None
+        self.nucleus.auth.authorize(conn.component, MQTTPROXY, "aws.greengrass#PublishToIoTCore", topic)
+        bridge = self.nucleus.bridge
+        if bridge is None:
+            raise ipc.service_error(f"Publish to topic {topic} failed with error IoT Core is not connected")
+        payload = req.payload or b""
+        if isinstance(payload, str):
+            payload = payload.encode()
+        qos = 1 if str(req.qos or "1") == "1" else 0
+        try:
+            future = bridge.publish(topic, payload, qos, bool(req.retain), request_properties(req))
+        except PublishRefusedError as exc:
+            raise ipc.service_error(f"Publish to topic {topic} failed with error {exc}") from None
+        if not future.done():
+            try:
+                await asyncio.wait_for(asyncio.wrap_future(future), PUBLISH_TIMEOUT_S)
+            except Exception as exc:
+                raise ipc.service_error(f"Publish to topic {topic} failed with error {exc}") from exc
+        return model.PublishToIoTCoreResponse()
+
+    async def _subscribe(self, conn: ipc.Connection, req: Any, stream: ipc.Stream) -> Any:
+        topic = req.topic_name or ""
+        if not topic:
+            raise ipc.invalid("topicName is required")
+        assert conn.component is not None
+        self.nucleus.auth.authorize(conn.component, MQTTPROXY, "aws.greengrass#SubscribeToIoTCore", topic)
+        bridge, handoff = self.nucleus.bridge, self.handoff
+        if bridge is None or handoff is None:
+            raise ipc.service_error(f"Subscribe to topic {topic} failed with error IoT Core is not connected")
+
+        def on_message(message: Message) -> None:
+            props = sdk_properties(message.properties) if message.properties is not None else {}
+            event = model.IoTCoreMessage(
+                message=model.MQTTMessage(topic_name=message.topic, payload=message.payload, **props)
+            )
+            handoff.call(stream.send_event, event)
+
+        qos = 1 if str(req.qos or "1") == "1" else 0
+        loop = asyncio.get_running_loop()
+        try:
+            remove = await loop.run_in_executor(None, bridge.subscribe, topic, on_message, qos)
+        except Exception as exc:
+            raise ipc.service_error(f"Subscribe to topic {topic} failed with error {exc}") from exc
+        if stream.closed:
+            remove()
+        else:
+            stream.on_close.append(lambda: _discard(loop.run_in_executor(None, remove)))
+        return model.SubscribeToIoTCoreResponse()
+
+
+def _discard(_result: object) -> None:
+    """Fire and forget."""

@@ -1,0 +1,124 @@
+"""Local publish/subscribe: PublishToTopic and SubscribeToTopic (the nucleus's `PubSubIPCEventStreamAgent`).
+
+Subscribers receive their own publishes unless they subscribed with RECEIVE_MESSAGES_FROM_OTHERS;
+tests subscribe with plain callbacks next to the components (no authorization).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from awsiot.greengrasscoreipc import model
+
+from edgeinfer import codec
+from edgeinfer.sim import ipc_server as ipc
+from edgeinfer.transport.base import Message, topic_matches
+
+if TYPE_CHECKING:
+    from edgeinfer.sim.core import Nucleus
+
+PUBSUB = "aws.greengrass.ipc.pubsub"
+
+
+@dataclass(eq=False)
+class LocalSub:
+    topic_filter: str
+    component: str | None
+    from_others_only: bool
+    stream: ipc.Stream | None = None
+    callback: Callable[[Message], None] | None = None
+
+
+def remove(items: list[Any], item: Any) -> None:
+    with contextlib.suppress(ValueError):
+        items.remove(item)
+
+
+class LocalPubSub:
+    def __init__(self, nucleus: Nucleus) -> None:
+        self.nucleus = nucleus
+        self.subs: list[LocalSub] = []
+
+    def handlers(self) -> dict[str, Callable[..., Any]]:
+        return {
+            "aws.greengrass#PublishToTopic": self._publish_to_topic,
+            "aws.greengrass#SubscribeToTopic": self._subscribe_to_topic,
+        }
+
+    def publish(self, topic: str, kind: str, value: Any, source: str | None) -> None:
+        matching = [s for s in self.subs if topic_matches(s.topic_filter, topic)]
+        if not matching:
+            return
+        if kind == "json":
+            event = model.SubscriptionResponseMessage(
+                json_message=model.JsonMessage(message=value, context=model.MessageContext(topic=topic))
+            )
+            raw = codec.dumps(value).encode() if any(s.callback for s in matching) else b""
+            payload = codec.dumps(event._to_payload()).encode()
+        else:
+            raw = value
+            payload = binary_event_payload(topic, value)
+        message = Message(topic, raw, "local")
+        for sub in matching:
+            if sub.from_others_only and source is not None and sub.component == source:
+                continue
+            if sub.stream is not None:
+                sub.stream.send_raw("aws.greengrass#SubscriptionResponseMessage", payload)
+            elif sub.callback is not None:
+                sub.callback(message)
+
+    def add_callback(self, topic_filter: str, callback: Callable[[Message], None]) -> Callable[[], None]:
+        sub = LocalSub(topic_filter, None, False, callback=callback)
+        self.subs.append(sub)
+        return lambda: remove(self.subs, sub)
+
+    async def _publish_to_topic(self, conn: ipc.Connection, req: Any, stream: ipc.Stream) -> Any:
+        topic = req.topic or ""
+        if not topic:
+            raise ipc.invalid("topic is required")
+        if "+" in topic or "#" in topic:
+            raise ipc.invalid(f"cannot publish to a topic filter with wildcards: {topic}")
+        assert conn.component is not None
+        self.nucleus.auth.authorize(conn.component, PUBSUB, "aws.greengrass#PublishToTopic", topic)
+        msg = req.publish_message
+        if msg is None or (msg.json_message is None and msg.binary_message is None):
+            raise ipc.invalid("publishMessage needs a jsonMessage or a binaryMessage")
+        if msg.json_message is not None:
+            self.publish(topic, "json", msg.json_message.message, conn.component)
+        else:
+            self.publish(topic, "binary", msg.binary_message.message or b"", conn.component)
+        return model.PublishToTopicResponse()
+
+    async def _subscribe_to_topic(self, conn: ipc.Connection, req: Any, stream: ipc.Stream) -> Any:
+        topic = req.topic or ""
+        if not topic:
+            raise ipc.invalid("topic is required")
+        assert conn.component is not None
+        self.nucleus.auth.authorize(conn.component, PUBSUB, "aws.greengrass#SubscribeToTopic", topic)
+        sub = LocalSub(
+            topic, conn.component, req.receive_mode == "RECEIVE_MESSAGES_FROM_OTHERS", stream=stream
+        )
+        self.subs.append(sub)
+        stream.on_close.append(lambda: remove(self.subs, sub))
+        return model.SubscribeToTopicResponse(topic_name=topic)
+
+
+def binary_event_payload(topic: str, message: bytes) -> bytes:
+    """A SubscriptionResponseMessage carrying a binary message, as the SDK's model classes write it.
+
+    Spliced rather than built through `_to_payload` + `json.dumps`: for a 90 KB image those cost 1.2 ms
+    of the nucleus's CPU per delivery, this ~10 µs (base64 needs no JSON escaping).
+    """
+    return b"".join(
+        (
+            b'{"binaryMessage":{"message":"',
+            codec.b64encode(message),
+            b'","context":',
+            json.dumps({"topic": topic}).encode(),
+            b"}}",
+        )
+    )
