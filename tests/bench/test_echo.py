@@ -13,7 +13,8 @@ from edgeinfer.messages import ErrorCode, Result
 from edgeinfer.sim import MosquittoBroker, Simulator
 from edgeinfer.transport import MemoryBus, Message, TransportError
 from edgeinfer_bench.echo import PROVIDER, Echo, echo_infer_topic, echo_result_topic, main
-from edgeinfer_bench.runtime import CLIENT, COMPONENT, ECHO, THING, Driver, prepare_device, request_payloads
+from edgeinfer_bench.requests import request_templates
+from edgeinfer_bench.runtime import CLIENT, COMPONENT, ECHO, THING, Driver, prepare_device
 from tests.helpers.images import solid_jpeg
 
 
@@ -114,7 +115,7 @@ def test_echo_component_on_the_simulated_core(
         )
         try:
             driver = Driver(
-                bus, "local", THING, request_payloads([solid_jpeg((120, 80, 40), (640, 480))]), echo=True
+                bus, "local", THING, request_templates([solid_jpeg((120, 80, 40), (640, 480))]), echo=True
             )
             rids = [driver.send() for _ in range(3)]
             assert all(driver.wait(rid, timeout=30) > 0 for rid in rids)
