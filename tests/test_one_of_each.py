@@ -70,3 +70,15 @@ def test_one_request_encoder() -> None:
     # never as a dict with a base64 image written by hand.
     assert _places(r'"image":\s*\w*\.?b64encode') == []
     assert _files(_places(r'"__ID__"')) == ["bench/edgeinfer_bench/requests.py"]
+
+
+def test_one_mqtt_client() -> None:
+    # An MQTT connection is edgeinfer.transport.mqtt.MqttPubSub (the simulator's IoT bridge and the
+    # tests' cloud side included): no other code builds an awscrt client or connection. The one
+    # exception is the IPC benchmark's baseline, which measures bare awscrt on purpose.
+    builders = r"\bmqtt5?\.(?:Client|Connection)\(|mqtt_connection_builder|mqtt5_client_builder\."
+    assert _files(_places(builders)) == [
+        "bench/edgeinfer_bench/sim.py",
+        "components/edgeinfer/transport/mqtt.py",
+    ]
+    assert _places(r"^class \w*Mqtt\w*Client\b") == []
