@@ -108,16 +108,6 @@ def test_recipe_problems_name_the_file_in_one_line(tmp_path: Path) -> None:
     assert load_recipes(tmp_path)["com.example.A"].version == "1.0.0"  # any platform's manifests
 
 
-def test_gdk_build_of_one_component(artifacts: Path, tmp_path: Path) -> None:
-    out = tmp_path / "components" / "model" / "greengrass-build"
-    bundle = build_bundle(ROOT, artifacts_dir=artifacts, out_dir=out, gdk="com.edgeinfer.ModelStore")
-    assert [c.name for c in bundle.components] == ["com.edgeinfer.ModelStore"]
-    assert sorted(p.name for p in (out / "recipes").iterdir()) == ["recipe.yaml"]
-    files = sorted(p.name for p in (out / "artifacts" / "com.edgeinfer.ModelStore" / "0.1.0").iterdir())
-    assert "manifest.json" in files
-    assert "model_fp32.onnx" in files
-
-
 def test_wheelhouse_ships_as_an_unarchived_installer_artifact(artifacts: Path, tmp_path: Path) -> None:
     house = tmp_path / "house"
     house.mkdir()

@@ -19,7 +19,14 @@ Outputs:
   `edgeinfer publish` or `gdk component publish` fills them in);
 - `greengrass-build/artifacts/<Component>/<Version>/`: hard links of the artifacts (GDK layout);
 - with `--gdk COMPONENT` (what each folder's gdk-config.json runs): `./greengrass-build/` holds that one
-  component, its recipe named `recipe.yaml`, as `gdk component build` expects of a custom build.
+  component with its recipe under the name `gdk component publish` reads (see `gdk_project`); at the
+  project root, where `gdk component build` first deletes `greengrass-build/`, the whole bundle is
+  written back beside it, so the two coexist.
+
+Before anything is written the recipes are checked against both nuclei (`check_recipes`, what
+`edgeinfer build --check` prints): a recipe that the classic nucleus or nucleus lite would refuse is not
+built. The project's version is `edgeinfer.__version__` alone: the recipes name it by
+`{edgeinfer:version}` (stamped as they are read), and a build writes it into every gdk-config.json.
 
 Writes happen only when content changed, so a second build is a quick no-op.
 """
@@ -34,7 +41,7 @@ import os
 import shutil
 import tempfile
 import zipfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,18 +52,25 @@ from edgeinfer.bundle.wheel import build_wheel
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.files import atomic_write, check_replaceable, new_parents, sha256_file
 from edgeinfer.greengrass import recipe as gg_recipe
+from edgeinfer.greengrass.nuclei import Finding, check_recipe
 from edgeinfer.greengrass.recipe import RecipeError, artifact_filename, cget
 
 __all__ = [
     "MODEL_STORE",
+    "NUCLEI",
     "RUNTIME_INSTALLER",
     "Artifact",
     "BuildError",
     "Bundle",
     "Component",
+    "GdkProject",
+    "RecipeCheck",
     "build_bundle",
+    "check_recipes",
     "dependency_order",
     "find_project",
+    "gdk_config_files",
+    "gdk_project",
     "load_recipes",
     "lower_keys",
     "schema",
@@ -70,6 +84,8 @@ RUNTIME_INSTALLER = "com.edgeinfer.RuntimeInstaller"
 WHEELHOUSE_ZIP = "wheelhouse.zip"
 PLACEHOLDER_PREFIX = "s3://BUCKET_NAME/COMPONENT_NAME/COMPONENT_VERSION/"
 _SCHEMAS = Path(__file__).parent / "schemas"
+NUCLEI = ("classic", "lite")
+GDK_CONFIG = "gdk-config.json"
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 
 
@@ -224,6 +240,104 @@ def dependency_order(components: Mapping[str, Component]) -> list[str]:
         raise BuildError(str(exc)) from None
 
 
+# ------------------------------------------------------------------------------------ nucleus checks
+
+
+@dataclass(frozen=True)
+class RecipeCheck:
+    """What each nucleus would refuse in one source recipe (`edgeinfer build --check`)."""
+
+    name: str
+    file: Path
+    findings: dict[str, list[Finding]]  # nucleus ("classic", "lite") → findings, in file order
+
+    @property
+    def ok(self) -> bool:
+        return not any(self.findings.values())
+
+
+def check_recipes(root: Path, nuclei: Sequence[str] = NUCLEI) -> list[RecipeCheck]:
+    """Every recipe of `<root>/recipes/` against each nucleus (`edgeinfer.greengrass.nuclei`), by name."""
+    try:
+        sources = gg_recipe.read_sources(root / "recipes")
+        return [
+            RecipeCheck(name, src.file, {n: check_recipe(src, n, sources) for n in nuclei})
+            for name, src in sorted(sources.items())
+        ]
+    except RecipeError as exc:
+        raise BuildError(str(exc)) from None
+
+
+# ---------------------------------------------------------------------------------------------- GDK
+
+
+@dataclass(frozen=True)
+class GdkProject:
+    """A GDK component folder as the GDK CLI (v1.6.2) reads it.
+
+    `GDKProject` takes the first component of gdk-config.json and exactly one of `recipe.json` /
+    `recipe.yaml` in the folder, resolved (a symlink becomes its target). `gdk component publish`
+    then reads `greengrass-build/recipes/<that resolved file's name>`, uploads
+    `greengrass-build/artifacts/<component>/<version>/*` and writes
+    `greengrass-build/recipes/<component>-<version>.<ext>`: a custom build must leave the first two.
+    """
+
+    folder: Path
+    config_file: Path
+    component: str
+    version: str
+    recipe_file: Path  # resolved
+
+    @property
+    def build_recipe_name(self) -> str:
+        return self.recipe_file.name
+
+
+def gdk_project(folder: Path) -> GdkProject:
+    """The GDK project of `folder`; BuildError (one line) where GDK itself would fail."""
+    config_file = folder / GDK_CONFIG
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+        component, settings = next(iter(config["component"].items()))
+        version = str(settings["version"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, StopIteration) as exc:
+        raise BuildError(f"{config_file}: not a readable GDK configuration ({type(exc).__name__})") from None
+    found = [folder / n for n in ("recipe.json", "recipe.yaml") if (folder / n).exists()]
+    if len(found) != 1:
+        what = "both recipe.json and recipe.yaml" if found else "no recipe.json or recipe.yaml"
+        raise BuildError(f"{folder}: {what} (the GDK reads exactly one)")
+    return GdkProject(folder, config_file, str(component), version, found[0].resolve())
+
+
+def gdk_config_files(root: Path) -> list[Path]:
+    """The project's GDK folders' configurations: the root's and every component folder's."""
+    files = [root / GDK_CONFIG] if (root / GDK_CONFIG).is_file() else []
+    return files + sorted((root / "components").glob(f"**/{GDK_CONFIG}"))
+
+
+def stamp_gdk_configs(root: Path, versions: Mapping[str, str]) -> list[Path]:
+    """Write each component's version into the gdk-config.json files naming it; the changed files.
+
+    The GDK takes the version it publishes from there, so it follows `edgeinfer.__version__` too.
+    """
+    changed = []
+    for file in gdk_config_files(root):
+        try:
+            config = json.loads(file.read_text(encoding="utf-8"))
+            entries = config["component"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise BuildError(f"{file}: not a readable GDK configuration ({type(exc).__name__})") from None
+        dirty = False
+        for name, settings in entries.items() if isinstance(entries, dict) else ():
+            if name in versions and isinstance(settings, dict) and settings.get("version") != versions[name]:
+                settings["version"] = versions[name]
+                dirty = True
+        if dirty:
+            atomic_write(file, (json.dumps(config, indent=2) + "\n").encode())
+            changed.append(file)
+    return changed
+
+
 # --------------------------------------------------------------------------------------------- files
 
 
@@ -339,7 +453,9 @@ def _is_layout(path: Path, components: Iterable[str]) -> bool:
         return False
     recipes, artifacts = path / "recipes", path / "artifacts"
     for entry in recipes.iterdir() if recipes.is_dir() else ():
-        ours = entry.name == "recipe.yaml" or any(entry.name.startswith(f"{n}-") for n in names)
+        ours = entry.name in ("recipe.yaml", "recipe.json") or any(
+            entry.name.startswith(f"{n}-") or entry.name in (f"{n}.yaml", f"{n}.json") for n in names
+        )
         if not ours and entry.name not in _JUNK:
             return False
     return all(
@@ -348,14 +464,23 @@ def _is_layout(path: Path, components: Iterable[str]) -> bool:
     )
 
 
-def _write_layout(out_dir: Path, components: list[Component], recipe_names: Mapping[str, str]) -> None:
+def _write_layout(
+    out_dir: Path, components: list[Component], recipe_names: Mapping[str, Sequence[str]]
+) -> None:
     """Write greengrass-build/ beside itself, then swap it in (never a half-written layout)."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         for comp in components:
             (staging / "recipes").mkdir(parents=True, exist_ok=True)
-            (staging / "recipes" / recipe_names[comp.name]).write_bytes(_dump_recipe(comp.built_recipe()))
+            built = comp.built_recipe()
+            for recipe_name in recipe_names[comp.name]:
+                data = (
+                    (json.dumps(built, indent=2) + "\n").encode()
+                    if recipe_name.endswith(".json")
+                    else _dump_recipe(built)
+                )
+                (staging / "recipes" / recipe_name).write_bytes(data)
             (staging / "artifacts" / comp.name / comp.version).mkdir(parents=True, exist_ok=True)
             for art in comp.artifacts:
                 _link_or_copy(art.path, staging / "artifacts" / comp.name / comp.version / art.filename)
@@ -369,6 +494,24 @@ def _write_layout(out_dir: Path, components: list[Component], recipe_names: Mapp
         raise
 
 
+def _gdk_target(
+    gdk: str, gdk_dir: Path | None, out_dir: Path | None, project: Path, recipes: Mapping[str, Component]
+) -> tuple[Path, GdkProject, bool]:
+    """Where a GDK build of `gdk` writes, its GDK project, and whether that is the project's own
+    whole-bundle folder (the root's GDK folder)."""
+    folder = (gdk_dir or Path.cwd()).resolve()
+    gp = gdk_project(folder)
+    if gp.component != gdk:
+        raise BuildError(f"{gp.config_file}: is the GDK folder of {gp.component}, not of {gdk}")
+    if gp.version != recipes[gdk].version:
+        raise BuildError(
+            f"{gp.config_file}: version {gp.version}, but the bundle builds {gdk} {recipes[gdk].version} "
+            "(a plain 'edgeinfer build' writes the version there)"
+        )
+    target = (out_dir or folder / "greengrass-build").resolve()
+    return target, gp, target == (project / "greengrass-build").resolve()
+
+
 def build_bundle(
     root: Path | None = None,
     *,
@@ -376,10 +519,17 @@ def build_bundle(
     out_dir: Path | None = None,
     only: Iterable[str] | None = None,
     gdk: str | None = None,
+    gdk_dir: Path | None = None,
     wheelhouse: Path | None = None,
     check_schema: bool = True,
+    nuclei: Sequence[str] = NUCLEI,
 ) -> Bundle:
-    """Build every component (or `only` those / the `gdk` one) and return what was built."""
+    """Build every component (or `only` those / the `gdk` one) and return what was built.
+
+    `gdk` names the component of a GDK folder (`gdk_dir`, default the current folder: its
+    gdk-config.json and recipe.yaml); `nuclei` those the recipes must run on: a finding of
+    `check_recipes` is a BuildError (the first one, and how many) before anything is written.
+    """
     project = find_project(root) if root is None or not (root / "recipes").is_dir() else root.resolve()
     artifacts = (artifacts_dir or project / "artifacts").resolve()
     recipes = load_recipes(project)
@@ -397,23 +547,34 @@ def build_bundle(
         for dep in comp.dependencies:
             if dep.startswith("com.edgeinfer.") and dep not in recipes:
                 raise BuildError(f"{comp.recipe_file}: depends on {dep}, which has no recipe in recipes/")
+    refused = [f for check in check_recipes(project, nuclei) for fs in check.findings.values() for f in fs]
+    if refused:
+        more = f"; {len(refused)} findings in all" if len(refused) > 1 else ""
+        raise BuildError(f"{refused[0]}{more} ('edgeinfer build --check' lists them)")
+    names: dict[str, list[str]] = {}
+    if gdk:
+        target, gp, whole = _gdk_target(gdk, gdk_dir, out_dir, project, recipes)
+        if whole:
+            # The project root: `gdk component build` has just deleted the whole-bundle layout.
+            # Write it back, with this component's recipe also under the name publish reads.
+            wanted = set()
+            names[gdk] = [f"{gdk}-{recipes[gdk].version}.yaml", gp.build_recipe_name]
+        else:
+            names[gdk] = [gp.build_recipe_name]
+    else:
+        target = (out_dir or project / "greengrass-build").resolve()
     order = [n for n in dependency_order(recipes) if not wanted or n in wanted]
+    components = [recipes[name] for name in order]
+    for comp in components:
+        names.setdefault(comp.name, [f"{comp.name}-{comp.version}.yaml"])
     needs_wheel = any(
         artifact_filename(str(cget(a, "URI") or "")).startswith("edgeinfer-")
         for n in order
         for m in (cget(recipes[n].recipe, "Manifests") or [])
         for a in (cget(m, "Artifacts") or [])
     )
-    wheel = build_wheel(project) if needs_wheel else None
     if wheelhouse is not None and not wheelhouse.is_dir():
         raise BuildError(f"wheelhouse {wheelhouse} is not a folder")
-    components = [recipes[name] for name in order]
-    if gdk:
-        target = (out_dir or Path.cwd() / "greengrass-build").resolve()
-        names = {gdk: "recipe.yaml"}
-    else:
-        target = (out_dir or project / "greengrass-build").resolve()
-        names = {c.name: f"{c.name}-{c.version}.yaml" for c in components}
     written = artifacts
     try:  # an OSError here: an output folder that cannot be created or written
         check_replaceable(
@@ -421,6 +582,10 @@ def build_bundle(
             "a bundle layout of this project's components",
             lambda p: _is_layout(p, recipes),
         )
+        if not gdk:
+            for file in stamp_gdk_configs(project, {c.name: c.version for c in recipes.values()}):
+                log.warning("%s: the GDK publishes the version written there: set to the bundle's", file)
+        wheel = build_wheel(project) if needs_wheel else None
         for comp in components:
             comp.artifacts = _artifacts_for(comp, artifacts, wheel, wheelhouse)
         written = target

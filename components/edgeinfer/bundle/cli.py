@@ -18,8 +18,21 @@ def register(subparsers: Any) -> None:
             "project for the code components, the model files written by 'edgeinfer model build' for "
             "the model store), the recipes with artifact digests and the GDK layout greengrass-build/. "
             "Then 'greengrass-cli deployment create --recipeDir recipes --artifactDir artifacts' works "
-            "as-is. Quick and idempotent."
+            "as-is. Quick and idempotent. The recipes are first checked against both Greengrass nuclei "
+            "(classic and lite): one that a nucleus would refuse is not built (--check lists why)."
         ),
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="only say, per recipe, what each nucleus would refuse (file:line: field: reason); exit 1 if any",
+    )
+    parser.add_argument(
+        "--nucleus",
+        action="append",
+        choices=["classic", "lite"],
+        default=[],
+        help="hold the recipes to this nucleus only (repeat; default: both)",
     )
     parser.add_argument("--project", type=Path, help="project root (default: found from the current folder)")
     parser.add_argument("--artifacts", type=Path, help="artifact folder (default: <project>/artifacts)")
@@ -30,7 +43,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--gdk",
         metavar="NAME",
-        help="GDK custom build of one component: ./greengrass-build/ with recipes/recipe.yaml",
+        help="GDK custom build of one component (what gdk-config.json runs): ./greengrass-build/ as "
+        "'gdk component publish' reads it",
     )
     parser.add_argument(
         "--wheelhouse",
@@ -41,9 +55,37 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from edgeinfer.bundle.build import build_bundle
+def _shown(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
+
+def check(args: argparse.Namespace) -> int:
+    from edgeinfer.bundle.build import NUCLEI, check_recipes, find_project
+
+    project = find_project(args.project)
+    nuclei = tuple(dict.fromkeys(args.nucleus)) or NUCLEI
+    refused = 0
+    for result in check_recipes(project, nuclei):
+        verdicts = ", ".join(f"{n} {'ok' if not result.findings[n] else 'refuses'}" for n in nuclei)
+        print(f"{_shown(result.file)}: {result.name}: {verdicts}")
+        for nucleus in nuclei:
+            for finding in result.findings[nucleus]:
+                refused += 1
+                line = f":{finding.line}" if finding.line else ""
+                print(f"  {_shown(finding.file)}{line}: {finding.field}: {finding.reason} ({nucleus})")
+    if refused:
+        print(f"{refused} finding(s): a nucleus would refuse these recipes", file=sys.stderr)
+    return 1 if refused else 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from edgeinfer.bundle.build import NUCLEI, build_bundle
+
+    if args.check:
+        return check(args)
     start = time.perf_counter()
     bundle = build_bundle(
         args.project,
@@ -52,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         only=args.component,
         gdk=args.gdk,
         wheelhouse=args.wheelhouse,
+        nuclei=tuple(dict.fromkeys(args.nucleus)) or NUCLEI,
     )
     for comp in bundle.components:
         size = sum(a.size for a in comp.artifacts)

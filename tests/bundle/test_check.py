@@ -1,0 +1,136 @@
+"""`edgeinfer build --check`: per recipe, what the classic nucleus and nucleus lite would refuse,
+with the file, the line and the reason; every `edgeinfer build` runs it first."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from edgeinfer import cli
+from edgeinfer.bundle.build import BuildError, build_bundle, check_recipes
+from tests.helpers import PROJECT
+
+# Each defect the project's recipes once had, one per line marked "# <- name".
+BAD = textwrap.dedent(
+    """\
+    RecipeFormatVersion: "2020-01-25"
+    ComponentName: com.example.Bad
+    ComponentVersion: "1.0.0"
+    ComponentDependencies:
+      com.example.Setup:  # <- hard
+        VersionRequirement: ">=1.0.0"
+        DependencyType: HARD
+    ComponentConfiguration:
+      DefaultConfiguration:
+        allowList: [{name: a}]
+    Manifests:
+      - Platform:  # <- runtime
+          os: linux
+        Lifecycle:
+          Run: >-  # <- case
+            python3 -m app --list '{configuration:/allowList}'
+            --model {com.example.Setup:artifacts:path}
+      - Platform:
+          os: darwin
+          runtime: "*"
+        Lifecycle:
+          run: app --other {com.example.Other:work:path}  # <- not-a-dependency
+      - Platform:
+          os: linux
+          runtime: "*"
+        Lifecycle:
+          run: python3 -m app --list '{configuration:/allowList}'  # <- list
+          install: cp {com.example.Setup:artifacts:path}/x .  # <- cross
+    """
+)
+SETUP = textwrap.dedent(
+    """\
+    RecipeFormatVersion: "2020-01-25"
+    ComponentName: com.example.Setup
+    ComponentVersion: "1.0.0"
+    Manifests:
+      - Platform:
+          os: linux
+          runtime: "*"
+        Lifecycle: {}  # <- artifacts-only
+    """
+)
+
+
+def line_of(text: str, mark: str) -> int:
+    (line,) = [i for i, t in enumerate(text.splitlines(), 1) if t.endswith(f"# <- {mark}")]
+    return line
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "recipes" / "com.example.Bad.yaml").write_text(BAD)
+    (tmp_path / "recipes" / "com.example.Setup.yaml").write_text(SETUP)
+    return tmp_path
+
+
+def test_the_projects_recipes_pass_for_both_nuclei() -> None:
+    checks = check_recipes(PROJECT)
+    assert {c.name for c in checks} == {
+        "com.edgeinfer.InferenceRuntime",
+        "com.edgeinfer.ModelStore",
+        "com.edgeinfer.RuntimeInstaller",
+        "com.edgeinfer.Telemetry",
+    }
+    assert [str(f) for c in checks for fs in c.findings.values() for f in fs] == []
+
+
+def test_each_defect_is_found_at_its_line(project: Path) -> None:
+    checks = {c.name: c for c in check_recipes(project)}
+    bad, setup = checks["com.example.Bad"], checks["com.example.Setup"]
+    assert setup.findings["classic"] == []
+    lite = [(f.line, f.reason) for f in bad.findings["lite"]]
+
+    def at(mark: str, words: str) -> None:
+        assert any(line == line_of(BAD, mark) and words in reason for line, reason in lite), (mark, lite)
+
+    at("runtime", 'Platform has no runtime "*"')
+    at("case", "lower case only: Run is not seen")
+    at("list", "{configuration:/allowList} is a list")
+    at("cross", "variables of another component are not supported")
+    at("hard", "HARD dependency on com.example.Setup, which has no run or startup step")
+    ((finding,),) = [setup.findings["lite"]]
+    assert finding.line == line_of(SETUP, "artifacts-only")
+    assert "never reaches FINISHED" in finding.reason
+    assert all(f.file == project / "recipes" / "com.example.Bad.yaml" for f in bad.findings["lite"])
+    (classic,) = bad.findings["classic"]  # classic reads any case, lists as JSON, its dependencies
+    assert classic.line == line_of(BAD, "not-a-dependency")
+    assert classic.reason == "{com.example.Other:work:path}: com.example.Other is not a direct dependency"
+
+
+def test_cli_check_says_per_recipe_and_exits_1(
+    project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(project)
+    assert cli.main(["build", "--check"]) == 1
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert lines[0] == "recipes/com.example.Bad.yaml: com.example.Bad: classic refuses, lite refuses"
+    assert f"  recipes/com.example.Bad.yaml:{line_of(BAD, 'runtime')}: Manifests[0].Platform: skipped" in out
+    assert "recipes/com.example.Setup.yaml: com.example.Setup: classic ok, lite refuses" in lines
+    assert err.strip().endswith("a nucleus would refuse these recipes")
+    assert cli.main(["build", "--check", "--nucleus", "classic"]) == 1
+    assert "lite" not in capsys.readouterr().out
+    (project / "recipes" / "com.example.Bad.yaml").unlink()
+    assert cli.main(["build", "--check", "--nucleus", "classic"]) == 0
+
+
+def test_the_project_check_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["build", "--check", "--project", str(PROJECT)]) == 0
+    assert capsys.readouterr().out.count("classic ok, lite ok") == 4
+
+
+def test_a_build_refuses_what_a_nucleus_would_refuse(project: Path, tmp_path: Path) -> None:
+    with pytest.raises(BuildError, match=r"com\.example\.Bad\.yaml:\d+: .*findings in all") as err:
+        build_bundle(project, artifacts_dir=tmp_path / "a", out_dir=tmp_path / "gb")
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "gb").exists()
