@@ -7,7 +7,12 @@ Set-up, all in one run:
   (`os.sched_setaffinity`); the router serves with the edge's own model store, one ORT thread each;
 * a round-trip time of 20–40 ms (uniform per message) injected between the edge and the broker:
   half on every offload the edge publishes, half on every answer it receives;
-* the edge's saturated throughput measured first (closed loop, no deadline);
+* the edge's saturated throughput measured first (closed loop, no deadline), then the router's
+  (closed loop straight to it, with the re-encoded images the edge offloads): the cloud gets at
+  least the edge's capacity (its own core, a batch that suits small images, `--routers` processes on
+  the shared subscription where there are cores for them), and each load reports the *ideal bound*,
+  the share an ideal placement could keep in time given the two capacities, min(1, (edge + cloud) /
+  load);
 * open-loop Poisson arrivals at 0.5×, 1×, 1.5× and 2× that throughput (the median of three runs,
   measured once before the first load),
   `deadline_ms` 100, each load with the policy off (the runtime as shipped: everything on the edge)
@@ -76,8 +81,15 @@ def register_bench(subparsers: Any) -> None:
     p.add_argument(
         "--router-batch-size",
         type=int,
-        default=2,
-        help="the router's (default 2: on one CPU core a batch of 8 alone takes most of the deadline)",
+        default=4,
+        help="the router's (default 4: offloads are re-encoded small, so a batch of 4 decodes and runs "
+        "well inside the deadline on one core)",
+    )
+    p.add_argument(
+        "--routers",
+        type=int,
+        default=1,
+        help="router processes on the shared subscription, each pinned to the cloud's cores (default 1)",
     )
     p.add_argument(
         "--policy",
@@ -451,6 +463,53 @@ def _pin(pid: int, cores: set[int]) -> None:
             log.warning("cannot pin %d to %s: %s", pid, sorted(cores), exc)
 
 
+def router_capacity(
+    client: Any,
+    images: list[bytes],
+    *,
+    image_side: int,
+    image_keep: int,
+    seconds: float = 3.0,
+    window: int = 16,
+) -> float:
+    """The routers' saturated throughput: a closed loop of `window` offloads straight to them (no
+    injected RTT), carrying the images as the edge sends them (re-encoded), answers per second."""
+    from edgeinfer.messages import OffloadOrigin, OffloadRequest, Request, offload_result_topic, offload_topic
+    from edgeinfer.runtime.placement.wire import reencode
+
+    thing = "bench-cloud-capacity"
+    wire = [reencode(img, image_side, keep=image_keep)[0] for img in images]
+    free = threading.Semaphore(window)
+    done = itertools.count()
+    answered = [0]
+
+    def on_answer(message: Any) -> None:
+        answered[0] = next(done) + 1
+        free.release()
+
+    sub = client.subscribe(offload_result_topic(thing), on_answer, qos=1)
+    try:
+        warm_end = time.perf_counter() + 1.0
+        start = end = 0.0
+        at_start = 0
+        for i in itertools.count():
+            if not free.acquire(timeout=10):
+                raise EdgeinferError("the router stopped answering while its capacity was measured")
+            now = time.perf_counter()
+            if not start and now >= warm_end:
+                start, at_start = now, answered[0]
+            if start and now - start >= seconds:
+                end = now
+                break
+            request = Request(id=f"cap-{i}", image=wire[i % len(wire)], top_k=1)
+            body = OffloadRequest(request, OffloadOrigin(thing)).to_json()
+            client.publish(offload_topic(thing), body, qos=1, wait=False)
+        time.sleep(0.5)  # the window's last answers, before the next measurement
+        return (answered[0] - at_start) / (end - start)
+    finally:
+        sub.close()
+
+
 def start_router(broker: str, model_dir: Path, cores: set[int], max_batch_size: int) -> subprocess.Popen[str]:
     cmd = [sys.executable, "-m", "edgeinfer", "cloud", "router", "--broker", broker]
     cmd += ["--model-dir", str(model_dir), "--threads", "1", "--workers", "1"]
@@ -585,6 +644,8 @@ def _run(args: argparse.Namespace) -> int:
         raise EdgeinferError("--loads: give positive load factors")
     if args.rounds < 1 or args.duration <= 0:
         raise EdgeinferError("--rounds must be at least 1 and --duration positive")
+    if args.routers < 1:
+        raise EdgeinferError("--routers must be at least 1")
     policies = {"on": policy_config("--policy", args.policy)}
     if args.compare is not None:
         policies["on-b"] = policy_config("--compare", args.compare)
@@ -611,7 +672,7 @@ def _run(args: argparse.Namespace) -> int:
     load_before = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="edgeinfer-bench-offload-"))
     broker = MosquittoBroker(work_dir=work / "mqtt").start()
-    router = None
+    routers: list[subprocess.Popen[str]] = []
     client = None
     delayed = None
     try:
@@ -619,7 +680,8 @@ def _run(args: argparse.Namespace) -> int:
             _pin(broker._proc.pid, cloud_cores)
         address = f"{broker.host}:{broker.port}"
         print(f"bench offload: broker {address}; router on core(s) {sorted(cloud_cores)}", file=sys.stderr)
-        router = start_router(address, model_dir, cloud_cores, args.router_batch_size)
+        for _ in range(args.routers):
+            routers.append(start_router(address, model_dir, cloud_cores, args.router_batch_size))
         client = MqttPubSub.connect_tcp(broker.host, broker.port, client_id="bench-edge")
         delayed = DelayedPubSub(client, rtt, seed=args.seed)
         bus = EdgeBus(delayed)
@@ -638,6 +700,19 @@ def _run(args: argparse.Namespace) -> int:
             + ")",
             file=sys.stderr,
         )
+        side, keep = edge.engine.input_size, edge.engine.detail
+        cloud_runs = [
+            router_capacity(client, images, image_side=side, image_keep=keep) for _ in range(SAT_RUNS)
+        ]
+        cloud_sat = statistics.median(cloud_runs)
+        print(
+            f"bench offload: cloud saturated throughput {cloud_sat:.1f} req/s with {args.routers} router(s)"
+            " (median of "
+            + ", ".join(f"{x:.1f}" for x in cloud_runs)
+            + ")"
+            + ("" if cloud_sat >= sat else ": less than the edge's, the cloud is no cloud here"),
+            file=sys.stderr,
+        )
         runs: list[dict[str, Any]] = []
         for k, factor in enumerate(loads):
             step_sat = sat
@@ -650,7 +725,9 @@ def _run(args: argparse.Namespace) -> int:
                 for n, ms in edge.engine.warmup_ms.items():  # seed a·n + b from the warm-up
                     policy.batch_finished(n, ms)
                 # Each placement takes only the answers to its own offloads (by request id).
-                placements[mode] = HybridPlacement(bus, THING, policy).start()
+                placements[mode] = HybridPlacement(
+                    bus, THING, policy, image_side=side, image_keep=keep
+                ).start()
             modes = ["off", *placements]
             rate = factor * step_sat
             trackers = {mode: Tracker() for mode in modes}
@@ -663,7 +740,9 @@ def _run(args: argparse.Namespace) -> int:
             owners: dict[int, list[int]] = {}
             if edge_cores and cloud_cores:
                 owners[min(edge_cores)] = [os.getpid()]
-                owners[min(cloud_cores)] = [router.pid] + ([broker._proc.pid] if broker._proc else [])
+                owners[min(cloud_cores)] = [r.pid for r in routers] + (
+                    [broker._proc.pid] if broker._proc else []
+                )
             use = CoreUse(owners)
             # Also per mode, segment by segment (arrivals and drain): the figures of both together
             # average an overloaded off segment with an on segment, and hide how busy each core is
@@ -703,12 +782,15 @@ def _run(args: argparse.Namespace) -> int:
                     + ")",
                     file=sys.stderr,
                 )
+            ideal = min(1.0, (step_sat + cloud_sat) / rate)
             for mode in modes:
                 row: dict[str, Any] = {
                     "load": factor,
                     "policy": mode,
                     "edge_saturated_rps": round(step_sat, 2),
                     "rate_rps": round(rate, 2),
+                    # the share an ideal placement could keep in time with both capacities
+                    "ideal_within_deadline": round(ideal, 4),
                     **summarize(trackers[mode], args.deadline_ms),
                     # both modes of a load share one measurement (their segments alternate)
                     "core_use": core_use,
@@ -741,6 +823,9 @@ def _run(args: argparse.Namespace) -> int:
             "duration_s": args.duration,
             "max_batch_size": args.max_batch_size,
             "router_batch_size": args.router_batch_size,
+            "routers": args.routers,
+            "cloud_saturated_rps": round(cloud_sat, 2),
+            "cloud_saturated_rps_runs": [round(x, 2) for x in cloud_runs],
             # the placement keys each policy ran with, over the recipe's defaults
             "policies": {mode: doc for mode, (_config, doc) in policies.items()},
             "edge_saturated_rps": round(sat, 2),
@@ -754,8 +839,9 @@ def _run(args: argparse.Namespace) -> int:
             delayed.close()
         if client is not None:
             client.close()
-        if router is not None:
+        for router in routers:
             router.send_signal(signal.SIGINT)
+        for router in routers:
             try:
                 router.wait(20)
             except subprocess.TimeoutExpired:
@@ -800,15 +886,23 @@ def targets(runs: list[dict[str, Any]]) -> dict[str, Any]:
         return next((r for r in runs if r["load"] == load and r["policy"] == policy), None)
 
     out: dict[str, Any] = {}
+    r = find(1.0, "on")
+    if r is not None:
+        out["1x_on_within_deadline_ge_99pct_none_lost"] = r["within_deadline"] >= 0.99 and r["lost"] == 0
     r = find(1.5, "on")
     if r is not None:
-        out["1.5x_on_within_deadline_ge_99pct_none_lost"] = r["within_deadline"] >= 0.99 and r["lost"] == 0
+        out["1.5x_on_within_deadline_ge_95pct_none_lost"] = r["within_deadline"] >= 0.95 and r["lost"] == 0
+        # The policy's own share: what it kept of what the two capacities allowed (the absolute
+        # target also measures the machine: a cloud short of capacity caps it).
+        out["1.5x_on_within_deadline_ge_0.95_of_ideal"] = (
+            r["within_deadline"] >= 0.95 * r["ideal_within_deadline"]
+        )
     r = find(2.0, "on")
     if r is not None:
         out["2x_on_every_request_answered_once"] = r["lost"] == 0 and r["duplicates"] == 0
     r = find(0.5, "on")
     if r is not None:
-        out["0.5x_on_nothing_offloaded"] = r["offload_share"] == 0
+        out["0.5x_on_at_most_2pct_offloaded"] = r["offload_share"] <= 0.02
     out["all_runs_exactly_once"] = all(x["lost"] == 0 and x["duplicates"] == 0 for x in runs)
     return out
 
@@ -818,11 +912,12 @@ def print_table(report: dict[str, Any]) -> None:
     from rich.table import Table
 
     table = Table(
-        title=f"offload: edge {report['edge_saturated_rps']:.0f} req/s saturated, deadline "
+        title=f"offload: edge {report['edge_saturated_rps']:.0f} req/s and cloud "
+        f"{report['cloud_saturated_rps']:.0f} req/s saturated, deadline "
         f"{report['deadline_ms']:g} ms, RTT {report['rtt_ms'][0]:g}-{report['rtt_ms'][1]:g} ms"
     )
-    for col in ("load", "policy", "req/s", "within deadline", "p50 ms", "p99 ms", "offloaded", "lost",
-                "dup", "errors"):  # fmt: skip
+    for col in ("load", "policy", "req/s", "within deadline", "ideal", "p50 ms", "p99 ms", "offloaded",
+                "lost", "dup", "errors"):  # fmt: skip
         table.add_column(col, justify="right")
     for r in report["runs"]:
         table.add_row(
@@ -830,6 +925,7 @@ def print_table(report: dict[str, Any]) -> None:
             r["policy"],
             f"{r['rate_rps']:.0f}",
             f"{100 * r['within_deadline']:.1f} %",
+            f"{100 * r['ideal_within_deadline']:.0f} %",
             f"{r['p50_ms']:.1f}",
             f"{r['p99_ms']:.1f}",
             f"{100 * r['offload_share']:.1f} %",
