@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from edgeinfer import __version__
 from tests.helpers.model_store import write_model_store
 
 
 @pytest.fixture
 def artifacts(tmp_path: Path) -> Path:
     folder = tmp_path / "artifacts"
-    write_model_store(folder / "com.edgeinfer.ModelStore" / "0.1.0")
+    write_model_store(folder / "com.edgeinfer.ModelStore" / __version__)
     return folder

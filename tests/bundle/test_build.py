@@ -15,12 +15,13 @@ import jsonschema
 import pytest
 import yaml
 
-from edgeinfer import cli
+from edgeinfer import __version__, cli
 from edgeinfer.bundle.build import BuildError, build_bundle, load_recipes, lower_keys, schema
 from tests.helpers import PROJECT as ROOT
 from tests.helpers.model_store import write_model_store
 
-WHEEL = "edgeinfer-0.1.0-py3-none-any.whl"
+V = __version__  # the one version: edgeinfer.__version__
+WHEEL = f"edgeinfer-{V}-py3-none-any.whl"
 
 
 def b64sha(path: Path) -> str:
@@ -33,7 +34,7 @@ def test_build_lays_out_artifacts_and_recipes_with_digests(artifacts: Path, tmp_
     names = [c.name for c in bundle.components]
     assert names.index("com.edgeinfer.ModelStore") < names.index("com.edgeinfer.InferenceRuntime")
     assert names.index("com.edgeinfer.RuntimeInstaller") < names.index("com.edgeinfer.InferenceRuntime")
-    assert (artifacts / "com.edgeinfer.RuntimeInstaller" / "0.1.0" / WHEEL).is_file()
+    assert (artifacts / "com.edgeinfer.RuntimeInstaller" / V / WHEEL).is_file()
     validator = jsonschema.Draft7Validator(schema("greengrass-recipe"))
     for comp in bundle.components:
         recipe_path = out / "recipes" / f"{comp.name}-{comp.version}.yaml"
@@ -53,7 +54,7 @@ def test_build_is_idempotent_and_deterministic(artifacts: Path, tmp_path: Path) 
     t0 = time.perf_counter()
     build_bundle(ROOT, artifacts_dir=artifacts, out_dir=out)
     first_s = time.perf_counter() - t0
-    wheel = artifacts / "com.edgeinfer.RuntimeInstaller" / "0.1.0" / WHEEL
+    wheel = artifacts / "com.edgeinfer.RuntimeInstaller" / V / WHEEL
     stamp, digest = wheel.stat().st_mtime_ns, b64sha(wheel)
     recipes_before = {p.name: p.read_bytes() for p in (out / "recipes").iterdir()}
     t0 = time.perf_counter()
@@ -82,7 +83,7 @@ def test_an_output_folder_that_cannot_be_written_is_one_clear_line(artifacts: Pa
 
 
 def test_a_model_file_that_does_not_match_its_manifest_is_refused(artifacts: Path, tmp_path: Path) -> None:
-    (artifacts / "com.edgeinfer.ModelStore" / "0.1.0" / "model_int8_cpu.onnx").write_bytes(b"tampered")
+    (artifacts / "com.edgeinfer.ModelStore" / V / "model_int8_cpu.onnx").write_bytes(b"tampered")
     with pytest.raises(BuildError, match=r"model_int8_cpu\.onnx"):
         build_bundle(ROOT, artifacts_dir=artifacts, out_dir=tmp_path / "gb")
 
@@ -118,11 +119,11 @@ def test_wheelhouse_ships_as_an_unarchived_installer_artifact(artifacts: Path, t
     bundle = build_bundle(ROOT, artifacts_dir=artifacts, out_dir=out, wheelhouse=house)
     comp = bundle.component("com.edgeinfer.RuntimeInstaller")
     assert [a.filename for a in comp.artifacts] == [WHEEL, "wheelhouse.zip"]
-    recipe = yaml.safe_load((out / "recipes" / "com.edgeinfer.RuntimeInstaller-0.1.0.yaml").read_text())
+    recipe = yaml.safe_load((out / "recipes" / f"com.edgeinfer.RuntimeInstaller-{V}.yaml").read_text())
     entry = recipe["Manifests"][0]["Artifacts"][-1]
     assert entry["URI"].endswith("/wheelhouse.zip")
     assert entry["Unarchive"] == "ZIP"
-    with zipfile.ZipFile(artifacts / "com.edgeinfer.RuntimeInstaller" / "0.1.0" / "wheelhouse.zip") as zf:
+    with zipfile.ZipFile(artifacts / "com.edgeinfer.RuntimeInstaller" / V / "wheelhouse.zip") as zf:
         assert zf.namelist() == ["tiny-1.0-py3-none-any.whl"]
 
 
@@ -130,7 +131,7 @@ def test_the_shipped_wheel_runs_the_installer_from_pythonpath(artifacts: Path, t
     build_bundle(
         ROOT, artifacts_dir=artifacts, out_dir=tmp_path / "gb", only=["com.edgeinfer.RuntimeInstaller"]
     )
-    wheel = artifacts / "com.edgeinfer.RuntimeInstaller" / "0.1.0" / WHEEL
+    wheel = artifacts / "com.edgeinfer.RuntimeInstaller" / V / WHEEL
     env = {**os.environ, "PYTHONPATH": str(wheel)}
     code = "import edgeinfer, edgeinfer.installer.install as i; print(edgeinfer.__file__)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
@@ -146,7 +147,7 @@ def test_cli_build(artifacts: Path, tmp_path: Path, capsys: pytest.CaptureFixtur
         ["build", "--project", str(ROOT), "--artifacts", str(artifacts), "--out", str(tmp_path / "o")]
     )
     assert code == 0
-    assert "com.edgeinfer.ModelStore 0.1.0" in capsys.readouterr().out
+    assert f"com.edgeinfer.ModelStore {V}" in capsys.readouterr().out
     code = cli.main(
         ["build", "--project", str(ROOT), "--artifacts", str(tmp_path / "x"), "--out", str(tmp_path / "o")]
     )
@@ -159,7 +160,7 @@ def test_cli_build(artifacts: Path, tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_model_store_from_a_changed_build_changes_its_digest(artifacts: Path, tmp_path: Path) -> None:
     first = build_bundle(ROOT, artifacts_dir=artifacts, out_dir=tmp_path / "gb")
     before = {a.filename: a.digest for a in first.component("com.edgeinfer.ModelStore").artifacts}
-    write_model_store(artifacts / "com.edgeinfer.ModelStore" / "0.1.0", salt="v2")
+    write_model_store(artifacts / "com.edgeinfer.ModelStore" / V, salt="v2")
     second = build_bundle(ROOT, artifacts_dir=artifacts, out_dir=tmp_path / "gb")
     after = {a.filename: a.digest for a in second.component("com.edgeinfer.ModelStore").artifacts}
     assert before["model_fp32.onnx"] != after["model_fp32.onnx"]
