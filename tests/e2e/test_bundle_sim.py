@@ -1,7 +1,10 @@
-"""The whole bundle on the simulated core, straight from `edgeinfer build`: the four real recipes of
-recipes/, the artifacts build laid out, the installer's Install step linking this environment (the
-`existingVenv` key), then one request answered over IoT Core. A tiny model with the model store's
-file names stands in for `edgeinfer model build` output, so this runs in seconds."""
+"""The whole bundle on the simulated core as each nucleus, straight from `edgeinfer build`: the four
+real recipes, deployed from greengrass-build/ exactly as built (recipes with digests, the artifacts
+beside them), the installer's install step linking this environment (`existingVenv`). One request
+answered over local pub/sub and one over IoT Core, telemetry windows arriving, and a live
+configuration change: validated and applied on classic, applied without validation on lite (which
+serves no validation subscription). A tiny model with the model store's file names stands in for
+`edgeinfer model build` output, so this runs in seconds."""
 
 from __future__ import annotations
 
@@ -10,13 +13,15 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
 import pytest
 
+from edgeinfer import __version__
 from edgeinfer.bundle.build import build_bundle
-from edgeinfer.messages import Result
+from edgeinfer.messages import Result, TelemetryWindow
 from edgeinfer.model import build as model_build
 from edgeinfer.model.manifest import (
     CPU,
@@ -29,41 +34,24 @@ from edgeinfer.model.manifest import (
     sha256_file,
 )
 from edgeinfer.sim.pytest_plugin import SimulatorFactory
+from edgeinfer.sim.simulator import SimError, Simulator
 from edgeinfer_bench.runtime import wait_ready
 from tests.helpers import PROJECT
+from tests.helpers.tiny_store import TINY_CLASSES, TINY_LABELS, tiny_model_bytes
 
 pytestmark = pytest.mark.e2e
 
-ROOT = PROJECT
-THING = "bundle-e2e"
-LABELS = ["red", "green", "blue"]
-
-
-def tiny_classifier() -> bytes:
-    """uint8 NHWC → mean colour → logits over red/green/blue."""
-    from onnx import TensorProto, helper
-
-    w = np.eye(3, dtype=np.float32) * 2.0 - 1.0
-    nodes = [
-        helper.make_node("Cast", ["input"], ["f"], to=TensorProto.FLOAT),
-        helper.make_node("ReduceMean", ["f"], ["m"], axes=[1, 2], keepdims=0),
-        helper.make_node("MatMul", ["m", "W"], ["logits"]),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "tiny",
-        [helper.make_tensor_value_info("input", TensorProto.UINT8, ["N", "H", "W", 3])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 3])],
-        [helper.make_tensor("W", TensorProto.FLOAT, w.shape, w.flatten().tolist())],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    return bytes(model.SerializeToString())
+RUNTIME = "com.edgeinfer.InferenceRuntime"
+TELEMETRY = "com.edgeinfer.Telemetry"
+INSTALLER = "com.edgeinfer.RuntimeInstaller"
+STORE = "com.edgeinfer.ModelStore"
 
 
 def write_store(folder: Path) -> None:
+    """The tiny classifier (red, green, blue, …) under the file names the model store's recipe lists."""
+    pytest.importorskip("onnx")
     folder.mkdir(parents=True, exist_ok=True)
-    data = tiny_classifier()
+    data = tiny_model_bytes()
     variants = []
     for file, precision, providers, name in (
         (model_build.INT8_TRT_FILE, "int8", [TENSORRT], "int8-tensorrt"),
@@ -72,49 +60,115 @@ def write_store(folder: Path) -> None:
     ):
         (folder / file).write_bytes(data)
         variants.append(Variant(file, precision, providers, sha256_file(folder / file), len(data), name))
-    (folder / model_build.LABELS_FILE).write_text(json.dumps(LABELS))
+    (folder / model_build.LABELS_FILE).write_text(json.dumps(TINY_LABELS))
     Manifest(
         name="tiny",
-        version="0.1.0",
+        version="0.0.1",
         inputs=[TensorSpec("input", "uint8", ["N", "H", "W", 3])],
-        outputs=[TensorSpec("logits", "float32", ["N", 3])],
+        outputs=[TensorSpec("logits", "float32", ["N", TINY_CLASSES])],
         preprocessing=Preprocessing(preferred_input=[32, 32], size=28),
         labels_file=model_build.LABELS_FILE,
         variants=variants,
     ).save(folder)
 
 
-def test_bundle_runs_on_the_simulated_core(simulator: SimulatorFactory, tmp_path: Path) -> None:
-    artifacts = tmp_path / "artifacts"
-    write_store(artifacts / "com.edgeinfer.ModelStore" / "0.1.0")
-    bundle = build_bundle(ROOT, artifacts_dir=artifacts, out_dir=tmp_path / "greengrass-build")
-    assert len(bundle.components) == 4
-    sim = simulator(
-        bundle.recipes_dir,  # the recipes as built: digests set, exactly what would ship
-        artifacts,
-        thing=THING,
-        components=["com.edgeinfer.InferenceRuntime", "com.edgeinfer.Telemetry"],
-        config_merge={"com.edgeinfer.RuntimeInstaller": {"existingVenv": sys.prefix}},
-    )
-    wait_ready(sim, timeout=180)
-    assert sim.state("com.edgeinfer.RuntimeInstaller") == "FINISHED"
-    sim.wait_for_state("com.edgeinfer.Telemetry", "RUNNING", timeout=60)
-    platform = json.loads(
-        (sim.root / "work" / "com.edgeinfer.RuntimeInstaller" / "platform.json").read_text()
-    )
-    assert "CPUExecutionProvider" in platform["providers"]["loaded"]
-
-    cloud = sim.cloud_client()
-    inbox = cloud.subscribe(f"edgeinfer/{THING}/result")
-    time.sleep(0.3)
+def red_request(request_id: str, **extra: Any) -> bytes:
     image = np.zeros((48, 64, 3), dtype=np.uint8)
     image[:] = (0, 0, 255)  # red, in OpenCV's BGR
     ok, jpeg = cv2.imencode(".jpg", image)
     assert ok
-    request = {"id": "red-1", "image": base64.b64encode(bytes(jpeg)).decode()}
-    cloud.publish(f"edgeinfer/{THING}/infer", json.dumps(request).encode(), qos=1)
-    (message,) = inbox.wait_for(1, timeout=60)
-    result = Result.parse(message.payload)
-    assert result.status == "ok", result.error
-    assert result.predictions[0].label == "red"
-    assert result.provider == "CPUExecutionProvider"
+    return json.dumps({"id": request_id, "image": base64.b64encode(bytes(jpeg)).decode(), **extra}).encode()
+
+
+def answer(inbox: Any, request_id: str, timeout: float = 60.0) -> Result:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for message in inbox.wait_for(1, timeout=max(0.1, deadline - time.monotonic())):
+            result = Result.parse(message.payload)
+            if result.id == request_id:
+                return result
+        inbox.clear()
+    raise AssertionError(f"no result for {request_id} within {timeout} s")
+
+
+@pytest.fixture
+def bundle_core(simulator: SimulatorFactory, sim_nucleus: str, tmp_path: Path) -> tuple[Simulator, str]:
+    write_store(tmp_path / "artifacts" / STORE / __version__)
+    bundle = build_bundle(
+        PROJECT, artifacts_dir=tmp_path / "artifacts", out_dir=tmp_path / "greengrass-build"
+    )
+    assert [c.name for c in bundle.components] == [STORE, INSTALLER, RUNTIME, TELEMETRY]
+    thing = f"bundle-{sim_nucleus}"
+    sim = simulator(
+        bundle.recipes_dir,  # the recipes as built: digests set, exactly what would ship
+        bundle.recipes_dir.parent / "artifacts",  # and the artifacts greengrass-build/ holds
+        thing=thing,
+        components=[RUNTIME, TELEMETRY],
+        config_merge={INSTALLER: {"existingVenv": sys.prefix}, TELEMETRY: {"windowSeconds": 1}},
+    )
+    assert sim.nucleus.name == sim_nucleus
+    return sim, thing
+
+
+@pytest.mark.parametrize("sim_nucleus", ["classic", "lite"])
+def test_the_bundle_as_built_runs_on_each_nucleus(
+    bundle_core: tuple[Simulator, str], sim_nucleus: str
+) -> None:
+    sim, thing = bundle_core
+    wait_ready(sim, timeout=180)
+    assert sim.state(INSTALLER) == "FINISHED"
+    assert sim.state(STORE) == "FINISHED"  # its install step finished: lite tracks it too
+    sim.wait_for_state(TELEMETRY, "RUNNING", timeout=60)
+    platform = json.loads((sim.root / "work" / INSTALLER / "platform.json").read_text())
+    assert "CPUExecutionProvider" in platform["providers"]["loaded"]
+    pointer = (sim.root / "work" / STORE / "artifacts-path").read_text().strip()
+    assert Path(pointer) == sim.root / "packages" / "artifacts" / STORE / __version__
+    assert pointer.endswith("/") == (sim_nucleus == "lite")  # lite's {artifacts:path} ends in "/"
+
+    cloud = sim.cloud_client()
+    windows = cloud.subscribe(f"edgeinfer/{thing}/telemetry")
+    iot_results = cloud.subscribe(f"edgeinfer/{thing}/result")
+    local_results = sim.local_client().subscribe(f"edgeinfer/{thing}/result")
+    time.sleep(0.3)
+
+    sim.local_client().publish(f"edgeinfer/{thing}/infer", red_request("local-1"))
+    local = answer(local_results, "local-1")
+    assert local.status == "ok", local.error
+    assert local.predictions[0].label == "red"
+    assert local.provider == "CPUExecutionProvider"
+
+    cloud.publish(f"edgeinfer/{thing}/infer", red_request("iot-1"), qos=1)
+    iot = answer(iot_results, "iot-1")
+    assert iot.status == "ok", iot.error
+    assert iot.predictions[0].label == "red"
+    assert len(iot.predictions) == 5  # topK's default
+
+    # Telemetry windows over IoT Core; one of them counts the two requests.
+    deadline = time.monotonic() + 30
+    counted = 0
+    while counted < 2 and time.monotonic() < deadline:
+        for message in windows.wait_for(1, timeout=max(0.1, deadline - time.monotonic())):
+            counted += TelemetryWindow.from_dict(json.loads(message.payload)).count
+        windows.clear()
+    assert counted >= 2
+
+    # A live configuration change. The classic nucleus asks the runtime first and refuses what it
+    # refuses; lite serves no validation, so the update lands and the runtime keeps its old values.
+    if sim_nucleus == "classic":
+        with pytest.raises(SimError, match="rejected"):
+            sim.update_configuration(RUNTIME, merge={"maxBatchSize": 0})
+    else:
+        sim.update_configuration(RUNTIME, merge={"maxBatchSize": 0})
+    sim.update_configuration(RUNTIME, merge={"maxBatchSize": 4, "topK": 2})
+    deadline = time.monotonic() + 20
+    while True:
+        request_id = f"iot-topk-{time.monotonic_ns()}"
+        cloud.publish(f"edgeinfer/{thing}/infer", red_request(request_id), qos=1)
+        changed = answer(iot_results, request_id)
+        assert changed.status == "ok", changed.error
+        if len(changed.predictions) == 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert len(changed.predictions) == 2
+    assert changed.predictions[0].label == "red"
+    assert sim.state(RUNTIME) == "RUNNING"
