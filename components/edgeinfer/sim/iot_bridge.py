@@ -8,8 +8,10 @@ spooled, as on the nucleus; offline, QoS 1 messages wait in the spool and QoS 0 
 profile without a spooler (nucleus lite) publishes directly and answers when the broker has.
 
 Messages from IoT Core reach the nucleus's event loop through `LoopHandoff`, which holds at most
-`limit` undelivered callbacks and makes the MQTT client's dispatcher wait beyond that, so a flood
-from the cloud cannot grow the core's memory without bound.
+`limit` undelivered callbacks and makes the MQTT client's thread wait beyond that (the subscriptions
+are inline: nothing queues between the socket and the hand-off), so a flood from the cloud waits in
+the broker instead of growing the core's memory; each event is written to the subscriber's IPC
+connection only once that has room (`Stream.send_event_drained`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import collections
 import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,6 +84,22 @@ class LoopHandoff:
         except RuntimeError:  # the loop is closed: the core is stopping
             self._slots.release()
 
+    def submit(self, fn: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:
+        """`call` for a coroutine: its slot is held until it has finished, so what it waits for (an
+        IPC client reading its events) holds up the caller too. Gives up once the loop has stopped."""
+        while not self._slots.acquire(timeout=0.5):
+            if self.loop.is_closed() or not self.loop.is_running():
+                return
+
+        def run() -> None:
+            task = asyncio.ensure_future(fn(*args))
+            task.add_done_callback(lambda _t: self._slots.release())
+
+        try:
+            self.loop.call_soon_threadsafe(run)
+        except RuntimeError:
+            self._slots.release()
+
 
 class IotBridge:
     """Publish to and subscribe on IoT Core as the nucleus does. Thread-safe."""
@@ -141,7 +159,7 @@ class IotBridge:
         with self._cond:
             subs = list(self._subs)
         for sub in subs:
-            sub.live = client.subscribe(sub.topic_filter, sub.handler, qos=sub.qos)
+            sub.live = client.subscribe(sub.topic_filter, sub.handler, qos=sub.qos, inline=True)
         with self._cond:
             self._client = client
             self._offline = False
@@ -284,7 +302,7 @@ class IotBridge:
             client = None if self._offline else self._client
         if client is not None:
             try:
-                sub.live = client.subscribe(topic_filter, handler, qos=sub.qos)
+                sub.live = client.subscribe(topic_filter, handler, qos=sub.qos, inline=True)
             except TransportError:
                 with self._cond:
                     self._subs.remove(sub)

@@ -85,6 +85,13 @@ class Stream:
         """Send a stream event (loop thread only)."""
         self.send_raw(shape._model_name(), json.dumps(shape._to_payload()).encode())
 
+    async def send_event_drained(self, shape: Any) -> None:
+        """`send_event` once the client has read what was written before (the connection's write
+        buffer below its high-water mark): a client slower than the sender holds the sender up
+        instead of growing the buffer without bound."""
+        await self.conn.writable()
+        self.send_event(shape)
+
     def send_raw(self, model_name: str, payload: bytes) -> None:
         if self.closed:
             return
@@ -125,11 +132,21 @@ class Connection:
         self.component: str | None = None
         self.streams: dict[int, Stream] = {}
         self.closed = False
+        self._writable = asyncio.Lock()
 
     def send(self, headers: dict[str, Any], payload: bytes = b"") -> None:
         if self.closed or self.writer.is_closing():
             return
         self.writer.write(es.encode(headers, payload))
+
+    async def writable(self) -> None:
+        """Wait until the write buffer is below its high-water mark, one waiter at a time (so the
+        waiters, woken together, do not all write at once)."""
+        async with self._writable:
+            if self.closed or self.writer.is_closing():
+                return
+            with contextlib.suppress(ConnectionError):
+                await self.writer.drain()
 
     async def serve(self) -> None:
         decoder = es.Decoder()

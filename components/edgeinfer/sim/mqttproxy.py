@@ -78,7 +78,7 @@ class MqttProxy:
             event = model.IoTCoreMessage(
                 message=model.MQTTMessage(topic_name=message.topic, payload=message.payload, **props)
             )
-            handoff.call(stream.send_event, event)
+            handoff.submit(stream.send_event_drained, event)
 
         qos = 1 if str(req.qos or "1") == "1" else 0
         loop = asyncio.get_running_loop()
