@@ -10,6 +10,12 @@ import pytest
 from tests.helpers.installer_wheels import ORT_STACK, repack_installed
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "index: asks the package index (pip); skips itself when the index is unreachable"
+    )
+
+
 @pytest.fixture(scope="session")
 def ort_wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An offline wheelhouse with ONNX Runtime and its dependencies, repacked from this environment."""
