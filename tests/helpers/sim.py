@@ -39,6 +39,7 @@ class Device:
         artifacts: list[dict[str, Any]] | None = None,
         fmt: str = "yaml",
         extra: dict[str, Any] | None = None,
+        platform: dict[str, str] | None = None,
     ) -> Path:
         art_dir = self.artifacts / name / version
         for filename, content in (files or {}).items():
@@ -55,7 +56,7 @@ class Device:
             "ComponentConfiguration": {"DefaultConfiguration": default},
             "Manifests": [
                 {
-                    "Platform": {"os": "linux"},
+                    "Platform": platform or {"os": "linux"},
                     "Lifecycle": lifecycle or {},
                     "Artifacts": artifacts
                     if artifacts is not None

@@ -140,6 +140,11 @@ class IotBridge:
         with self._cond:
             return len(self._spool) + self._in_flight, self._spool_bytes
 
+    def in_flight(self) -> int:
+        """Publishes sent and not yet acknowledged (at most `maxInFlightPublishes`)."""
+        with self._cond:
+            return self._in_flight
+
     def go_offline(self) -> None:
         """Drop the connection until `go_online()`; queued QoS 0 messages go, as on the nucleus."""
         with self._cond:

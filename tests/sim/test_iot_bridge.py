@@ -1,0 +1,121 @@
+"""The IoT bridge's limits: message size, the spooler, publishes in flight, order, the outage."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from awsiot.greengrasscoreipc.model import QOS, ServiceError
+
+from edgeinfer.greengrass.nuclei import CLASSIC
+from edgeinfer.sim import MosquittoBroker, Simulator
+from edgeinfer.sim.iot_bridge import IotBridge, PublishRefusedError
+from tests.helpers.sim import ALLOW_ALL, Device
+
+A = "com.example.A"
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[MosquittoBroker]:
+    with MosquittoBroker(work_dir=tmp_path / "broker") as b:
+        yield b
+
+
+def _eventually(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_publish_to_iot_core_of_140000_bytes_is_refused_before_the_network(
+    simulator: Callable[..., Simulator], device: Device, ipc_clients: Any
+) -> None:
+    device.add(A, access=ALLOW_ALL)
+    sim = simulator(device.recipes, device.artifacts, thing="big")
+    inbox = sim.cloud_client().subscribe("big/#")
+    a = ipc_clients(sim, A)
+    with pytest.raises(ServiceError) as refused:
+        a.publish_to_iot_core(topic_name="big/x", qos=QOS.AT_LEAST_ONCE, payload=b"x" * 140_000)
+    assert refused.value.message == (
+        "Publish to topic big/x failed with error com.aws.greengrass.mqttclient.MqttRequestException: "
+        "The publishing message size 140000 bytes exceeds the configured limit of 131072 bytes"
+    )
+    a.publish_to_iot_core(topic_name="big/y", qos=QOS.AT_LEAST_ONCE, payload=b"y" * 131_071)
+    assert [m.topic for m in inbox.wait_for(1)] == ["big/y"]
+
+
+def test_at_most_five_in_flight_the_rest_spooled_in_order(broker: MosquittoBroker) -> None:
+    bridge = IotBridge(broker.host, broker.port, client_id="bridge-inflight", profile=CLASSIC)
+    cloud: list[int] = []
+    try:
+        from edgeinfer.sim.broker import CloudClient
+
+        with CloudClient(broker.host, broker.port) as watcher:
+            inbox = watcher.subscribe("seq")
+            assert broker._proc is not None
+            os.kill(broker._proc.pid, signal.SIGSTOP)  # the broker acknowledges nothing
+            try:
+                for i in range(20):
+                    assert bridge.publish("seq", str(i).encode(), 1).done()  # accepted once spooled
+                assert _eventually(lambda: bridge.in_flight() == 5)
+                time.sleep(0.2)
+                assert bridge.in_flight() == 5
+                assert bridge.pending() == (20, sum(len(str(i)) for i in range(20)))
+            finally:
+                os.kill(broker._proc.pid, signal.SIGCONT)
+            cloud = [int(m.payload) for m in inbox.wait_for(20)]
+            assert _eventually(lambda: bridge.pending() == (0, 0))
+    finally:
+        bridge.close()
+    assert cloud == list(range(20))
+
+
+def test_the_spooler_drops_qos0_first_then_refuses(broker: MosquittoBroker) -> None:
+    bridge = IotBridge(broker.host, broker.port, client_id="bridge-spool", profile=CLASSIC)
+    assert broker._proc is not None
+    os.kill(broker._proc.pid, signal.SIGSTOP)
+    try:
+        chunk = b"x" * 100_000
+        for _ in range(5):  # in flight, unacknowledged
+            bridge.publish("t", chunk, 1)
+        assert _eventually(lambda: bridge.in_flight() == 5)
+        for _ in range(3):
+            bridge.publish("t", b"0" * 5_000, 0)
+        for _ in range(21):  # 2.615 MB of the 2.62 MiB spool
+            bridge.publish("t", chunk, 1)
+        assert bridge.pending() == (29, 2_615_000)
+        bridge.publish("t", b"y" * 10_000, 1)  # room made by the oldest QoS 0 message going
+        assert bridge.pending() == (29, 2_620_000)
+        with pytest.raises(PublishRefusedError, match=r"Message spool is full\. Message could not be added"):
+            bridge.publish("t", b"y" * 30_000, 1)
+        assert bridge.pending() == (27, 2_610_000)
+    finally:
+        os.kill(broker._proc.pid, signal.SIGCONT)
+        bridge.close()
+
+
+def test_offline_qos1_waits_and_qos0_is_refused(broker: MosquittoBroker) -> None:
+    from edgeinfer.sim.broker import CloudClient
+
+    bridge = IotBridge(broker.host, broker.port, client_id="bridge-offline", profile=CLASSIC)
+    try:
+        with CloudClient(broker.host, broker.port) as watcher:
+            inbox = watcher.subscribe("up")
+            bridge.go_offline()
+            with pytest.raises(PublishRefusedError, match=r"Device is offline\. Dropping QoS 0 message"):
+                bridge.publish("up", b"q0", 0)
+            bridge.publish("up", b"kept", 1)
+            time.sleep(0.2)
+            assert len(inbox) == 0
+            bridge.go_online()
+            assert [m.payload for m in inbox.wait_for(1)] == [b"kept"]
+    finally:
+        bridge.close()
