@@ -26,7 +26,7 @@ def test_every_subcommand_has_a_description() -> None:
     assert missing == []
 
 
-_NOTHING_TO_SHOW = (None, argparse.SUPPRESS, False, "", [])
+_NOTHING_TO_SHOW: tuple[object, ...] = (None, argparse.SUPPRESS, False, "", [])
 
 
 def test_every_option_says_what_it_does_and_its_default() -> None:
@@ -49,10 +49,8 @@ def test_every_option_says_what_it_does_and_its_default() -> None:
 
 
 def test_verbose_before_or_after_the_subcommand(monkeypatch: pytest.MonkeyPatch) -> None:
-    from edgeinfer import cli
-
     levels: list[int] = []
-    monkeypatch.setattr(cli.logging, "basicConfig", lambda **kw: levels.append(kw["level"]))
+    monkeypatch.setattr(logging, "basicConfig", lambda **kw: levels.append(kw["level"]))
     for argv in (
         ["sim", "status", "--work-dir", "/nonexistent"],
         ["-v", "sim", "status", "--work-dir", "/nonexistent"],

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -90,8 +91,12 @@ def _marker(component: str) -> re.Pattern[str]:
 def render(readme: str) -> str:
     """README with every configuration table regenerated from its recipe."""
     for component in COMPONENTS:
-        readme = _marker(component).sub(lambda m, c=component: m[1] + f"\n{config_table(c)}\n" + m[3], readme)
+        readme = _marker(component).sub(_between_markers(config_table(component)), readme)
     return readme
+
+
+def _between_markers(table: str) -> Callable[[re.Match[str]], str]:
+    return lambda found: f"{found[1]}\n{table}\n{found[3]}"
 
 
 @pytest.mark.parametrize("component", COMPONENTS)

@@ -73,7 +73,12 @@ def test_scheduler_runs_in_time_order() -> None:
     seen: list[int] = []
     done = threading.Event()
     now = time.monotonic()
-    s.at(now + 0.06, lambda: (seen.append(2), done.set()))
+
+    def second() -> None:
+        seen.append(2)
+        done.set()
+
+    s.at(now + 0.06, second)
     s.at(now + 0.02, lambda: seen.append(1))
     assert done.wait(5)
     s.close()

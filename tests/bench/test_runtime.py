@@ -73,7 +73,7 @@ def test_table_shows_the_median_segment_and_every_segment() -> None:
     segments = [seg(149, 21.3, 74.0), seg(142, 27.4, 139.5, errors=2), seg(107, 13.9, 24.8)]
     mid = median_segment(segments)
     stages = dict.fromkeys(("queue", "decode", "inference", "postprocess", "total"), 1.0)
-    doc = {
+    doc: dict[str, Any] = {
         "raw": {"provider": "CPUExecutionProvider", "variant": "int8-cpu", "p50_ms": 5.2,
                 "batched_loop_rps": 257.0, "batched_loop_cpu_ms_per_image": 6.1},
         "runtime": {"provider": "CPUExecutionProvider", "variant": "int8-cpu", "local_p50_ms": 7.9,

@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import boto3
 import pytest
@@ -18,7 +18,7 @@ from edgeinfer_cloud.publish import Clients, component_arn
 from tests.helpers import PROJECT as ROOT
 from tests.helpers.model_store import write_model_store
 
-REGION = "eu-central-1"
+REGION: Final = "eu-central-1"
 BUCKET = "my-edge-artifacts"  # exactly what a user would type
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 

@@ -77,7 +77,9 @@ def effective(stub: Stubber, device: str, status: str, reason: str = "") -> None
 def test_deploy_sends_versions_and_config_merges(gg: tuple[Any, Stubber]) -> None:
     client, stub = gg
     merges = parse_config_merge(['com.edgeinfer.InferenceRuntime={"maxBatchSize": 4}'], list(COMPONENTS))
-    expected = {name: {"componentVersion": version} for name, version in COMPONENTS.items()}
+    expected: dict[str, dict[str, Any]] = {
+        name: {"componentVersion": version} for name, version in COMPONENTS.items()
+    }
     expected["com.edgeinfer.InferenceRuntime"]["configurationUpdate"] = {"merge": '{"maxBatchSize":4}'}
     expect_create(stub, THING_ARN, expected)
     report = deploy(client, parse_target(THING_ARN), COMPONENTS, merges=merges)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from edgeinfer.messages import ErrorCode, Latency, TimingRecord
 
@@ -13,7 +14,7 @@ def make_record(
     status: str = "ok",
     code: ErrorCode | None = None,
     provider: str = "CPUExecutionProvider",
-    **flags: bool,
+    **flags: Any,
 ) -> TimingRecord:
     queue = rng.expovariate(1 / 3.0)
     decode = rng.uniform(0.5, 2.0)

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -55,7 +56,10 @@ def linked(tmp_path: Path) -> Paths:
 
 
 def test_real_install_from_wheelhouse_then_skip(
-    tmp_path: Path, ort_wheelhouse: Path, versions: dict[str, str], record_property: pytest.RecordProperty
+    tmp_path: Path,
+    ort_wheelhouse: Path,
+    versions: dict[str, str],
+    record_property: Callable[[str, object], None],
 ) -> None:
     artifacts = tmp_path / "artifacts"
     make_wheel(artifacts, "edgeinfer", "0.1.0", {"edgeinfer_marker.py": "SHIPPED = True\n"})

@@ -41,7 +41,7 @@ def make_tiny_classifier(
         helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
         helper.make_node("Gemm", ["f", "wf", "bf"], ["out"], name="fc", transB=1),
     ]
-    shape = input_shape if input_shape is not None else ["N", 3, size, size]
+    shape: list[Any] = input_shape if input_shape is not None else ["N", 3, size, size]
     graph = helper.make_graph(
         nodes,
         "tiny",

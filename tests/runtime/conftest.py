@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,5 +28,5 @@ def make_engine(tiny_store: Path, tmp_path: Path) -> Callable[..., Engine]:
 
 
 @pytest.fixture
-def jpeg() -> Iterator[Callable[..., bytes]]:
+def jpeg() -> Callable[..., bytes]:
     return solid_jpeg

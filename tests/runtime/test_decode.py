@@ -37,7 +37,9 @@ def test_reduced_decode_gives_the_same_picture() -> None:
     img = cv2.resize(rng.integers(0, 255, (12, 16, 3), dtype=np.uint8), (1280, 960))
     data = encode(".jpg", img)
     reduced = decode_image(data, 224)  # shorter side 960 ≥ 4×224: decoded at 1/4
-    full = to_model_input(cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR), 224)
+    decoded = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    assert decoded is not None
+    full = to_model_input(decoded, 224)
     assert np.abs(reduced.astype(int) - full.astype(int)).mean() < 6
 
 

@@ -751,8 +751,9 @@ def test_a_request_past_its_deadline_on_arrival_is_answered_deadline_exceeded_no
     results = {r.id: r for r in harness.wait_results(3)}
     for rid in ("old", "due"):
         assert results[rid].status == "error"
-        assert results[rid].error is not None
-        assert results[rid].error.code is ErrorCode.DEADLINE_EXCEEDED
+        error = results[rid].error
+        assert error is not None
+        assert error.code is ErrorCode.DEADLINE_EXCEEDED
         assert results[rid].batch_size == 0  # never reached the engine
     assert results["new"].status == "ok"
     assert harness.server.stats.expired_on_arrival == 2

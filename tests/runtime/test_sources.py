@@ -38,7 +38,7 @@ def frame() -> np.ndarray:
 
 
 def test_latest_frame_wins_and_stale_frames_are_counted() -> None:
-    sink, clock, drops = Sink(), Clock(), []
+    sink, clock, drops = Sink(), Clock(), list[TimingRecord]()
     runner = SourceRunner(
         SourceConfig(kind="video", uri="x", rate_hz=2.0),
         sink,
@@ -86,7 +86,7 @@ def test_folder_reader_skips_bad_files(tmp_path: Path) -> None:
 
 def test_video_reader(tmp_path: Path) -> None:
     path = tmp_path / "v.avi"
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 25.0, (64, 48))
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), 25.0, (64, 48))
     for _ in range(3):
         writer.write(np.full((48, 64, 3), (0, 200, 0), dtype=np.uint8))
     writer.release()

@@ -207,8 +207,8 @@ def test_create_placement_is_opt_in(make_engine: Callable[..., Engine]) -> None:
     assert offloader is None
     cfg = RuntimeConfig(placement={"enabled": True, "cascadeThreshold": 0.3})
     policy, offloader = create_placement(bus, cfg, THING, engine=engine)
+    assert isinstance(policy, HybridPlacement)
     try:
-        assert isinstance(policy, HybridPlacement)
         assert offloader is policy
         assert policy.policy.config.cascade_threshold == 0.3
         assert policy.policy.local_models >= {"tiny"}
@@ -298,6 +298,7 @@ def test_a_1080p_offload_is_re_encoded_at_the_models_size_and_fits_through_iot_c
     sent = OffloadRequest.parse(msg.payload).request.image
     assert sent is not None
     img = cv2.imdecode(np.frombuffer(sent, dtype=np.uint8), cv2.IMREAD_COLOR)
+    assert img is not None
     assert min(img.shape[:2]) == 256
     assert img.shape[1] / img.shape[0] == pytest.approx(1920 / 1080, rel=0.01)
     assert served == ["x"]  # served locally when the offload's time ran out at stop (no router here)
