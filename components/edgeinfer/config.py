@@ -62,7 +62,11 @@ _ESCAPED = re.compile(r"\\(.)", re.DOTALL)
 class ConfigError(EdgeinferError):
     """A configuration the component cannot use: every key path with its reason, on one line."""
 
-    def __init__(self, component: str, problems: Sequence[tuple[str, str]]) -> None:
+    def __init__(self, component: str, problems: Sequence[tuple[str, str]] | None = None) -> None:
+        """`ConfigError(component, [(key path, reason), ...])`, or `ConfigError(message)` for a
+        problem that is no one key's (an unreadable file, a malformed option)."""
+        if problems is None:
+            component, problems = "", [("", component)]
         self.component = component
         self.problems = list(problems) or [("", "invalid")]
         text = "; ".join(f"{path}: {reason}" if path else reason for path, reason in self.problems)

@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -51,15 +50,12 @@ def snapshot(work: Path) -> dict[str, object]:
 def linked(tmp_path: Path) -> Paths:
     """A device whose installer already ran: `venv` links this test environment."""
     paths = Paths(work=tmp_path / "work")
-    run_installer(InstallerConfig(existingVenv=sys.prefix), paths, source=CPU_HOST)
+    run_installer(InstallerConfig(existing_venv=sys.prefix), paths, source=CPU_HOST)
     return paths
 
 
 def test_real_install_from_wheelhouse_then_skip(
-    tmp_path: Path,
-    ort_wheelhouse: Path,
-    versions: dict[str, str],
-    record_property: Callable[[str, object], None],
+    tmp_path: Path, ort_wheelhouse: Path, versions: dict[str, str], record_property: pytest.RecordProperty
 ) -> None:
     artifacts = tmp_path / "artifacts"
     make_wheel(artifacts, "edgeinfer", "0.1.0", {"edgeinfer_marker.py": "SHIPPED = True\n"})
@@ -104,7 +100,7 @@ def test_real_install_from_wheelhouse_then_skip(
 
 def test_existing_venv_is_verified_and_linked_then_skipped(tmp_path: Path) -> None:
     paths = Paths(work=tmp_path / "work")
-    config = InstallerConfig(existingVenv=sys.prefix)
+    config = InstallerConfig(existing_venv=sys.prefix)
     first = run_installer(config, paths, source=CPU_HOST, is_root=lambda: True)  # linking needs no root rule
     assert not first.skipped
     assert (paths.work / "venv").resolve() == Path(sys.prefix).resolve()
@@ -123,7 +119,7 @@ def test_unsupported_platform_leaves_the_device_as_it_was(linked: Paths) -> None
     before = snapshot(linked.work)
     with pytest.raises(UnsupportedPlatformError, match="unsupported platform: linux armv7l"):
         run_installer(
-            InstallerConfig(allowRoot=True),
+            InstallerConfig(allow_root=True),
             linked,
             source=RecordedProbe.load(PLATFORMS / "raspberry_pi_armv7.json"),
         )
@@ -143,13 +139,13 @@ def test_corrupt_wheelhouse_is_refused_before_anything_changes(linked: Paths, tm
     (wheelhouse / "onnxruntime-1.32.0-py3-none-any.whl").write_bytes(b"PK\x03\x04 truncated")
     before = snapshot(linked.work)
     with pytest.raises(InstallError, match=r"corrupt wheelhouse: onnxruntime-1\.32\.0-py3-none-any\.whl"):
-        run_installer(InstallerConfig(wheelhouse=str(wheelhouse), allowRoot=True), linked, source=CPU_HOST)
+        run_installer(InstallerConfig(wheelhouse=str(wheelhouse), allow_root=True), linked, source=CPU_HOST)
     assert snapshot(linked.work) == before
 
 
 def test_unreachable_index_is_one_clear_line(linked: Paths) -> None:
     before = snapshot(linked.work)
-    config = InstallerConfig(indexUrl="http://127.0.0.1:9/simple", allowRoot=True, pipTimeoutSeconds=2)
+    config = InstallerConfig(index_url="http://127.0.0.1:9/simple", allow_root=True, pip_timeout_seconds=2)
     with pytest.raises(InstallError, match=r"package index http://127\.0\.0\.1:9/simple is unreachable"):
         run_installer(config, linked, source=CPU_HOST)
     assert snapshot(linked.work) == before
@@ -172,7 +168,7 @@ def test_wheel_that_fails_to_install_removes_the_half_built_venv(
 def test_missing_existing_venv_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InstallError, match="has no bin/python"):
         run_installer(
-            InstallerConfig(existingVenv=str(tmp_path / "nope")), Paths(work=tmp_path / "w"), source=CPU_HOST
+            InstallerConfig(existing_venv=str(tmp_path / "nope")), Paths(work=tmp_path / "w"), source=CPU_HOST
         )
 
 
@@ -269,7 +265,7 @@ def test_two_onnxruntime_packages_are_refused(tmp_path: Path) -> None:
     with pytest.raises(
         InstallError, match=r"exactly one ONNX Runtime package .* onnxruntime, onnxruntime-gpu"
     ):
-        run_installer(InstallerConfig(existingVenv=str(venv)), Paths(work=tmp_path / "w"), source=CPU_HOST)
+        run_installer(InstallerConfig(existing_venv=str(venv)), Paths(work=tmp_path / "w"), source=CPU_HOST)
 
 
 def test_gpu_provider_that_does_not_load_is_reported_or_refused(tmp_path: Path) -> None:
@@ -277,9 +273,9 @@ def test_gpu_provider_that_does_not_load_is_reported_or_refused(tmp_path: Path) 
     venv = fake_venv(tmp_path / "env", verification())
     paths = Paths(work=tmp_path / "w")
     with pytest.raises(InstallError, match="expected execution providers do not load: CUDAExecutionProvider"):
-        run_installer(InstallerConfig(existingVenv=str(venv), requireProviders=True), paths, source=gpu)
+        run_installer(InstallerConfig(existing_venv=str(venv), require_providers=True), paths, source=gpu)
     assert not paths.work.joinpath("platform.json").exists()
-    run_installer(InstallerConfig(existingVenv=str(venv)), paths, source=gpu)
+    run_installer(InstallerConfig(existing_venv=str(venv)), paths, source=gpu)
     report = json.loads(paths.work.joinpath("platform.json").read_text())
     assert report["providers"]["expected"] == [
         "TensorrtExecutionProvider",
@@ -294,7 +290,7 @@ def test_gpu_provider_that_does_not_load_is_reported_or_refused(tmp_path: Path) 
 def test_onnxruntime_that_does_not_import_is_refused(tmp_path: Path) -> None:
     venv = fake_venv(tmp_path / "env", verification(error="import failed: ImportError: numpy ABI mismatch"))
     with pytest.raises(InstallError, match=r"ONNX Runtime does not import .*numpy ABI mismatch"):
-        run_installer(InstallerConfig(existingVenv=str(venv)), Paths(work=tmp_path / "w"), source=CPU_HOST)
+        run_installer(InstallerConfig(existing_venv=str(venv)), Paths(work=tmp_path / "w"), source=CPU_HOST)
 
 
 def test_the_shipped_wheelhouse_is_found_and_offline_needs_one(tmp_path: Path) -> None:
@@ -309,7 +305,7 @@ def test_the_shipped_wheelhouse_is_found_and_offline_needs_one(tmp_path: Path) -
         find_wheelhouse(paths, InstallerConfig(wheelhouse=str(tmp_path / "nope")))
     with pytest.raises(InstallError, match="offline is set but no wheelhouse"):
         run_installer(
-            InstallerConfig(offline=True, allowRoot=True), Paths(work=tmp_path / "w2"), source=CPU_HOST
+            InstallerConfig(offline=True, allow_root=True), Paths(work=tmp_path / "w2"), source=CPU_HOST
         )
     assert not (tmp_path / "w2").exists()
 
@@ -324,7 +320,7 @@ def test_an_interpreter_without_venv_is_refused_before_anything_changes(
     ubuntu = RecordedProbe.load(PLATFORMS / "ubuntu2404_x86_64.json")
     before = snapshot(linked.work)
     with pytest.raises(InstallError) as err:
-        run_installer(InstallerConfig(allowRoot=True), linked, source=ubuntu, python=str(python))
+        run_installer(InstallerConfig(allow_root=True), linked, source=ubuntu, python=str(python))
     assert str(err.value) == (
         f"{python} (Python 3.12) cannot make a venv: it has no venv/ensurepip module; "
         "sudo apt install python3.12-venv"

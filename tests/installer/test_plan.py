@@ -176,7 +176,7 @@ def test_interpreter_and_venv_refusals() -> None:
 
 
 def test_plan_cuda_takes_cuda_libraries_from_wheels_when_absent() -> None:
-    plan = choose(found("x86_64_cuda"), InstallerConfig(enableTensorRT=False))
+    plan = choose(found("x86_64_cuda"), InstallerConfig(enable_tensorrt=False))
     assert plan.accelerator == "cuda"
     assert ort_requirements(plan.requirements) == ["onnxruntime-gpu[cuda,cudnn]==1.26.0"]  # CUDA 12
     assert plan.expected_providers == [CUDA, CPU]
@@ -190,7 +190,7 @@ def test_plan_cuda_tensorrt_from_the_system_when_it_has_tensorrt_10() -> None:
     assert ort_requirements(plan.requirements) == ["onnxruntime-gpu==1.26.0"]  # the system's CUDA 12
     assert plan.expected_providers == [TENSORRT, CUDA, CPU]
     assert plan.optional == []  # the system has libnvinfer.so.10
-    assert choose(info, InstallerConfig(enableTensorRT=False)).expected_providers == [CUDA, CPU]
+    assert choose(info, InstallerConfig(enable_tensorrt=False)).expected_providers == [CUDA, CPU]
 
 
 def test_plan_tensorrt_absent_installs_nvidia_wheels_of_the_builds_cuda_and_tensorrt_major() -> None:
@@ -199,7 +199,7 @@ def test_plan_tensorrt_absent_installs_nvidia_wheels_of_the_builds_cuda_and_tens
     assert plan.optional_index_urls == [NVIDIA_INDEX]  # PyPI's tensorrt-cu12-libs are build stubs
     assert plan.expected_providers[0] == TENSORRT
     assert not [r for r in plan.requirements if r.startswith("tensorrt")]  # optional: CUDA stands alone
-    named = choose(found("x86_64_cuda"), InstallerConfig(tensorrtPackage="tensorrt-cu12"))
+    named = choose(found("x86_64_cuda"), InstallerConfig(tensorrt_package="tensorrt-cu12"))
     assert named.optional == ["tensorrt-cu12"]
 
 
@@ -259,27 +259,27 @@ def test_jetson_without_a_gpu_source_installs_the_cpu_build_with_one_warning() -
         assert "set jetsonIndexUrl" in plan.notes[0]
         assert "jetsonWheelUrl" in plan.notes[0]
     with pytest.raises(UnsupportedPlatformError, match=r"set jetsonIndexUrl .* \(or allowCpuFallback: true"):
-        choose(found("jetson_orin_jp6"), InstallerConfig(allowCpuFallback=False))
+        choose(found("jetson_orin_jp6"), InstallerConfig(allow_cpu_fallback=False))
 
 
 def test_jetson_with_an_index_or_wheel_never_asks_for_the_cpu_pin() -> None:
     info = found("jetson_orin_jp6")
     index = "https://pypi.jetson-ai-lab.example/jp6/cu126"
-    plan = choose(info, InstallerConfig(jetsonIndexUrl=index))
+    plan = choose(info, InstallerConfig(jetson_index_url=index))
     assert plan.accelerator == "jetson"
     assert plan.extra_index_urls == [index]
     assert ort_requirements(plan.requirements) == ["onnxruntime-gpu"]  # what the index has for cp310
     assert plan.expected_providers == [TENSORRT, CUDA, CPU]  # JetPack 6.2's TensorRT 10.3
     assert plan.optional == []  # JetPack's own CUDA, cuDNN and TensorRT
-    pinned = InstallerConfig(jetsonIndexUrl=index, packageVersions={"onnxruntime-gpu-jetson": "1.23.0"})
+    pinned = InstallerConfig(jetson_index_url=index, package_versions={"onnxruntime-gpu-jetson": "1.23.0"})
     assert ort_requirements(choose(info, pinned).requirements) == ["onnxruntime-gpu==1.23.0"]
     wheel = "https://example.invalid/onnxruntime_gpu-1.20.0-cp310-cp310-linux_aarch64.whl"
-    plan = choose(info, InstallerConfig(jetsonWheelUrl=wheel))
+    plan = choose(info, InstallerConfig(jetson_wheel_url=wheel))
     assert ort_requirements(plan.requirements) == [f"onnxruntime-gpu @ {wheel}"]
 
 
 def test_jetpack_60_tensorrt_8_cannot_serve_the_tensorrt_provider() -> None:
-    plan = choose(found("jetson_orin_jp60"), InstallerConfig(jetsonIndexUrl="https://jp6.example/cu122"))
+    plan = choose(found("jetson_orin_jp60"), InstallerConfig(jetson_index_url="https://jp6.example/cu122"))
     assert plan.expected_providers == [CUDA, CPU]
     assert any("TensorRT 8.6.2" in detail for detail in plan.details)
 
@@ -291,7 +291,7 @@ def test_jetpack_7_takes_pypis_aarch64_cuda13_build() -> None:
         assert ort_requirements(plan.requirements) == ["onnxruntime-gpu==1.31.1"]  # no nvidia-* wheels
         assert plan.expected_providers == [TENSORRT, CUDA, CPU]
         assert plan.notes == []
-    old = InstallerConfig(packageVersions={"onnxruntime-gpu-cuda13": "1.28.0"})  # no aarch64 wheel
+    old = InstallerConfig(package_versions={"onnxruntime-gpu-cuda13": "1.28.0"})  # no aarch64 wheel
     assert choose(found("jetson_thor_jp7"), old).accelerator == "cpu"
 
 
@@ -311,12 +311,12 @@ def test_gpu_outside_the_allow_list_falls_back_to_cpu_or_is_refused() -> None:
     assert plan.accelerator == "cpu"
     assert any("CUDA 11" in note for note in plan.notes)
     with pytest.raises(UnsupportedPlatformError, match=r"Tesla T4, driver 470\.256\.02, CUDA 11"):
-        choose(info, InstallerConfig(allowCpuFallback=False))
+        choose(info, InstallerConfig(allow_cpu_fallback=False))
 
 
 def test_exactly_one_onnxruntime_in_every_plan() -> None:
     for name in ("x86_64_cpu", "x86_64_cuda", "x86_64_cuda_trt"):
-        plan = choose(found(name), InstallerConfig(enableTensorRT=True))
+        plan = choose(found(name), InstallerConfig(enable_tensorrt=True))
         assert len(ort_requirements(plan.requirements)) == 1
 
 
@@ -332,11 +332,11 @@ def test_config_from_recipe_values() -> None:
             "indexUrl": "",
         }
     )
-    assert config.enableTensorRT is True
-    assert [r.name for r in config.allowList] == ["only-cpu"]
+    assert config.enable_tensorrt is True
+    assert [r.name for r in config.allow_list] == ["only-cpu"]
     assert config.packages == []
-    assert config.pipTimeoutSeconds == 5
-    assert config.existingVenv == ""
+    assert config.pip_timeout_seconds == 5
+    assert config.existing_venv == ""
     with pytest.raises(UnsupportedPlatformError):
         choose(
             found("x86_64_cuda11"), InstallerConfig.from_mapping({"allowList": [], "allowCpuFallback": False})
@@ -346,14 +346,40 @@ def test_config_from_recipe_values() -> None:
 @pytest.mark.parametrize(
     ("raw", "match"),
     [
-        ({"packages": ["onnxruntime-gpu"]}, "exactly one"),
-        ({"allowLits": []}, "unknown installer configuration key 'allowLits'"),
-        ({"allowList": [{"architectures": ["x86_64"]}]}, "needs a name"),
-        ({"enableTensorRT": "maybe"}, "expected true or false"),
-        ({"allowList": "[not json"}, "not valid JSON"),
-        ({"keepVenvs": "inf"}, "keepVenvs: expected a number"),
+        ({"packages": ["onnxruntime-gpu"]}, "packages: must not name an ONNX Runtime package"),
+        (
+            {"allowList": [{"architectures": ["x86_64"]}]},
+            r"allowList\[0\].name: every allowList entry needs a name",
+        ),
+        ({"enableTensorRT": "maybe"}, "enableTensorRT: must be true or false, got 'maybe'"),
+        ({"allowList": "[not json"}, "allowList: must be a list, got '\\[not json'"),
+        ({"keepVenvs": "inf"}, "keepVenvs: must be an integer, got 'inf'"),
     ],
 )
 def test_bad_config_is_one_clear_line(raw: dict[str, object], match: str) -> None:
-    with pytest.raises(ConfigError, match=match):
+    with pytest.raises(ConfigError, match=match) as err:
         InstallerConfig.from_mapping(raw)
+    assert str(err.value).startswith("configuration of com.edgeinfer.RuntimeInstaller: ")
+
+
+def test_unknown_keys_are_warned_by_name(caplog: pytest.LogCaptureFixture) -> None:
+    assert InstallerConfig.from_mapping({"allowLits": []}) == InstallerConfig()
+    assert "com.edgeinfer.RuntimeInstaller: unknown configuration key allowLits (ignored)" in caplog.text
+
+
+def test_lite_strings_and_escaped_json_read_as_the_classic_values() -> None:
+    from tests.helpers.config import lite_typed
+
+    classic = {
+        "allowCpuFallback": False,
+        "keepVenvs": 3,
+        "allowList": [{"name": "x", "architectures": ["x86_64"], "cudaMajors": ["12"]}],
+        "pins": {"3.12": {"numpy": "2.4.6"}},
+    }
+    assert InstallerConfig.from_mapping(lite_typed(classic)) == InstallerConfig.from_mapping(classic)
+    # a list as nucleus lite interpolates it on a command line: JSON with its quotes escaped
+    escaped = {"allowList": '[{\\"name\\":\\"x\\",\\"architectures\\":[\\"x86_64\\"]}]'}
+    assert [r.architectures for r in InstallerConfig.from_mapping(escaped).allow_list] == [["x86_64"]]
+    pinned = InstallerConfig.from_mapping({"pins": {"3.12": {"numpy": None}}}).pins
+    assert pinned["3.12"]["numpy"] == ""  # a partial map over the defaults: the rest stays
+    assert pinned["3.12"]["onnxruntime"] == InstallerConfig().pins["3.12"]["onnxruntime"]

@@ -442,24 +442,24 @@ def _build_venv(
     cmd = [python, "-m", "venv"]
     if plan.system_site_packages:
         cmd.append("--system-site-packages")
-    _run([*cmd, str(target)], 300, "creating the venv", env=_pip_env(config.usePipConfig))
+    _run([*cmd, str(target)], 300, "creating the venv", env=_pip_env(config.use_pip_config))
     vpy = str(target / "bin" / "python")
     constraints = target / "edgeinfer-constraints.txt"
     constraints.write_text("".join(f"{k}=={v}\n" for k, v in plan.constraints.items()), encoding="utf-8")
     pip = [vpy, "-m", "pip", "install", "--no-input", "--progress-bar", "off"]
-    pip += ["--timeout", str(config.pipTimeoutSeconds), "--retries", str(config.pipRetries)]
+    pip += ["--timeout", str(config.pip_timeout_seconds), "--retries", str(config.pip_retries)]
     if plan.only_binary:
         # What the pins promise is a wheel for this machine: never hours of a source build instead.
         pip += ["--only-binary", ":all:"]
     index = _index_args(plan, config, wheelhouse)
-    env = _pip_env(config.usePipConfig)
+    env = _pip_env(config.use_pip_config)
     _stream(
         [*pip, *index, "-c", str(constraints), *plan.requirements],
-        config.installTimeoutSeconds,
+        config.install_timeout_seconds,
         "pip install",
         env,
     )
-    if config.installProject and wheels:
+    if config.install_project and wheels:
         _stream(
             [*pip, "--no-index", "--no-deps", str(wheels[-1])], 300, "installing the edgeinfer wheel", env
         )
@@ -473,7 +473,7 @@ def _build_venv(
         try:
             _stream(
                 [*pip, *index, *extra, "-c", str(constraints), *plan.optional],
-                config.installTimeoutSeconds,
+                config.install_timeout_seconds,
                 f"pip install {' '.join(plan.optional)}",
                 env,
             )
@@ -518,8 +518,8 @@ def run_installer(
 ) -> Outcome:
     """The Install step: probe, allow-list, plan, fingerprint → skip, or build + verify + activate."""
     start = clock()
-    existing = config.existingVenv.strip()
-    if is_root() and not config.allowRoot and not existing:
+    existing = config.existing_venv.strip()
+    if is_root() and not config.allow_root and not existing:
         raise InstallError(
             "refusing to install as root: run the component as the default Greengrass user "
             "(or set allowRoot: true)"
@@ -532,10 +532,10 @@ def run_installer(
         log.warning("%s", note)
     for detail in plan.details:
         log.info("%s", detail)
-    wheels = project_wheels(paths) if config.installProject and not existing else []
+    wheels = project_wheels(paths) if config.install_project and not existing else []
     wheelhouse = None if existing else find_wheelhouse(paths, config)
     listing = check_wheelhouse(wheelhouse) if wheelhouse is not None else []
-    if config.installProject and not existing and not wheels and paths.artifacts is not None:
+    if config.install_project and not existing and not wheels and paths.artifacts is not None:
         log.warning("no edgeinfer wheel in %s: installing the third-party stack only", paths.artifacts)
     fp = fingerprint(info, plan, python=python, wheels=wheels, wheelhouse=listing, existing=existing)
 
@@ -550,9 +550,9 @@ def run_installer(
         refusal = venv_refusal(python, info.python, os_id=info.os_id)
         if refusal:
             raise InstallError(refusal)
-    if not existing and not ("--no-index" in _index_args(plan, config, wheelhouse) or config.usePipConfig):
+    if not existing and not ("--no-index" in _index_args(plan, config, wheelhouse) or config.use_pip_config):
         for url in [plan.index_url or PYPI, *plan.extra_index_urls]:
-            check_index(url, min(config.pipTimeoutSeconds, 30))
+            check_index(url, min(config.pip_timeout_seconds, 30))
     paths.work.mkdir(parents=True, exist_ok=True)
     built: Path | None = None
     if existing:
@@ -583,7 +583,7 @@ def run_installer(
     failed = {p: r for p, r in verified["failed"].items() if p != CPU}
     if failed:
         message = "; ".join(f"{p}: {r}" for p, r in failed.items())
-        if config.requireProviders:
+        if config.require_providers:
             if built is not None:
                 shutil.rmtree(built, ignore_errors=True)
             raise InstallError(f"expected execution providers do not load: {message}")
@@ -626,7 +626,7 @@ def run_installer(
             _link_atomic(link, old_target, paths.work / "venvs" / "unused")
             shutil.rmtree(built, ignore_errors=True)
         raise InstallError(f"cannot activate the environment: {exc}") from None
-    _gc(paths, target.resolve(), old_target, config.keepVenvs)
+    _gc(paths, target.resolve(), old_target, config.keep_venvs)
     log.info(
         "%s ready: %s %s, providers %s (%.1f s)",
         link,

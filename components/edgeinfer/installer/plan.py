@@ -1,18 +1,20 @@
 """Configuration, the hardware allow-list and the install plan (exactly one ONNX Runtime package).
 
-`InstallerConfig` maps the component's recipe configuration (camelCase keys, as AWS's components
-use). `choose(platform, config)` checks the platform against the allow-list and returns the plan, or
-raises `UnsupportedPlatformError` with one line that says what was found and what is allowed.
+`InstallerConfig` is the component's configuration, read by `edgeinfer.config` (snake_case fields,
+the recipe's camelCase keys derived from them). `choose(platform, config)` checks the platform
+against the allow-list and returns the plan, or raises `UnsupportedPlatformError` with one line
+that says what was found and what is allowed.
 Standard library only.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from edgeinfer import config
+from edgeinfer.config import ConfigError, recipe_key
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.installer.preflight import interpreter_refusal
 from edgeinfer.installer.probe import PlatformInfo
@@ -34,6 +36,7 @@ __all__ = [
     "choose",
 ]
 
+COMPONENT = "com.edgeinfer.RuntimeInstaller"
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 TENSORRT = "TensorrtExecutionProvider"
@@ -125,10 +128,6 @@ DEFAULT_ALLOW_LIST: list[dict[str, Any]] = [
 ]
 
 
-class ConfigError(EdgeinferError):
-    """The installer's configuration is malformed."""
-
-
 class UnsupportedPlatformError(EdgeinferError):
     """The platform is not on the allow-list, or the plan cannot be made for it."""
 
@@ -145,32 +144,22 @@ def _version_tuple(text: str) -> tuple[int, ...]:
 class AllowRule:
     """One allow-list entry. Empty lists mean "any"."""
 
-    name: str
+    name: str = ""
     os: str = "linux"
     architectures: list[str] = field(default_factory=list)
     accelerators: list[str] = field(default_factory=list)  # "cpu" | "cuda" | "jetson"
-    cudaMajors: list[str] = field(default_factory=list)  # noqa: N815 (recipe key)
-    minDriverVersion: str = ""  # noqa: N815
-    jetsonChips: list[str] = field(default_factory=list)  # noqa: N815 (/proc/device-tree/compatible)
-    jetsonModels: list[str] = field(default_factory=list)  # noqa: N815 (substrings of the board model)
-    l4tMajors: list[str] = field(default_factory=list)  # noqa: N815
+    cuda_majors: list[str] = field(default_factory=list)
+    min_driver_version: str = ""
+    jetson_chips: list[str] = field(default_factory=list)  # /proc/device-tree/compatible
+    jetson_models: list[str] = field(default_factory=list)  # substrings of the board model
+    l4t_majors: list[str] = field(default_factory=list)
+
+    def check(self) -> list[tuple[str, str]]:
+        return [] if self.name else [("name", "every allowList entry needs a name")]
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> AllowRule:
-        if not isinstance(data, Mapping) or not data.get("name"):
-            raise ConfigError(f"allowList: every entry needs a name, got {data!r}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"allowList entry {data['name']!r}: unknown keys {', '.join(unknown)}")
-        kwargs: dict[str, Any] = {}
-        for key, value in data.items():
-            if key in ("name", "os", "minDriverVersion"):
-                kwargs[key] = str(value)
-            else:
-                items = value if isinstance(value, list) else [value]
-                kwargs[key] = [str(v) for v in items]
-        return cls(**kwargs)
+        return config.read(cls, data, component=COMPONENT, path="allowList")
 
     def refusal(self, info: PlatformInfo, accelerator: str) -> str | None:
         """None if this rule admits the platform with `accelerator`, else why not (short)."""
@@ -182,151 +171,108 @@ class AllowRule:
             return f"accelerator {accelerator}"
         if accelerator == "cuda":
             major = info.cuda_major
-            if self.cudaMajors and major not in self.cudaMajors:
+            if self.cuda_majors and major not in self.cuda_majors:
                 return f"CUDA {major or 'unknown'}"
             driver = info.gpu.driver_version if info.gpu else ""
-            if self.minDriverVersion and _version_tuple(driver) < _version_tuple(self.minDriverVersion):
-                return f"driver {driver or 'unknown'} < {self.minDriverVersion}"
+            if self.min_driver_version and _version_tuple(driver) < _version_tuple(self.min_driver_version):
+                return f"driver {driver or 'unknown'} < {self.min_driver_version}"
         if accelerator == "jetson" and info.jetson is not None:
             chip = info.jetson.chip or ""
-            if self.jetsonChips and chip not in [c.lower() for c in self.jetsonChips]:
+            if self.jetson_chips and chip not in [c.lower() for c in self.jetson_chips]:
                 return f"chip {chip or 'unknown'}"
             model = info.jetson.model.lower()
-            if self.jetsonModels and not any(m.lower() in model for m in self.jetsonModels):
+            if self.jetson_models and not any(m.lower() in model for m in self.jetson_models):
                 return f"board {info.jetson.model!r}"
-            if self.l4tMajors and info.jetson.l4t_major not in self.l4tMajors:
+            if self.l4t_majors and info.jetson.l4t_major not in self.l4t_majors:
                 return f"L4T {info.jetson.l4t_version or 'unknown'}"
         return None
-
-
-def _as_bool(key: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("true", "1", "yes", "on"):
-        return True
-    if text in ("false", "0", "no", "off", ""):
-        return False
-    raise ConfigError(f"{key}: expected true or false, got {value!r}")
-
-
-def _as_int(key: str, value: Any) -> int:
-    try:
-        return int(float(value))
-    except (TypeError, ValueError, OverflowError):  # OverflowError: "inf"
-        raise ConfigError(f"{key}: expected a number, got {value!r}") from None
-
-
-def _as_list(key: str, value: Any) -> list[Any]:
-    if isinstance(value, str):
-        text = value.strip()
-        if not text:
-            return []
-        if text.startswith("["):
-            try:
-                value = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"{key}: not valid JSON ({exc.msg})") from None
-        else:
-            return [p.strip() for p in text.split(",") if p.strip()]
-    if not isinstance(value, list):
-        raise ConfigError(f"{key}: expected a list, got {type(value).__name__}")
-    return value
-
-
-def _as_map(key: str, value: Any) -> dict[str, Any]:
-    if isinstance(value, str):
-        if not value.strip():
-            return {}
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{key}: not valid JSON ({exc.msg})") from None
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{key}: expected an object, got {type(value).__name__}")
-    return dict(value)
 
 
 @dataclass
 class InstallerConfig:
     """The component configuration (recipe keys). See recipes/com.edgeinfer.RuntimeInstaller.yaml."""
 
-    allowList: list[AllowRule] = field(  # noqa: N815
+    allow_list: list[AllowRule] = field(
         default_factory=lambda: [AllowRule.from_mapping(r) for r in DEFAULT_ALLOW_LIST]
     )
     # no GPU build fits, or the allow-list refuses the GPU → CPU plan, with one warning
-    allowCpuFallback: bool = True  # noqa: N815
+    allow_cpu_fallback: bool = True
     # TensorRT where the device has it (Jetson: JetPack's) or can get it (x86-64: NVIDIA's wheels)
-    enableTensorRT: bool = True  # noqa: N815
+    enable_tensorrt: bool = field(default=True, metadata=recipe_key("enableTensorRT"))
     pins: dict[str, dict[str, str]] = field(  # Python minor → package → version (DEFAULT_PINS)
         default_factory=lambda: {k: dict(v) for k, v in DEFAULT_PINS.items()}
     )
     packages: list[str] = field(default_factory=lambda: list(DEFAULT_PACKAGES))
-    packageVersions: dict[str, str] = field(default_factory=dict)  # noqa: N815 (over pins, any Python)
-    indexUrl: str = ""  # noqa: N815 (empty: pip's own configuration)
-    extraIndexUrls: list[str] = field(default_factory=list)  # noqa: N815
-    jetsonIndexUrl: str = ""  # noqa: N815 (e.g. a Jetson AI Lab index for your JetPack)
-    jetsonWheelUrl: str = ""  # noqa: N815 (or one onnxruntime-gpu wheel URL / path)
+    package_versions: dict[str, str] = field(default_factory=dict)  # over pins, any Python
+    index_url: str = ""  # empty: pip's own configuration
+    extra_index_urls: list[str] = field(default_factory=list)
+    jetson_index_url: str = ""  # e.g. a Jetson AI Lab index for your JetPack
+    jetson_wheel_url: str = ""  # or one onnxruntime-gpu wheel URL / path
     # The pip requirement for TensorRT where the system has none for the build; empty: the pinned
     # tensorrt-cuNN-libs of the build's CUDA major, from tensorrtIndexUrl.
-    tensorrtPackage: str = ""  # noqa: N815
-    tensorrtIndexUrl: str = NVIDIA_INDEX  # noqa: N815
-    allowSourceBuilds: bool = False  # noqa: N815 (pip may build sdists: hours on a board, or a failure)
+    tensorrt_package: str = ""
+    tensorrt_index_url: str = NVIDIA_INDEX
+    allow_source_builds: bool = False  # pip may build sdists: hours on a board, or a failure
     wheelhouse: str = ""  # empty: the unpacked artifact `wheelhouse/`, when present
     offline: bool = False  # never contact an index (a wheelhouse is required)
-    usePipConfig: bool = False  # noqa: N815 (honour the machine's pip.conf / PIP_* variables)
-    existingVenv: str = ""  # noqa: N815 (verify and link this environment instead of installing)
-    allowRoot: bool = False  # noqa: N815
-    requireProviders: bool = False  # noqa: N815 (fail when an expected GPU provider does not load)
-    systemSitePackages: bool = False  # noqa: N815 (Jetson: see JetPack's Python packages)
-    installProject: bool = True  # noqa: N815 (install the edgeinfer wheel shipped as an artifact)
-    pipTimeoutSeconds: int = 60  # noqa: N815 (pip's per-connection timeout)
-    pipRetries: int = 2  # noqa: N815
-    installTimeoutSeconds: int = 1500  # noqa: N815 (whole pip run; keep under the lifecycle Timeout)
-    keepVenvs: int = 2  # noqa: N815 (current + previous, so a running runtime keeps its files)
+    use_pip_config: bool = False  # honour the machine's pip.conf / PIP_* variables
+    existing_venv: str = ""  # verify and link this environment instead of installing
+    allow_root: bool = False
+    require_providers: bool = False  # fail when an expected GPU provider does not load
+    system_site_packages: bool = False  # Jetson: see JetPack's Python packages
+    install_project: bool = True  # install the edgeinfer wheel shipped as an artifact
+    pip_timeout_seconds: int = 60  # pip's per-connection timeout
+    pip_retries: int = 2
+    install_timeout_seconds: int = 1500  # whole pip run; keep under the lifecycle Timeout
+    keep_venvs: int = 2  # current + previous, so a running runtime keeps its files
     python: str = "python3"  # the interpreter the recipe's Install step runs (and makes the venv from)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> InstallerConfig:
-        """Build from recipe configuration. Empty strings and unresolved `{configuration:...}`
-        variables mean "use the default"; unknown keys are refused (typos should not pass silently)."""
-        known = {f.name: f for f in fields(cls)}
-        defaults = cls()
-        kwargs: dict[str, Any] = {}
-        for key, value in data.items():
-            if key not in known:
-                raise ConfigError(f"unknown installer configuration key {key!r}")
-            if value is None or (isinstance(value, str) and value.startswith("{configuration:")):
-                continue
-            default = getattr(defaults, key)
-            if key == "allowList":
-                kwargs[key] = [AllowRule.from_mapping(r) for r in _as_list(key, value)]
-            elif key == "packageVersions":
-                kwargs[key] = {str(k): str(v) for k, v in _as_map(key, value).items()}
-            elif key == "pins":
-                merged = {k: dict(v) for k, v in DEFAULT_PINS.items()}  # a partial map overrides
-                for minor, row in _as_map(key, value).items():
-                    values = _as_map(f"pins.{minor}", row).items()
-                    merged.setdefault(str(minor), {}).update(
-                        {str(k): "" if v is None else str(v) for k, v in values}
-                    )
-                kwargs[key] = merged
-            elif isinstance(default, bool):
-                kwargs[key] = _as_bool(key, value)
-            elif isinstance(default, int):
-                kwargs[key] = _as_int(key, value)
-            elif isinstance(default, list):
-                kwargs[key] = [str(v) for v in _as_list(key, value)]
-            else:
-                kwargs[key] = str(value)
-        config = cls(**kwargs)
-        named_ort = [p for p in config.packages if _req_name(p) in ORT_PACKAGES]
+        """Build from the component's configuration (either nucleus's typing, see edgeinfer.config).
+        Empty strings, nulls and unresolved `{configuration:...}` variables mean "use the default";
+        `pins` given in part override DEFAULT_PINS row by row and package by package."""
+        doc = {k: v for k, v in data.items() if not _unset(v)}
+        given = read_pins(doc.pop("pins", None))
+        cfg = config.read(cls, doc, component=COMPONENT)
+        for minor, row in given.items():
+            cfg.pins.setdefault(minor, {}).update(row)
+        return cfg
+
+    def check(self) -> list[tuple[str, str]]:
+        named_ort = [p for p in self.packages if _req_name(p) in ORT_PACKAGES]
         if named_ort:
-            raise ConfigError(
-                f"packages must not name an ONNX Runtime package ({', '.join(named_ort)}): "
+            reason = (
+                f"must not name an ONNX Runtime package ({', '.join(named_ort)}): "
                 "the installer picks exactly one for the platform"
             )
-        return config
+            return [("packages", reason)]
+        return []
+
+
+def _unset(value: Any) -> bool:
+    return value is None or (
+        isinstance(value, str) and (not value.strip() or value.startswith("{configuration:"))
+    )
+
+
+def read_pins(value: Any) -> dict[str, dict[str, str]]:
+    """`pins` as given (a null version is an empty one: unpinned, or no build)."""
+    if value is None:
+        return {}
+    if isinstance(value, Mapping):
+        value = {
+            str(minor): {str(k): "" if v is None else v for k, v in row.items()}
+            if isinstance(row, Mapping)
+            else row
+            for minor, row in value.items()
+        }
+    return config.read(_Pins, {"pins": value}, component=COMPONENT).pins
+
+
+@dataclass
+class _Pins:
+    pins: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def _req_name(requirement: str) -> str:
@@ -366,12 +312,12 @@ class Plan:
 def _select(info: PlatformInfo, config: InstallerConfig) -> tuple[str, AllowRule, list[str]]:
     """(accelerator, rule, notes): the best accelerator an allow-list rule admits."""
     candidates = [info.accelerator]
-    if info.accelerator != "cpu" and config.allowCpuFallback:
+    if info.accelerator != "cpu" and config.allow_cpu_fallback:
         candidates.append("cpu")
     reasons: list[str] = []
     notes: list[str] = []
     for accelerator in candidates:
-        for rule in config.allowList:
+        for rule in config.allow_list:
             why = rule.refusal(info, accelerator)
             if why is None:
                 if accelerator != info.accelerator:
@@ -385,7 +331,7 @@ def _select(info: PlatformInfo, config: InstallerConfig) -> tuple[str, AllowRule
         found += f" ({info.gpu.name}, driver {info.gpu.driver_version}, CUDA {info.cuda_major or '?'})"
     if info.jetson is not None:
         found += f" ({info.jetson.model}, L4T {info.jetson.l4t_version or '?'})"
-    allowed = ", ".join(r.name for r in config.allowList) or "nothing"
+    allowed = ", ".join(r.name for r in config.allow_list) or "nothing"
     raise UnsupportedPlatformError(
         f"unsupported platform: {found} is not in the allow-list (allowed: {allowed})"
     )
@@ -409,7 +355,7 @@ def pins_for(info: PlatformInfo, config: InstallerConfig) -> dict[str, str]:
             f"Python {minor} has no pins (pins has {', '.join(known) or 'none'}): set python: "
             f'python{known[-1] if known else "3.12"}, or add pins."{minor}" to the configuration'
         )
-    merged = {**row, **config.packageVersions}
+    merged = {**row, **config.package_versions}
     return {k: v.strip() for k, v in merged.items() if v and v.strip()}
 
 
@@ -453,7 +399,7 @@ def _jetson_pypi_build(info: PlatformInfo, builds: dict[int, str]) -> str | None
 
 def _cpu_instead(config: InstallerConfig, why: str, setting: str) -> str:
     """The one warning of a GPU device that gets the CPU build; a refusal when that is not allowed."""
-    if not config.allowCpuFallback:
+    if not config.allow_cpu_fallback:
         raise UnsupportedPlatformError(f"{why}; set {setting} (or allowCpuFallback: true for the CPU build)")
     return f"{why}, so the CPU build is installed: set {setting} for the GPU"
 
@@ -469,7 +415,7 @@ def choose(info: PlatformInfo, config: InstallerConfig) -> Plan:
     accelerator, rule, notes = _select(info, config)
     minor = info.python_minor
     details: list[str] = []
-    extra = list(config.extraIndexUrls)
+    extra = list(config.extra_index_urls)
     expected = [CPU]
     extras_pkgs: list[str] = []
     optional: list[str] = []
@@ -478,7 +424,7 @@ def choose(info: PlatformInfo, config: InstallerConfig) -> Plan:
     ort_req = ""
     builds = _gpu_builds(pins)
     if accelerator == "cuda":
-        build = _gpu_build(info, builds, config.enableTensorRT)
+        build = _gpu_build(info, builds, config.enable_tensorrt)
         if build is None:
             have = ", ".join(f"CUDA {m}" for m in sorted(builds)) or "none"
             notes.append(
@@ -505,14 +451,14 @@ def choose(info: PlatformInfo, config: InstallerConfig) -> Plan:
             ort_req = _requirement(spec, gpu_version)
             expected = [CUDA, CPU]
             extras_pkgs.append("nvidia-ml-py")  # NVML: the telemetry component's GPU figures
-            if config.enableTensorRT:
+            if config.enable_tensorrt:
                 expected = [TENSORRT, *expected]
                 if not system_stack or info.tensorrt_version is None:
                     name = f"tensorrt-cu{cuda_major}-libs"
-                    trt = config.tensorrtPackage or _requirement(name, pins.get(name, "") or "<11")
+                    trt = config.tensorrt_package or _requirement(name, pins.get(name, "") or "<11")
                     optional.append(trt)
-                    if config.tensorrtIndexUrl:
-                        optional_index.append(config.tensorrtIndexUrl)
+                    if config.tensorrt_index_url:
+                        optional_index.append(config.tensorrt_index_url)
                     details.append(
                         f"TensorRT {ORT_TENSORRT_MAJOR} for CUDA {cuda_major} from {trt} "
                         "(the system has none for this build)"
@@ -523,11 +469,11 @@ def choose(info: PlatformInfo, config: InstallerConfig) -> Plan:
         board = f"{jetson.model} ({jetson.chip or 'Jetson'}, L4T {jetson.l4t_version or '?'}"
         board += f", JetPack {jetson.jetpack})"
         pypi = _jetson_pypi_build(info, builds)
-        if config.jetsonWheelUrl:
-            ort_req = f"onnxruntime-gpu @ {config.jetsonWheelUrl}"
-        elif config.jetsonIndexUrl:
+        if config.jetson_wheel_url:
+            ort_req = f"onnxruntime-gpu @ {config.jetson_wheel_url}"
+        elif config.jetson_index_url:
             ort_req = _requirement("onnxruntime-gpu", pins.get("onnxruntime-gpu-jetson", ""))
-            extra.insert(0, config.jetsonIndexUrl)
+            extra.insert(0, config.jetson_index_url)
         elif pypi is not None:
             ort_req = f"onnxruntime-gpu=={pypi}"
             details.append(
@@ -548,9 +494,9 @@ def choose(info: PlatformInfo, config: InstallerConfig) -> Plan:
             package = "onnxruntime-gpu"
             expected = [CUDA, CPU]
             trt_major = (info.tensorrt_version or "").split(".")[0]
-            if config.enableTensorRT and trt_major == ORT_TENSORRT_MAJOR:
+            if config.enable_tensorrt and trt_major == ORT_TENSORRT_MAJOR:
                 expected = [TENSORRT, *expected]
-            elif config.enableTensorRT:
+            elif config.enable_tensorrt:
                 details.append(
                     f"JetPack {jetson.jetpack}'s TensorRT {info.tensorrt_version or 'is missing'}: ONNX "
                     f"Runtime's TensorRT provider links TensorRT {ORT_TENSORRT_MAJOR}, so CUDA runs"
@@ -570,12 +516,12 @@ def choose(info: PlatformInfo, config: InstallerConfig) -> Plan:
         expected_providers=expected,
         python=minor,
         platform_tags=info.platform_tags(),
-        index_url=config.indexUrl,
+        index_url=config.index_url,
         extra_index_urls=extra,
         optional=optional,
         optional_index_urls=optional_index,
-        only_binary=not config.allowSourceBuilds,
-        system_site_packages=config.systemSitePackages,
+        only_binary=not config.allow_source_builds,
+        system_site_packages=config.system_site_packages,
         notes=notes,
         details=details,
     )
