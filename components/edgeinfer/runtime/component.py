@@ -119,12 +119,7 @@ class Component:
             doc = self.bus.get_configuration()
         doc = merge(doc if isinstance(doc, dict) else {}, self.overrides)
         cfg = RuntimeConfig.from_recipe(doc)
-        _, problems = OffloadConfig.from_recipe(cfg.placement)
-        if problems:
-            from edgeinfer.config import ConfigError
-            from edgeinfer.runtime.config import COMPONENT
-
-            raise ConfigError(COMPONENT, [("", p) for p in problems])
+        OffloadConfig.from_recipe(cfg.placement)  # refused here, before the policy is built
         return cfg
 
     def model_dir(self, cfg: Any) -> str:

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from edgeinfer.config import ConfigError
 from edgeinfer.messages import ErrorCode, Latency, Prediction, Request, Result, error_result
 from edgeinfer.runtime.placement import (
     BreakerState,
@@ -425,16 +426,24 @@ def test_cascade_off_by_default_and_skipped_without_time() -> None:
 
 
 def test_config_from_recipe() -> None:
-    cfg, problems = OffloadConfig.from_recipe(
-        {"enabled": False, "cascadeThreshold": 0.4, "breakerFailures": "x", "localModels": ["a"]}
+    cfg = OffloadConfig.from_recipe(
+        {"enabled": False, "cascadeThreshold": 0.4, "breakerFailures": "3", "localModels": ["a"]}
     )
     assert cfg.enabled is False
     assert cfg.cascade_threshold == 0.4
     assert cfg.local_models == ["a"]
     assert cfg.breaker_failures == 3
-    assert problems == ["placement.breakerFailures has the wrong type or range: 'x'"]
-    _, problems = OffloadConfig.from_recipe({"cascadeThreshold": 2})
-    assert problems
+    lite = OffloadConfig.from_recipe({"enabled": "false", "cloudQuantile": "0.8", "window": "16"})
+    assert (lite.enabled, lite.cloud_quantile, lite.window) == (False, 0.8, 16)
+    with pytest.raises(ConfigError) as err:
+        OffloadConfig.from_recipe({"breakerFailures": "x", "cascadeThreshold": 2})
+    assert err.value.reasons == "placement.breakerFailures: must be an integer, got 'x'"
+    with pytest.raises(ConfigError) as err:
+        OffloadConfig.from_recipe({"cascadeThreshold": 2, "cloudQuantile": 1, "priorCloudMs": -1})
+    assert err.value.reasons == (
+        "placement.priorCloudMs: must not be negative; placement.cascadeThreshold: must be from 0 to 1; "
+        "placement.cloudQuantile: must be from 0.5 to below 1"
+    )
 
 
 def test_late_answers_teach_the_latency_model_and_close_the_breaker() -> None:

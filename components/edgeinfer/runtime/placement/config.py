@@ -1,11 +1,14 @@
-"""The runtime recipe's `placement` object, read into `OffloadConfig`."""
+"""The runtime recipe's `placement` object, read into `OffloadConfig` by `edgeinfer.config`."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from edgeinfer.runtime.config import camel as _camel
+from edgeinfer import config
+
+COMPONENT = "com.edgeinfer.InferenceRuntime"
 
 __all__ = ["OffloadConfig"]
 
@@ -56,51 +59,33 @@ class OffloadConfig:
     local_models: list[str] = field(default_factory=list)  # names served here ([] = the loaded one)
 
     @classmethod
-    def from_recipe(cls, doc: Mapping[str, object] | None) -> tuple[OffloadConfig, list[str]]:
-        """Read camelCase keys; values of the wrong type are reported and left at their default."""
-        cfg = cls()
-        problems: list[str] = []
-        for name in cfg.__dataclass_fields__:
-            key = _camel(name)
-            if not doc or key not in doc:
-                continue
-            value, default = doc[key], getattr(cfg, name)
-            if isinstance(default, bool):
-                ok = isinstance(value, bool)
-            elif isinstance(default, (int, float)):
-                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
-                if ok and isinstance(value, (int, float)):
-                    value = type(default)(value)
-            elif isinstance(default, list):
-                ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
-            else:
-                ok = isinstance(value, str)
-            if ok:
-                setattr(cfg, name, value)
-            else:
-                problems.append(f"placement.{key} has the wrong type or range: {value!r}")
-        if cfg.cascade_threshold > 1:
-            problems.append("placement.cascadeThreshold must be from 0 to 1")
-            cfg.cascade_threshold = 0.0
-        if cfg.breaker_failures < 1:
-            problems.append("placement.breakerFailures must be at least 1")
-            cfg.breaker_failures = 1
-        if not 0 < cfg.cloud_limit_backoff < 1:
-            problems.append("placement.cloudLimitBackoff must be between 0 and 1")
-            cfg.cloud_limit_backoff = cls.cloud_limit_backoff
+    def from_recipe(cls, doc: Mapping[str, object] | None, *, path: str = "placement") -> OffloadConfig:
+        """Read the camelCase keys (either nucleus's typing). Raises ConfigError naming every refused
+        key; a limit of at least 1 (`cloudLimitInitial`, `maxInflightPublishes`) is raised to 1."""
+        cfg = config.read(cls, doc, component=COMPONENT, path=path)
         cfg.cloud_limit_initial = max(1.0, cfg.cloud_limit_initial)
-        if cfg.offload_min_utilization > 1:
-            problems.append("placement.offloadMinUtilization must be from 0 to 1")
-            cfg.offload_min_utilization = cls.offload_min_utilization
-        for name in ("local_quantile", "cloud_quantile"):
-            if not 0.5 <= getattr(cfg, name) < 1:
-                problems.append(f"placement.{_camel(name)} must be from 0.5 to below 1")
-                setattr(cfg, name, getattr(cls, name))
         cfg.max_inflight_publishes = max(1, cfg.max_inflight_publishes)
-        if not 1 <= cfg.offload_jpeg_quality <= 100:
-            problems.append("placement.offloadJpegQuality must be from 1 to 100")
-            cfg.offload_jpeg_quality = cls.offload_jpeg_quality
-        if cfg.window < 2:
-            problems.append("placement.window must be at least 2")
-            cfg.window = 2
-        return cfg, problems
+        return cfg
+
+    def check(self) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+                out.append((config.key_of(f), "must not be negative"))
+        if self.cascade_threshold > 1:
+            out.append(("cascadeThreshold", "must be from 0 to 1"))
+        if self.breaker_failures < 1:
+            out.append(("breakerFailures", "must be at least 1"))
+        if not 0 < self.cloud_limit_backoff < 1:
+            out.append(("cloudLimitBackoff", "must be between 0 and 1"))
+        if self.offload_min_utilization > 1:
+            out.append(("offloadMinUtilization", "must be from 0 to 1"))
+        for name in ("local_quantile", "cloud_quantile"):
+            if not 0.5 <= getattr(self, name) < 1:
+                out.append((config.key_for(OffloadConfig, name), "must be from 0.5 to below 1"))
+        if not 1 <= self.offload_jpeg_quality <= 100:
+            out.append(("offloadJpegQuality", "must be from 1 to 100"))
+        if self.window < 2:
+            out.append(("window", "must be at least 2"))
+        return out

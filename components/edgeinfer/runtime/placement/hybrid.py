@@ -112,13 +112,13 @@ class HybridPlacement:
         image_side: int = 0,
         image_keep: int = 0,
         clock: Callable[[], float] = time.monotonic,
-    ) -> tuple[HybridPlacement, list[str]]:
-        """From the runtime recipe's `placement` object (see `OffloadConfig`). Returns the problems too."""
-        cfg, problems = OffloadConfig.from_recipe(placement)
+    ) -> HybridPlacement:
+        """From the runtime recipe's `placement` object (see `OffloadConfig`; raises ConfigError)."""
+        cfg = OffloadConfig.from_recipe(placement)
         policy: OffloadPolicy[_Pending] = OffloadPolicy(
             cfg, max_batch_size=max_batch_size, local_models=local_models, clock=clock
         )
-        return cls(bus, thing, policy, image_side=image_side, image_keep=image_keep, clock=clock), problems
+        return cls(bus, thing, policy, image_side=image_side, image_keep=image_keep, clock=clock)
 
     # ----------------------------------------------------------------------------------- lifecycle
 
@@ -367,19 +367,21 @@ class HybridPlacement:
 def create_placement(
     bus: Bus, cfg: RuntimeConfig, thing: str, *, engine: Engine | None = None
 ) -> tuple[PlacementPolicy, Offloader | None]:
-    """The runtime component's hook (`edgeinfer.runtime.__main__`): `(policy, offloader)` for the
+    """The runtime component's hook (`edgeinfer.runtime.component`): `(policy, offloader)` for the
     server's placement seam from the recipe's `placement` object.
 
     Offloading is opt-in (`placement.enabled: true`): without a router to answer, every offload would
     only wait for its fallback. Disabled, the server keeps its edge-only default.
     """
     doc = cfg.placement or {}
-    if not doc.get("enabled", False):
+    # Opt-in: a placement object that does not say `enabled` leaves offloading off (the class's own
+    # default is on, for the policy's users outside the component).
+    if "enabled" not in doc or not OffloadConfig.from_recipe(doc).enabled:
         return EdgeOnly(), None
     names: list[str] = []
     if engine is not None:
         names = [engine.manifest.name, engine.model_ref.variant]
-    hybrid, problems = HybridPlacement.from_config(
+    hybrid = HybridPlacement.from_config(
         bus,
         thing,
         doc,
@@ -388,8 +390,6 @@ def create_placement(
         image_side=engine.input_size if engine is not None else 0,
         image_keep=engine.detail if engine is not None else 0,
     )
-    for problem in problems:
-        log.warning("placement: %s", problem)
     engine_ms = engine.warmup_ms if engine is not None else {}
     for n, ms in engine_ms.items():  # a first a·n + b from the warm-up, before any real batch
         hybrid.policy.batch_finished(int(n), float(ms))
