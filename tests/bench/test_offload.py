@@ -100,7 +100,7 @@ def test_policy_keys_are_the_recipes_and_bad_ones_are_one_line_errors() -> None:
     for bad, says in (
         ("{", "not JSON"),
         ("[1]", "expected a JSON object"),
-        ('{"cloudQuantile": "high"}', "placement.cloudQuantile has the wrong type"),
+        ('{"cloudQuantile": "high"}', "placement.cloudQuantile: must be a number"),
         ('{"cloudLimitBackof": 0.9}', "unknown placement keys: cloudLimitBackof"),
     ):
         with pytest.raises(EdgeinferError, match=says):
