@@ -210,7 +210,7 @@ def test_iot_outage_spools_qos1_refuses_qos0_and_subscriptions_come_back(
     got = Collector()
     bus.subscribe("things/ipc-thing/down", got, target="iot", qos=1)
     with sim.iot_outage():  # as the classic nucleus's spooler does
-        with pytest.raises(TransportError, match="Device is offline. Dropping QoS 0 message"):
+        with pytest.raises(TransportError, match=r"Device is offline\. Dropping QoS 0 message"):
             bus.publish("things/ipc-thing/up", b"lost", target="iot", qos=0)
         bus.publish("things/ipc-thing/up", b"spooled", target="iot", qos=1)
         cloud.publish("things/ipc-thing/down", b"while away", qos=1)
@@ -251,3 +251,46 @@ def test_publish_nowait_reports_the_nucleus_refusal(bus_for: Any) -> None:
     assert ok is None
     assert isinstance(refused, UnauthorizedError)
     assert "not/granted" in str(refused)
+
+
+def test_mqtt5_properties_through_the_nucleus_both_ways(bus_for: Any, sim: Simulator) -> None:
+    """As awsiotsdk's MQTTMessage / PublishToIoTCoreRequest carry them, inline and not."""
+    from edgeinfer.transport import MqttProperties
+
+    bus = bus_for(APP)
+    cloud = sim.cloud_client()
+    props = MqttProperties(
+        content_type="image/jpeg",
+        correlation_data=b"\x00\x01c",
+        response_topic="things/ipc-thing/up/reply",
+        user_properties=(("id", "r1"), ("top_k", "2")),
+        message_expiry_s=60,
+    )
+    for inline in (False, True):
+        got = Collector()
+        sub = bus.subscribe("things/ipc-thing/raw", got, target="iot", qos=1, inline=inline)
+        cloud.publish("things/ipc-thing/raw", b"\xff\xd8raw", qos=1, properties=props)
+        (msg,) = got.wait(1)
+        sub.close()
+        assert msg.payload == b"\xff\xd8raw"
+        assert msg.properties is not None
+        assert msg.properties.content_type == "image/jpeg"
+        assert msg.properties.correlation_data == b"\x00\x01c"
+        assert msg.properties.response_topic == "things/ipc-thing/up/reply"
+        assert msg.properties.user_properties == (("id", "r1"), ("top_k", "2"))
+        assert msg.properties.message_expiry_s is not None
+        assert 0 < msg.properties.message_expiry_s <= 60
+    inbox = cloud.subscribe("things/ipc-thing/up/reply")
+    answer = MqttProperties(
+        content_type="application/json", correlation_data=b"\x00\x01c", payload_format="utf8"
+    )
+    done = Collector()
+    bus.publish_nowait(
+        "things/ipc-thing/up/reply", b"{}", target="iot", qos=1, properties=answer, on_done=done
+    )
+    assert done.wait(1) == [None]
+    (reply,) = inbox.wait_for(1)
+    assert reply.properties is not None
+    assert reply.properties.correlation_data == b"\x00\x01c"
+    assert reply.properties.content_type == "application/json"
+    assert reply.properties.payload_format == "utf8"

@@ -76,6 +76,9 @@ def _start(what: str, fn: Callable[[], Any]) -> Any:
         raise TransportError(f"{what}: {_describe(exc)}") from exc
 
 
+PAYLOAD_BYTES, PAYLOAD_UTF8 = "0", "1"  # awsiotsdk's PayloadFormat.BYTES / .UTF8 (the MQTT 5 indicator)
+
+
 def _properties(msg: Any) -> MqttProperties | None:
     """The MQTT 5 properties of an awsiotsdk `MQTTMessage` (None when it carries none)."""
     correlation = msg.correlation_data
@@ -89,7 +92,7 @@ def _properties(msg: Any) -> MqttProperties | None:
         response_topic=msg.response_topic or None,
         user_properties=users,
         message_expiry_s=msg.message_expiry_interval_seconds,
-        payload_format="utf8" if fmt == "UTF8" else "bytes" if fmt == "BYTES" else None,
+        payload_format="utf8" if fmt == PAYLOAD_UTF8 else "bytes" if fmt == PAYLOAD_BYTES else None,
     )
     return None if props == MqttProperties() else props
 
