@@ -119,6 +119,18 @@ def _imports(argv: Sequence[str]) -> bool:
         return False
 
 
+def _runs(name: str) -> bool:
+    """`name` is on PATH and runs (a pyenv shim of a version not selected is on PATH, and fails)."""
+    if shutil.which(name) is None:
+        return False
+    try:
+        return (
+            subprocess.run([name, "--version"], capture_output=True, timeout=30, check=False).returncode == 0
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
 def check_running_interpreter() -> str | None:
     """The interpreter check of the live machine, for `python -m edgeinfer.installer`."""
     info = sys.version_info
@@ -130,7 +142,7 @@ def check_running_interpreter() -> str | None:
         os_id, os_version = _os_field(text, "ID"), _os_field(text, "VERSION_ID")
     except OSError:
         pass
-    available = [name for name in CANDIDATES if shutil.which(name)]
+    available = [name for name in CANDIDATES if _runs(name)]
     return interpreter_refusal(
         python, os_id=os_id, os_version=os_version, available=available, executable=sys.executable
     )
