@@ -24,6 +24,8 @@ offloaded share, errors by code, lost requests (never answered) and duplicates (
 `--policy JSON` sets the policy's `placement` keys (the runtime recipe's); `--compare JSON` adds a
 second policy, `on-b`, whose segments alternate with the other two: an A/B of two policies in one
 run, on the same machine minutes, e.g. `--loads 1.5 --compare '{"cloudLimitBackoff": 0.9}'`.
+Over 500 lines because the pinned processes, the injected round trip, the load segments and the
+exactly-once accounting are one run's set-up and share its counters.
 """
 
 from __future__ import annotations

@@ -12,7 +12,9 @@ In one run, on the same 640×480 JPEGs and the same model variant:
   without decode or inference (`edgeinfer_bench.echo`): the transport's floor, interleaved with
   the closed loop. Raw + echo is the best p50 ratio any runtime could reach through this transport.
 
-Every figure is a ratio measured side by side; README.md, "Benchmarks", has the recorded runs.
+Every figure is a ratio measured side by side; bench/results/README.md has the recorded runs. Over
+500 lines because the raw pipeline, the echo, the load generator and the report are the parts of one
+side-by-side run, which `bench compare` and `bench telemetry` reuse from here.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Every side (runtime, telemetry, cloud router, tests, tools) imports this module; nothing else defines
 a wire shape. All payloads are UTF-8 JSON with snake_case keys and ISO-8601 UTC timestamps with `Z`
-(see DESIGN.md, "Topics and messages").
+(docs/design.md, "The message contract"). Over 500 lines because the contract is one module by
+design: every shape on the wire, and every way to misread one, is defined in one place.
 
 Parsing never raises anything but `MessageError`, which carries the stable error code and, when the
 payload had one, the request id, so that the caller can always answer with exactly one result.

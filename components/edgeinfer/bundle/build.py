@@ -27,6 +27,8 @@ Before anything is written the recipes are checked against both nuclei (`check_r
 `edgeinfer build --check` prints): a recipe that the classic nucleus or nucleus lite would refuse is not
 built. The project's version is `edgeinfer.__version__` alone: the recipes name it by
 `{edgeinfer:version}` (stamped as they are read), and a build writes it into every gdk-config.json.
+Over 500 lines because the greengrass-cli and the GDK layouts are written from the same checked
+components in one pass.
 
 Writes happen only when content changed, so a second build is a quick no-op.
 """

@@ -9,6 +9,8 @@ matches this host wins (`*`, `/regex/`); `ComponentDependencies` resolve with np
 (`>=1.0.0 <2.0.0`, `^1.2`, `~1.2.3`, `1.x`, `||`); recipe variables resolve against the component's
 own paths and configuration and, for direct dependencies only, `{Other.Component:artifacts:path}` and
 friends. Every problem is a `RecipeError` whose one line names the recipe file and the field.
+Over 500 lines because it is the one recipe model: reading, validation, variables and dependency order
+share its case-insensitive lookups and its one error type.
 """
 
 from __future__ import annotations

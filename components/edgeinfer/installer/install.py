@@ -10,7 +10,8 @@ Layout under the component's work folder (`{work:path}`, i.e.
 A new environment is built next to the active one and only becomes active (an atomic symlink swap)
 once it verified; any failure removes the half-built one and leaves `venv` and `platform.json` as
 they were. A fingerprint of platform + plan + shipped wheels makes the Install step (which Greengrass
-re-runs at every start) a no-op when nothing changed. Standard library only.
+re-runs at every start) a no-op when nothing changed. Standard library only. Over 500 lines because
+building, verifying and swapping an environment is one all-or-nothing step on the device.
 """
 
 from __future__ import annotations

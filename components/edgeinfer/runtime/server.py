@@ -8,7 +8,8 @@ decoded, run and answered on the transport's thread (`runInlineWhenIdle`) — ea
 ~0.2-0.3 ms on a small core. Under load the CPU runs up to `lanes` batches at once, one
 engine thread and one single-thread ORT run each (see `Engine.run(lane=True)`). Every accepted
 request gets exactly one result: ok, or an error with a stable code — guarded by `Job.answered`, so
-no path can answer twice.
+no path can answer twice. Over 500 lines because it is that one pipeline: every path a request can
+take, and the exactly-once answer on each, is read in one class.
 
 Results go to `reply_to` (when `replyToTopics` allows it) or `edgeinfer/{thing}/result`, on the bus
 the request came from (local pub/sub or IoT Core). A `reply_to` outside the allowed topics, or one the

@@ -26,6 +26,8 @@ reconnects by itself (exponential back-off); after a reconnect without a resumed
 subscribes again to everything it had subscribed to.
 
 `target` is accepted for the `PubSub` protocol and ignored: an MQTT connection has one broker.
+Over 500 lines because it is the one MQTT client: connecting, reconnecting, resubscribing and the
+hand-off from the CRT's threads all act on one connection's state.
 """
 
 from __future__ import annotations
