@@ -1,4 +1,4 @@
-"""The IoT policy templates: least privilege, scoped by the thing-name policy variable, DESIGN.md topics."""
+"""The IoT policy templates: least privilege, scoped by the thing-name policy variable, the topics."""
 
 from __future__ import annotations
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import jsonschema
 import pytest
@@ -25,7 +24,7 @@ from tests.helpers.config import lite_typed
 
 ROOT = PROJECT
 RECIPE = ROOT / "recipes" / "com.edgeinfer.InferenceRuntime.yaml"
-SCHEMA = Path("/work/shared/schemas/greengrass-recipe.schema.json")
+SCHEMA = ROOT / "components" / "edgeinfer" / "bundle" / "schemas" / "greengrass-recipe.schema.json"
 
 
 def test_camel() -> None:

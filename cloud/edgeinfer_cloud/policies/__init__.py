@@ -2,7 +2,7 @@
 
 `core-device.json`: what a Greengrass core running the edgeinfer bundle needs, and nothing more: the
 nucleus's own topics (jobs, shadow, health), the Greengrass data plane, its token-exchange role
-alias, and the edgeinfer topics of DESIGN.md, all scoped to its own thing name with the policy
+alias, and the edgeinfer topics of `edgeinfer.messages`, all scoped to its own thing name with the policy
 variable `${iot:Connection.Thing.ThingName}` (one policy serves the whole fleet).
 
 `cloud-router.json`: the router's shared subscription `$share/<group>/edgeinfer/+/offload`, receiving

@@ -4,7 +4,7 @@ The aggregator is plain, synchronous and clock-driven: `add()` folds records in 
 records and a few counters per request), `poll()` closes every window whose end has passed on the
 injected clock. Tests drive it with a fake clock; the component calls `poll()` from its loop.
 
-What a window counts (DESIGN.md, "Telemetry window"):
+What a window counts (the wire shape is `edgeinfer.messages.TelemetryWindow`):
 
 - `count`: requests answered in the window (ok and error; dropped frames are not requests);
 - `latency_ms`: p50/p90/p99/max per stage over the requests answered `ok` (errors such as BAD_REQUEST
