@@ -44,6 +44,7 @@ __all__ = [
     "TimingBatch",
     "TimingRecord",
     "error_result",
+    "fits_iot_core",
     "infer_topic",
     "is_thing_name",
     "iso_utc",
@@ -59,8 +60,14 @@ __all__ = [
 # --------------------------------------------------------------------------------------------- topics
 
 IOT_CORE_MAX_BYTES = 131072
-"""The most one message may carry through IoT Core: its hard limit (128 KB), and the nucleus's
-`mqtt.maxMessageSizeInBytes`, over which it refuses a PublishToIoTCore before the network."""
+"""IoT Core's hard limit per message (128 KB), and the nucleus's `mqtt.maxMessageSizeInBytes`, at
+which it refuses a PublishToIoTCore before the network (see `fits_iot_core`)."""
+def fits_iot_core(payload: bytes) -> bool:
+    """Would the nucleus pass this payload on to IoT Core? Older classic nuclei refuse a payload of
+    exactly `mqtt.maxMessageSizeInBytes` too (`>=` in `MqttClient.isValidPublishRequest`)."""
+    return len(payload) < IOT_CORE_MAX_BYTES
+
+
 RAW_IMAGE_TYPES = ("image/jpeg", "image/png")
 """MQTT 5 content types of a request whose payload is the image itself (see `parse_raw_request`)."""
 

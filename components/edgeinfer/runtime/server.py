@@ -50,6 +50,7 @@ from edgeinfer.messages import (
     Result,
     TimingRecord,
     error_result,
+    fits_iot_core,
     infer_topic,
     iso_utc,
     parse_raw_request,
@@ -732,7 +733,7 @@ class InferenceServer:
             payload = json.dumps(doc, separators=(",", ":")).encode()
         else:
             payload = result.to_json()
-        if job.target == "iot" and len(payload) > IOT_CORE_MAX_BYTES:
+        if job.target == "iot" and not fits_iot_core(payload):
             # The nucleus would refuse it and the client would hear nothing: a short answer that fits.
             size = len(payload)
             result = error_result(

@@ -25,6 +25,7 @@ from edgeinfer.messages import (
     Request,
     Result,
     error_result,
+    fits_iot_core,
     iso_utc,
     offload_result_topic,
     offload_topic,
@@ -263,7 +264,7 @@ class HybridPlacement:
         later is served as the policy says. One that would not fit through IoT Core is not sent, and
         is served here without counting against the cloud."""
         payload = OffloadRequest(wire, OffloadOrigin(self.thing, left, iso_utc(self.wall()))).to_json()
-        if len(payload) > IOT_CORE_MAX_BYTES:
+        if not fits_iot_core(payload):
             self.policy.publish_finished()
             if self.policy.cancel(ticket):
                 self._fallback(
