@@ -82,3 +82,8 @@ def test_one_mqtt_client() -> None:
         "components/edgeinfer/transport/mqtt.py",
     ]
     assert _places(r"^class \w*Mqtt\w*Client\b") == []
+
+
+def test_one_wait_in_the_tests() -> None:
+    # Polling for a condition is tests.helpers.wait (wait_for -> bool, eventually asserts).
+    assert _files(_places(r"^def _?(?:wait_for|eventually)\(", "tests")) == ["tests/helpers/wait.py"]

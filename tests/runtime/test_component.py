@@ -6,7 +6,6 @@ import argparse
 import base64
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,15 +17,9 @@ from edgeinfer.runtime.config import default_recipe_configuration
 from edgeinfer.transport import MemoryBus
 from tests.helpers.config import lite_typed
 from tests.helpers.images import solid_jpeg
+from tests.helpers.wait import eventually
 
 THING = "c1"
-
-
-def wait_for(pred: Callable[[], bool], timeout: float = 30.0) -> None:
-    end = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < end, "condition not met in time"
-        time.sleep(0.01)
 
 
 def make(
@@ -55,7 +48,7 @@ def ask(bus: MemoryBus, rid: str) -> Result:
         json.dumps({"id": rid, "image": base64.b64encode(solid_jpeg((3, 3, 240))).decode()}).encode(),
     )
     topic = f"edgeinfer/{THING}/result"
-    wait_for(lambda: any(Result.parse(m.payload).id == rid for m in bus.messages_on(topic)))
+    eventually(lambda: any(Result.parse(m.payload).id == rid for m in bus.messages_on(topic)))
     return next(r for r in (Result.parse(m.payload) for m in bus.messages_on(topic)) if r.id == rid)
 
 
@@ -97,10 +90,10 @@ def test_live_updates_apply_without_restart(tiny_store: Path, tmp_path: Path) ->
     try:
         server, engine = comp.server, comp.server.engine
         assert bus.propose_configuration(dict(bus.config, maxQueueDelayUs=0, maxQueueSize=10)) is None
-        wait_for(lambda: server.batcher.max_queue_size == 10)
+        eventually(lambda: server.batcher.max_queue_size == 10)
         assert server.engine is engine  # batching keys: no new engine
         assert bus.propose_configuration(dict(bus.config, maxBatchSize=2)) is None
-        wait_for(lambda: server.engine is not engine)
+        eventually(lambda: server.engine is not engine)
         assert server.engine.max_batch_size == 2
         assert sorted(server.engine.warmup_ms) == [1, 2]
         assert comp.server is server  # same server, same subscriptions
@@ -138,10 +131,10 @@ def test_without_live_validation_updates_still_apply(
         server = comp.server
         # Nothing validates: a bad value reaches the component, which keeps what runs and says why.
         assert bus.propose_configuration(dict(bus.config, maxBatchSize="0")) is None
-        wait_for(lambda: any("configuration update ignored" in r.getMessage() for r in caplog.records))
+        eventually(lambda: any("configuration update ignored" in r.getMessage() for r in caplog.records))
         assert server.engine.max_batch_size == 4
         assert bus.propose_configuration(dict(bus.config, maxBatchSize="4", maxQueueSize="10")) is None
-        wait_for(lambda: server.batcher.max_queue_size == 10)
+        eventually(lambda: server.batcher.max_queue_size == 10)
         assert ask(bus, "lite").status == "ok"
     finally:
         comp.stop()
@@ -176,7 +169,7 @@ def test_requests_during_start_up_are_served(tiny_store: Path, tmp_path: Path) -
     comp.start()
     try:
         topic = f"edgeinfer/{THING}/result"
-        wait_for(lambda: len(bus.messages_on(topic)) == 2)
+        eventually(lambda: len(bus.messages_on(topic)) == 2)
         got = {Result.parse(m.payload).id: m.target for m in bus.messages_on(topic)}
         assert got == {"early": "local", "early-iot": "iot"}
         assert ask(bus, "later").status == "ok"
@@ -196,10 +189,10 @@ def test_placement_change_rewires_the_seam(tiny_store: Path, tmp_path: Path) -> 
     try:
         assert isinstance(comp.server.placement, EdgeOnly)
         assert bus.propose_configuration(dict(bus.config, placement={"enabled": True})) is None
-        wait_for(lambda: comp.server.offloader is not None)
+        eventually(lambda: comp.server.offloader is not None)
         assert not isinstance(comp.server.placement, EdgeOnly)
         assert bus.propose_configuration(dict(bus.config, placement={"enabled": False})) is None
-        wait_for(lambda: comp.server.offloader is None)
+        eventually(lambda: comp.server.offloader is None)
         assert isinstance(comp.server.placement, EdgeOnly)
         assert ask(bus, "still").status == "ok"
     finally:
@@ -214,7 +207,7 @@ def test_engine_swap_rewires_the_placement_policy(tiny_store: Path, tmp_path: Pa
         assert offloader is not None
         assert bus.propose_configuration(dict(bus.config, maxBatchSize=2)) is None
         # The old offloader is stopped (EdgeOnly for a moment), then a new one is wired.
-        wait_for(lambda: comp.server.offloader not in (None, offloader))
+        eventually(lambda: comp.server.offloader not in (None, offloader))
         assert comp.server.engine is not engine
         # A new policy built for the new engine (batch size 2, not the old engine's 4).
         assert comp.server.offloader.policy.max_batch_size == 2

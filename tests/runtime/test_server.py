@@ -25,6 +25,7 @@ from edgeinfer.runtime.placement import Decision, PlacementContext
 from edgeinfer.runtime.server import InferenceServer
 from edgeinfer.transport import MemoryBus, Message, MqttProperties, Target, UnauthorizedError
 from tests.helpers.images import solid_jpeg, solid_png
+from tests.helpers.wait import eventually
 
 THING = "dev1"
 INFER = f"edgeinfer/{THING}/infer"
@@ -48,14 +49,6 @@ class GuardedBus(MemoryBus):
         super().publish(topic, payload, target=target, qos=qos, properties=properties)
 
 
-def wait_for(pred: Callable[[], bool], timeout: float = 30.0) -> None:
-    end = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > end:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.005)
-
-
 class Harness:
     def __init__(self, engine: Engine, cfg: RuntimeConfig) -> None:
         self.bus = GuardedBus()
@@ -74,7 +67,7 @@ class Harness:
         ]
 
     def wait_results(self, n: int, **kw: Any) -> list[Result]:
-        wait_for(lambda: len(self.results(**kw)) >= n)
+        eventually(lambda: len(self.results(**kw)) >= n)
         return self.results(**kw)
 
 
@@ -113,7 +106,7 @@ def test_reply_to_allowed_topic_and_dlr_format(harness: Harness) -> None:
     topic = f"{RESULT}/mine"
     harness.send({"id": "a", "image": b64(solid_jpeg((5, 5, 250))), "reply_to": topic})
     harness.send({"id": "d", "image": b64(solid_jpeg((5, 5, 250))), "result_format": "dlr"})
-    wait_for(lambda: len(harness.bus.messages_on(topic)) == 1 and len(harness.bus.messages_on(RESULT)) == 1)
+    eventually(lambda: len(harness.bus.messages_on(topic)) == 1 and len(harness.bus.messages_on(RESULT)) == 1)
     assert Result.parse(harness.bus.messages_on(topic)[0].payload).predictions[0].label == "blue"
     dlr = json.loads(harness.bus.messages_on(RESULT)[0].payload)
     assert dlr["id"] == "d"
@@ -259,9 +252,9 @@ def test_burst_beyond_the_queue_every_request_answered(make_engine: Callable[...
         n = 40
         for i in range(n):
             bus.publish(INFER, json.dumps({"id": f"b{i}", "image": img}).encode())
-        wait_for(lambda: server.batcher.incoming == 0)
+        eventually(lambda: server.batcher.incoming == 0)
         gate.release.set()
-        wait_for(lambda: len(bus.messages_on(RESULT)) >= n + 1)
+        eventually(lambda: len(bus.messages_on(RESULT)) >= n + 1)
         time.sleep(0.1)
         results = [Result.parse(m.payload) for m in bus.messages_on(RESULT)]
         assert sorted(r.id or "" for r in results) == sorted(["first"] + [f"b{i}" for i in range(n)])
@@ -331,7 +324,7 @@ def test_a_gpu_engine_runs_on_engine_threads_warmed_before_start_returns(
         assert len(engine_threads) == 2
         assert set(engine.warmed) == engine_threads  # warmed before start() returned
         bus.publish(INFER, json.dumps({"id": "a", "image": b64(solid_jpeg((250, 1, 1)))}).encode())
-        wait_for(lambda: len(bus.messages_on(RESULT)) == 1)
+        eventually(lambda: len(bus.messages_on(RESULT)) == 1)
         [res] = [Result.parse(m.payload) for m in bus.messages_on(RESULT)]
         assert res.status == "ok"
         # Idle, yet not run on the arriving thread: on a warmed engine thread.
@@ -355,7 +348,7 @@ def test_a_failed_warm_up_is_logged_once_per_thread_and_serving_goes_on(
     engine = FailingWarmUp(make_engine(cfg))
     with serving(engine, cfg) as (bus, _server):
         bus.publish(INFER, json.dumps({"id": "a", "image": b64(solid_jpeg((250, 1, 1)))}).encode())
-        wait_for(lambda: len(bus.messages_on(RESULT)) == 1)
+        eventually(lambda: len(bus.messages_on(RESULT)) == 1)
         time.sleep(0.3)  # a few turns of the engine loop
         assert Result.parse(bus.messages_on(RESULT)[0].payload).status == "ok"
         assert engine.calls == 1  # tried once on the one engine thread, not at every turn
@@ -370,7 +363,7 @@ def test_message_on_the_heels_of_the_last_is_pipelined(make_engine: Callable[...
         img = b64(solid_jpeg((250, 1, 1)))
         bus.publish(INFER, json.dumps({"id": "a", "image": img}).encode())
         bus.publish(INFER, json.dumps({"id": "b", "image": img}).encode())
-        wait_for(lambda: len(bus.messages_on(RESULT)) >= 2)
+        eventually(lambda: len(bus.messages_on(RESULT)) >= 2)
         assert {Result.parse(m.payload).status for m in bus.messages_on(RESULT)} == {"ok"}
         assert engine.threads[0] == threading.get_ident()
         assert engine.threads[1] != threading.get_ident()  # a decode worker or the engine thread
@@ -385,7 +378,7 @@ def test_under_load_an_idle_moment_gets_a_lane_not_the_transport_thread(
     with serving(engine, cfg) as (bus, server):
         server.batcher.contention = 1.0  # as after a burst: the recent arrivals all found work in flight
         bus.publish(INFER, json.dumps({"id": "a", "image": b64(solid_jpeg((250, 1, 1)))}).encode())
-        wait_for(lambda: len(bus.messages_on(RESULT)) >= 1)
+        eventually(lambda: len(bus.messages_on(RESULT)) >= 1)
         [res] = [Result.parse(m.payload) for m in bus.messages_on(RESULT)]
         assert res.status == "ok"
         assert threading.get_ident() not in engine.threads  # not run inline …
@@ -397,7 +390,7 @@ def test_inline_off_keeps_the_transport_thread_free(make_engine: Callable[..., E
     engine = ThreadRecorder(make_engine(cfg))
     with serving(engine, cfg) as (bus, _server):
         bus.publish(INFER, json.dumps({"id": "a", "image": b64(solid_jpeg((250, 1, 1)))}).encode())
-        wait_for(lambda: len(bus.messages_on(RESULT)) >= 1)
+        eventually(lambda: len(bus.messages_on(RESULT)) >= 1)
         assert engine.threads
         assert threading.get_ident() not in engine.threads
 
@@ -431,9 +424,9 @@ def test_lanes_run_batches_side_by_side_and_an_idle_request_alone(
         assert gate.entered.wait(30)  # "a" found the runtime idle: it runs alone, and is held
         for i in range(6):
             bus.publish(INFER, json.dumps({"id": f"b{i}", "image": img}).encode())
-        wait_for(lambda: server.batcher.incoming == 0)
+        eventually(lambda: server.batcher.incoming == 0)
         gate.release.set()
-        wait_for(lambda: len(bus.messages_on(RESULT)) >= 7)
+        eventually(lambda: len(bus.messages_on(RESULT)) >= 7)
         results = [Result.parse(m.payload) for m in bus.messages_on(RESULT)]
         assert {r.status for r in results} == {"ok"}
         assert gate.lanes_seen[0] is False  # alone: every thread
@@ -449,10 +442,10 @@ def test_deadline_passed_in_queue_is_not_computed(make_engine: Callable[..., Eng
         bus.publish(INFER, json.dumps({"id": "first", "image": img}).encode())
         assert gate.entered.wait(30)
         bus.publish(INFER, json.dumps({"id": "late", "image": img, "deadline_ms": 1}).encode())
-        wait_for(lambda: server.batcher.incoming == 0)
+        eventually(lambda: server.batcher.incoming == 0)
         time.sleep(0.01)  # its 1 ms deadline is over while the engine is still busy
         gate.release.set()
-        wait_for(lambda: len(bus.messages_on(RESULT)) >= 2)
+        eventually(lambda: len(bus.messages_on(RESULT)) >= 2)
         res = {r.id: r for r in (Result.parse(m.payload) for m in bus.messages_on(RESULT))}
         assert res["first"].status == "ok"
         assert res["late"].error
@@ -485,7 +478,7 @@ def test_placement_seam_reject_and_cloud(make_engine: Callable[..., Engine]) -> 
         img = b64(solid_jpeg((250, 1, 1)))
         for rid, off in (("no1", "auto"), ("c1", "always"), ("e1", "auto")):
             bus.publish(INFER, json.dumps({"id": rid, "image": img, "offload": off}).encode())
-        wait_for(lambda: len(bus.messages_on(RESULT)) >= 3)
+        eventually(lambda: len(bus.messages_on(RESULT)) >= 3)
         time.sleep(0.1)
         res = {r.id: r for r in (Result.parse(m.payload) for m in bus.messages_on(RESULT))}
         assert len(bus.messages_on(RESULT)) == 3
@@ -511,7 +504,7 @@ def test_timings_published_in_batches(make_engine: Callable[..., Engine]) -> Non
         for i in range(5):
             bus.publish(INFER, json.dumps({"id": f"t{i}", "image": b64(solid_jpeg((9, 9, 200)))}).encode())
         bus.publish(INFER, b"garbage")
-        wait_for(
+        eventually(
             lambda: (
                 sum(len(TimingBatch.parse(m.payload).records) for m in bus.messages_on(TIMINGS_TOPIC)) >= 6
             )
@@ -576,8 +569,8 @@ def test_property_garbage_always_gets_exactly_one_answer(
     bus.published.clear()
     for p in payloads:
         garbage_server.handle_message(Message(INFER, p, "local"))
-    wait_for(lambda: len(_answers(bus)) >= len(payloads), timeout=20)
-    wait_for(lambda: garbage_server.batcher.outstanding == 0 and garbage_server.batcher.depth == 0)
+    eventually(lambda: len(_answers(bus)) >= len(payloads), timeout=20)
+    eventually(lambda: garbage_server.batcher.outstanding == 0 and garbage_server.batcher.depth == 0)
     time.sleep(0.002)
     answers = _answers(bus)
     assert len(answers) == len(payloads)
@@ -723,14 +716,14 @@ def test_failure_after_inference_answers_the_batch_and_frees_its_lane(
     with serving(engine, cfg) as (bus, server):
         img = b64(solid_jpeg((250, 1, 1)))
         bus.publish(INFER, json.dumps({"id": "boom", "image": img}).encode())
-        wait_for(lambda: len(bus.messages_on(RESULT)) >= 1)
+        eventually(lambda: len(bus.messages_on(RESULT)) >= 1)
         bus.publish(INFER, json.dumps({"id": "next", "image": img}).encode())
-        wait_for(lambda: len(bus.messages_on(RESULT)) >= 2)
+        eventually(lambda: len(bus.messages_on(RESULT)) >= 2)
         res = {r.id: r for r in (Result.parse(m.payload) for m in bus.messages_on(RESULT))}
         assert res["boom"].error is not None
         assert res["boom"].error.code == ErrorCode.INTERNAL
         assert res["next"].status == "ok"  # the lane came back
-        wait_for(lambda: server.batcher.idle)  # nothing held: admitted, queued or running
+        eventually(lambda: server.batcher.idle)  # nothing held: admitted, queued or running
 
 
 # ------------------------------------------------------------------ deadlines from the sender, MQTT 5
@@ -781,7 +774,7 @@ def test_mqtt5_raw_jpeg_request_is_answered_on_its_response_topic_with_its_corre
         user_properties=(("top_k", "1"), ("deadline_ms", "30000")),
     )
     harness.bus.publish(INFER, solid_jpeg((5, 250, 5)), target="iot", properties=props)
-    wait_for(lambda: len(harness.bus.messages_on(reply)) == 1)
+    eventually(lambda: len(harness.bus.messages_on(reply)) == 1)
     (msg,) = harness.bus.messages_on(reply)
     result = Result.parse(msg.payload)
     assert result.status == "ok"
@@ -795,7 +788,7 @@ def test_mqtt5_raw_jpeg_request_is_answered_on_its_response_topic_with_its_corre
     # with the correlation data, so the client can match it.
     bad = dataclasses.replace(props, response_topic="elsewhere/x", user_properties=(("id", "r2"),))
     harness.bus.publish(INFER, solid_jpeg((5, 250, 5)), target="iot", properties=bad)
-    wait_for(lambda: len(harness.bus.messages_on(RESULT, "iot")) == 1)
+    eventually(lambda: len(harness.bus.messages_on(RESULT, "iot")) == 1)
     (msg,) = harness.bus.messages_on(RESULT, "iot")
     err = Result.parse(msg.payload)
     assert err.id == "r2"
@@ -810,7 +803,7 @@ def test_a_json_request_with_a_response_topic_is_answered_there(harness: Harness
     props = MqttProperties(correlation_data=b"c1", response_topic=reply)
     body = json.dumps({"id": "j1", "image": b64(solid_jpeg((5, 5, 250)))}).encode()
     harness.bus.publish(INFER, body, target="iot", properties=props)
-    wait_for(lambda: len(harness.bus.messages_on(reply)) == 1)
+    eventually(lambda: len(harness.bus.messages_on(reply)) == 1)
     msg = harness.bus.messages_on(reply)[0]
     assert Result.parse(msg.payload).id == "j1"
     assert msg.properties is not None
@@ -827,7 +820,7 @@ def test_a_result_over_iot_cores_limit_is_answered_too_large(
     monkeypatch.setattr(engine, "top_k", lambda probs, k: many)
     harness.send({"id": "big", "image": b64(solid_jpeg((250, 5, 5)))}, target="iot")
     harness.send({"id": "local-big", "image": b64(solid_jpeg((250, 5, 5)))})
-    wait_for(lambda: len(harness.bus.messages_on(RESULT)) == 2)
+    eventually(lambda: len(harness.bus.messages_on(RESULT)) == 2)
     by_target = {m.target: m for m in harness.bus.messages_on(RESULT)}
     iot = Result.parse(by_target["iot"].payload)
     assert len(by_target["iot"].payload) < IOT_CORE_MAX_BYTES

@@ -16,6 +16,7 @@ from edgeinfer.greengrass.nuclei import CLASSIC
 from edgeinfer.sim import MosquittoBroker, Simulator
 from edgeinfer.sim.iot_bridge import IotBridge, PublishRefusedError
 from tests.helpers.sim import ALLOW_ALL, Device
+from tests.helpers.wait import wait_for
 
 A = "com.example.A"
 
@@ -24,15 +25,6 @@ A = "com.example.A"
 def broker(tmp_path: Path) -> Iterator[MosquittoBroker]:
     with MosquittoBroker(work_dir=tmp_path / "broker") as b:
         yield b
-
-
-def _eventually(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def test_publish_to_iot_core_of_140000_bytes_is_refused_before_the_network(
@@ -65,14 +57,14 @@ def test_at_most_five_in_flight_the_rest_spooled_in_order(broker: MosquittoBroke
             try:
                 for i in range(20):
                     assert bridge.publish("seq", str(i).encode(), 1).done()  # accepted once spooled
-                assert _eventually(lambda: bridge.in_flight() == 5)
+                assert wait_for(lambda: bridge.in_flight() == 5)
                 time.sleep(0.2)
                 assert bridge.in_flight() == 5
                 assert bridge.pending() == (20, sum(len(str(i)) for i in range(20)))
             finally:
                 os.kill(broker._proc.pid, signal.SIGCONT)
             cloud = [int(m.payload) for m in inbox.wait_for(20)]
-            assert _eventually(lambda: bridge.pending() == (0, 0))
+            assert wait_for(lambda: bridge.pending() == (0, 0))
     finally:
         bridge.close()
     assert cloud == list(range(20))
@@ -86,7 +78,7 @@ def test_the_spooler_drops_qos0_first_then_refuses(broker: MosquittoBroker) -> N
         chunk = b"x" * 100_000
         for _ in range(5):  # in flight, unacknowledged
             bridge.publish("t", chunk, 1)
-        assert _eventually(lambda: bridge.in_flight() == 5)
+        assert wait_for(lambda: bridge.in_flight() == 5)
         for _ in range(3):
             bridge.publish("t", b"0" * 5_000, 0)
         for _ in range(21):  # 2.615 MB of the 2.62 MiB spool

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import os
-import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 
 from edgeinfer.sim import SimError, Simulator
 from tests.helpers.sim import PYTHON, Device
+from tests.helpers.wait import wait_for
 
 
 def _alive(pid: int) -> bool:
@@ -25,15 +25,6 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
-
-
-def _eventually(predicate: Callable[[], bool], timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def test_crashing_component_is_restarted_then_broken(
@@ -175,7 +166,7 @@ def test_stop_runs_shutdown_and_kills_the_whole_process_tree(
     sim = simulator(device.recipes, device.artifacts)
     sim.wait_for_state("com.example.Daemon", "RUNNING", timeout=30)
     sim.wait_for_state("com.example.Tree", "RUNNING", timeout=30)
-    assert _eventually(lambda: pids.exists() and len(pids.read_text().split()) == 2)
+    assert wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 2)
     children = [int(p) for p in pids.read_text().split()]
     assert all(_alive(p) for p in children)
     sim.stop()
@@ -233,7 +224,7 @@ def test_update_state_errored_restarts_the_component(
     history = sim.history("com.example.Reporter")
     assert history.count("ERRORED") == 1
     assert history[history.index("ERRORED") :] == ["ERRORED", "INSTALLED", "STARTING", "RUNNING"]
-    assert _eventually(lambda: sim.logs("com.example.Reporter").splitlines().count("run") == 2)
+    assert wait_for(lambda: sim.logs("com.example.Reporter").splitlines().count("run") == 2)
 
 
 def test_restarts_on_request_on_a_lifecycle_changing_deployment_and_with_a_hard_dependency(
@@ -257,20 +248,20 @@ def test_restarts_on_request_on_a_lifecycle_changing_deployment_and_with_a_hard_
 
     sim.restart("com.example.User")
     sim.wait_for_state("com.example.User", "RUNNING", timeout=30)
-    assert _eventually(lambda: sim.logs("com.example.User").splitlines().count("mode=a") == 2)
+    assert wait_for(lambda: sim.logs("com.example.User").splitlines().count("mode=a") == 2)
     assert sim.logs("com.example.User").splitlines().count("shutdown") == 1
 
     sim.update_configuration("com.example.User", merge={"mode": "b"})  # changes the Run script: restart
-    assert _eventually(lambda: "mode=b" in sim.logs("com.example.User").splitlines())
+    assert wait_for(lambda: "mode=b" in sim.logs("com.example.User").splitlines())
     sim.update_configuration("com.example.User", merge={"unused": 1})  # same lifecycle: no restart
     assert sim.logs("com.example.User").splitlines().count("shutdown") == 2
 
     flag.touch()
     sim.restart("com.example.Dep")  # Dep errs once on the way up: its HARD dependant restarts too
-    assert _eventually(lambda: sim.logs("com.example.Dep").splitlines().count("dep up") == 2)
+    assert wait_for(lambda: sim.logs("com.example.Dep").splitlines().count("dep up") == 2)
     sim.wait_for_state("com.example.User", "RUNNING", timeout=30)
     # restarted with its dependency (maybe twice: Dep is RUNNING for a moment before it errs)
-    assert _eventually(lambda: sim.logs("com.example.User").splitlines().count("mode=b") >= 2)
+    assert wait_for(lambda: sim.logs("com.example.User").splitlines().count("mode=b") >= 2)
     history = sim.history("com.example.User")
     assert history[-4:] == ["STOPPING", "INSTALLED", "STARTING", "RUNNING"]
 
@@ -302,7 +293,7 @@ def test_a_process_that_exits_without_stop_takes_its_components_along(tmp_path: 
     )
     assert done.returncode == 3, done.stderr
     pid = int(pid_file.read_text())
-    gone = _eventually(lambda: not _alive(pid), timeout=10)
+    gone = wait_for(lambda: not _alive(pid), timeout=10)
     if not gone:
         os.kill(pid, 9)
     assert gone, "the component's process outlived the simulator's process"

@@ -15,6 +15,7 @@ from edgeinfer.errors import EdgeinferError
 from edgeinfer.sim import Simulator
 from edgeinfer.sim.users import RunAs, blocked, interpreter_of
 from tests.helpers.sim import PYTHON, Device
+from tests.helpers.wait import eventually
 
 AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="only a core started as root switches users")
 
@@ -75,11 +76,11 @@ def test_components_run_as_the_component_user_and_privileged_steps_as_root(
     assert sim.wait_for_state("com.example.Py", ("FINISHED", "BROKEN")) == "FINISHED"
     log = sim.logs("com.example.Who")
     assert "install=root" in log
-    _wait_for(lambda: "run=ggc_user:ggc_group" in sim.logs("com.example.Who"))
+    eventually(lambda: "run=ggc_user:ggc_group" in sim.logs("com.example.Who"))
     assert "home=/home/ggc_user" in sim.logs("com.example.Who")
     work = open_dir / "root" / "work" / "com.example.Who"
     assert work.owner() == "ggc_user"
-    _wait_for((work / "mine").exists)
+    eventually((work / "mine").exists)
     # This interpreter lives where ggc_user cannot read (pyenv under root's 0700 home, or pytest's
     # tmp folders): the component runs as root instead, and the core says why in one line.
     readable = blocked(PYTHON, _ggc_user()) is None
@@ -114,12 +115,3 @@ def _ggc_user() -> RunAs:
     from edgeinfer.sim.users import ensure_user
 
     return ensure_user("ggc_user", "ggc_group", create=False)
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)

@@ -12,15 +12,7 @@ import pytest
 from edgeinfer.sim.broker import Inbox
 from edgeinfer.transport import Message, TransportError
 from edgeinfer.transport.mqtt import REFUSED_GRACE_S, MqttPubSub, parse_broker, subscription_topic_filter
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
+from tests.helpers.wait import wait_for
 
 
 def payloads(messages: Iterable[Message]) -> list[bytes]:

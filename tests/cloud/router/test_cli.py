@@ -16,7 +16,8 @@ from edgeinfer.messages import OffloadOrigin, OffloadRequest, Request, Result, i
 from edgeinfer.sim.broker import MosquittoBroker
 from edgeinfer.transport import Message
 from edgeinfer.transport.mqtt import MqttPubSub
-from tests.helpers.router import jpeg, wait_for
+from tests.helpers.router import jpeg
+from tests.helpers.wait import wait_for
 
 
 def test_cli_errors_are_one_line(tmp_path: Path, capsys: object) -> None:

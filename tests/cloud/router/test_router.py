@@ -29,7 +29,8 @@ from edgeinfer.sim.broker import MosquittoBroker
 from edgeinfer.transport import MemoryBus, Message
 from edgeinfer.transport.mqtt import MqttPubSub
 from edgeinfer_cloud.router.router import FleetView, Router, RouterConfig, thing_from_topic
-from tests.helpers.router import FakeBackend, jpeg, wait_for
+from tests.helpers.router import FakeBackend, jpeg
+from tests.helpers.wait import wait_for
 
 
 def offload(

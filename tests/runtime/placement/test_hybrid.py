@@ -28,21 +28,13 @@ from edgeinfer_bench.offload import EdgeBus
 from edgeinfer_cloud.router.backends import OnnxBackend
 from edgeinfer_cloud.router.router import Router, RouterConfig
 from tests.helpers.images import solid_jpeg
+from tests.helpers.wait import wait_for
 
 THING = "edge-1"
 
 
 # Local pub/sub in memory; `iot` goes to the real broker (what the nucleus's IoT Core bridge does).
 SplitBus = EdgeBus
-
-
-def wait_for(pred: Callable[[], bool], timeout: float = 30.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return pred()
 
 
 @pytest.fixture

@@ -1,0 +1,23 @@
+"""Waiting on a condition that another thread or process makes true, polling, without a fixed sleep."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+__all__ = ["eventually", "wait_for"]
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 30.0, interval: float = 0.01) -> bool:
+    """True as soon as `predicate()` holds; False when `timeout` seconds pass first (asked once more then)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def eventually(predicate: Callable[[], bool], timeout: float = 30.0, what: str = "the condition") -> None:
+    """Fail the test unless `predicate()` comes to hold within `timeout` seconds."""
+    assert wait_for(predicate, timeout), f"{what} did not hold within {timeout:g} s"
