@@ -19,7 +19,12 @@ import yaml
 from tests.helpers import PROJECT
 
 README = PROJECT / "README.md"
-DOCUMENTS = ["README.md", "CONTRIBUTING.md", "docs/design.md", "bench/results/README.md"]
+# Every Markdown page of the repository's own (not the recorded benchmark tables).
+DOCUMENTS = sorted(
+    str(path.relative_to(PROJECT))
+    for pattern in ("*.md", "docs/*.md", "bench/results/README.md")
+    for path in PROJECT.glob(pattern)
+)
 COMPONENTS = [
     "com.edgeinfer.InferenceRuntime",
     "com.edgeinfer.RuntimeInstaller",
