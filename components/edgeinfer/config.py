@@ -337,7 +337,7 @@ def subscribe(
         except TransportError as exc:
             log.warning(
                 "%s: live configuration validation is off, the nucleus does not serve it (%s); "
-                "a bad configuration change is refused when it is applied and logged here",
+                "a change this component cannot use is ignored when it arrives, with its reasons here",
                 component,
                 exc,
             )
