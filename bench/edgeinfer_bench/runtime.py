@@ -42,15 +42,18 @@ from typing import Any
 from edgeinfer import procfs
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.files import write_output
+from edgeinfer.sim import testing
 from edgeinfer.stats import percentile
 from edgeinfer_bench.requests import request_templates, with_id
 
 log = logging.getLogger(__name__)
 
-COMPONENT = "com.edgeinfer.InferenceRuntime"
-STORE = "com.edgeinfer.ModelStore"
-INSTALLER = "com.edgeinfer.RuntimeInstaller"
-CLIENT = "com.edgeinfer.BenchClient"
+COMPONENT = testing.RUNTIME
+STORE = testing.STORE
+INSTALLER = testing.INSTALLER
+CLIENT = testing.CLIENT
+recipes_dir = testing.recipes_dir
+wait_ready = testing.wait_ready
 ECHO = "com.edgeinfer.BenchEcho"
 THING = "bench-thing"
 SAT_ROUNDS = 3  # saturation runs, each beside a batched-loop run; medians reported
@@ -71,90 +74,17 @@ TARGETS = {
 # ------------------------------------------------------------------------------------ device layout
 
 
-def recipes_dir() -> Path:
-    """The project's recipes/ (the benchmarks run from a checkout: the working folder or this file's)."""
-    from edgeinfer.bundle.build import BuildError, find_project
-
-    try:
-        return find_project() / "recipes"
-    except BuildError:
-        return find_project(Path(__file__).parent) / "recipes"
-
-
 def prepare_device(
     root: Path, store_dir: Path, recipes_src: Path | None = None, *, echo: bool = False
 ) -> tuple[Path, Path]:
-    """A recipes/ + artifacts/ pair for the simulated core: the runtime's real recipe, a ModelStore
-    recipe listing the built store's files, an installer stand-in that links this Python environment
-    where the real installer puts its venv, and a client component the load generator connects as.
+    """The simulated core's test kit device (`edgeinfer.sim.testing.prepare_device`): the runtime, the
+    model store, an installer stand-in and the client component the load generator connects as.
     `echo`: also the echo component (`edgeinfer_bench.echo`), the transport's floor."""
-    import yaml
-
-    recipes = root / "recipes"
-    artifacts = root / "artifacts"
-    recipes.mkdir(parents=True, exist_ok=True)
-    shutil.copy((recipes_src or recipes_dir()) / f"{COMPONENT}.yaml", recipes)
-    version = "0.1.0"
-    files = sorted(p.name for p in Path(store_dir).iterdir() if p.is_file())
-    store = {
-        "RecipeFormatVersion": "2020-01-25",
-        "ComponentName": STORE,
-        "ComponentVersion": version,
-        "Manifests": [
-            {
-                "Platform": {"os": "linux"},
-                "Lifecycle": {},
-                "Artifacts": [{"URI": f"s3://bucket/{STORE}/{version}/{f}"} for f in files],
-            }
-        ],
-    }
-    installer = {
-        "RecipeFormatVersion": "2020-01-25",
-        "ComponentName": INSTALLER,
-        "ComponentVersion": version,
-        "Manifests": [
-            {
-                "Platform": {"os": "linux"},
-                "Lifecycle": {
-                    "Install": f"mkdir -p {{work:path}} && ln -sfn {sys.prefix} {{work:path}}/venv"
-                },
-            }
-        ],
-    }
-    client = {
-        "RecipeFormatVersion": "2020-01-25",
-        "ComponentName": CLIENT,
-        "ComponentVersion": version,
-        "ComponentConfiguration": {
-            "DefaultConfiguration": {
-                "accessControl": {
-                    "aws.greengrass.ipc.pubsub": {
-                        f"{CLIENT}:pubsub:1": {
-                            "operations": [
-                                "aws.greengrass#PublishToTopic",
-                                "aws.greengrass#SubscribeToTopic",
-                            ],
-                            "resources": ["edgeinfer/{iot:thingName}/#"],
-                        }
-                    }
-                }
-            }
-        },
-        "Manifests": [{"Platform": {"os": "linux"}, "Lifecycle": {}}],
-    }
-    docs: list[dict[str, Any]] = [store, installer, client]
-    if echo:
-        docs.append(echo_recipe(version))
-    else:
-        (recipes / f"{ECHO}.yaml").unlink(missing_ok=True)
-    for doc in docs:
-        (recipes / f"{doc['ComponentName']}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    dest = artifacts / STORE / version
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    if dest.is_symlink() or dest.exists():
-        dest.unlink() if dest.is_symlink() else shutil.rmtree(dest)
-    dest.symlink_to(Path(store_dir).resolve(), target_is_directory=True)
-    return recipes, artifacts
+    if not echo:
+        (root / "recipes" / f"{ECHO}.yaml").unlink(missing_ok=True)
+    return testing.prepare_device(
+        root, store_dir, recipes_src, extra=[echo_recipe(testing.VERSION)] if echo else []
+    )
 
 
 def echo_recipe(version: str) -> dict[str, Any]:
@@ -187,12 +117,6 @@ def echo_recipe(version: str) -> dict[str, Any]:
             }
         ],
     }
-
-
-def wait_ready(sim: Any, timeout: float = 120.0) -> None:
-    """Until the runtime reported RUNNING itself (UpdateState after warm-up). The nucleus calls a Run
-    component RUNNING as soon as its process starts, as Greengrass does, so its state says too little."""
-    sim.wait_for_report(COMPONENT, "RUNNING", timeout=timeout)
 
 
 def running_ms_from_log(text: str) -> float | None:
