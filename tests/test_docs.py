@@ -7,6 +7,7 @@ Regenerate the tables after changing a recipe's DefaultConfiguration:
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import sys
@@ -88,6 +89,33 @@ def config_table(component: str) -> str:
     return "\n".join(lines)
 
 
+def placement_table() -> str:
+    """The README table of the runtime's `placement` keys: `OffloadConfig`'s fields and comments."""
+    import inspect
+
+    from edgeinfer import config
+    from edgeinfer.runtime.placement.config import OffloadConfig
+
+    defaults = config.to_recipe(OffloadConfig())
+    defaults["enabled"] = False  # the policy is opt-in: it runs only where the object says `enabled: true`
+    comments = {"enabled": "true: the policy decides edge or cloud per request"}
+    for line in inspect.getsource(OffloadConfig).splitlines():
+        found = re.match(r"\s+(\w+): [^=]+=.*?#\s*(.*)$", line)
+        if found:
+            comments[config.key_for(OffloadConfig, found[1])] = found[2].replace("|", "\\|")
+    rows = [
+        f"| `placement.{key}` | {_value(value)} | {comments.get(key, '')} |"
+        for key, value in defaults.items()
+    ]
+    return "\n".join(["| key | default | note |", "|---|---|---|", *rows])
+
+
+TABLES: dict[str, Callable[[], str]] = {
+    **{component: functools.partial(config_table, component) for component in COMPONENTS},
+    "placement": placement_table,
+}
+
+
 def _marker(component: str) -> re.Pattern[str]:
     name = re.escape(component)
     return re.compile(rf"(<!-- config {name} -->)(.*?)(<!-- /config {name} -->)", re.S)
@@ -95,8 +123,8 @@ def _marker(component: str) -> re.Pattern[str]:
 
 def render(readme: str) -> str:
     """README with every configuration table regenerated from its recipe."""
-    for component in COMPONENTS:
-        readme = _marker(component).sub(_between_markers(config_table(component)), readme)
+    for name, table in TABLES.items():
+        readme = _marker(name).sub(_between_markers(table()), readme)
     return readme
 
 
@@ -104,12 +132,12 @@ def _between_markers(table: str) -> Callable[[re.Match[str]], str]:
     return lambda found: f"{found[1]}\n{table}\n{found[3]}"
 
 
-@pytest.mark.parametrize("component", COMPONENTS)
-def test_readme_configuration_table_is_the_recipe_defaults(component: str) -> None:
-    found = _marker(component).search(README.read_text())
-    assert found is not None, f"README has no <!-- config {component} --> table"
-    assert found[2] == f"\n{config_table(component)}\n", (
-        "README's configuration table differs from the recipe: "
+@pytest.mark.parametrize("name", list(TABLES))
+def test_readme_configuration_table_is_the_defaults(name: str) -> None:
+    found = _marker(name).search(README.read_text())
+    assert found is not None, f"README has no <!-- config {name} --> table"
+    assert found[2] == f"\n{TABLES[name]()}\n", (
+        "README's configuration table differs from the recipe (or OffloadConfig): "
         "run `.venv/bin/python -m tests.test_docs --write`"
     )
 
