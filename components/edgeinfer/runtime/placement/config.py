@@ -26,13 +26,12 @@ class OffloadConfig:
     prior_cloud_ms: float = 60.0  # predicted cloud latency before any offload came back
     prior_cloud_item_ms: float = 10.0  # … plus this per offload already in flight (the cloud's queue)
     max_inflight: int = 256  # offloads waiting for an answer at once
-    # Offloads handed to the nucleus and not yet taken by it: the classic nucleus keeps at most
-    # `maxInFlightPublishes` (5) QoS 1 publishes in flight and queues the rest behind them.
-    max_inflight_publishes: int = 5
-    # The offload's image: re-encoded as a JPEG with this shorter side (0: the local model's common
-    # input size, which the cloud's preprocessing shares), never enlarged.
-    offload_image_side: int = 0
-    offload_jpeg_quality: int = 90
+    # The classic nucleus keeps at most `maxInFlightPublishes` (5) QoS 1 publishes in flight and
+    # queues the rest behind them; offloads beyond that would only wait there.
+    max_inflight_publishes: int = 5  # offloads handed to the nucleus and not yet taken by it
+    # 0: the local model's common input size, which the cloud's preprocessing shares.
+    offload_image_side: int = 0  # offloads carry the image re-encoded as a JPEG with this shorter side
+    offload_jpeg_quality: int = 90  # of that JPEG
     # Deadline offloads in flight are capped by an adaptive limit (AIMD, as TCP's window): +1/limit
     # for each answer back with headroom (round trip <= `cloud_limit_headroom` of the time it had),
     # ×`cloud_limit_backoff` for an answer that missed (at most once per `cloud_limit_hold_s`).
