@@ -166,12 +166,6 @@ def test_documents_name_no_old_layout() -> None:
         assert not [word for word in old if word in text], document
 
 
-if __name__ == "__main__":
-    if sys.argv[1:] != ["--write"]:
-        sys.exit("usage: python -m tests.test_docs --write")
-    README.write_text(render(README.read_text()))
-
-
 def test_nothing_points_outside_the_repository() -> None:
     # The design lives in docs/design.md; a checkout on another machine has nothing beside it.
     outside = ("DESIGN.md", "/work/shared", "../shared/")
@@ -182,3 +176,9 @@ def test_nothing_points_outside_the_repository() -> None:
                 text = path.read_text(errors="replace")
                 found += [f"{path.relative_to(PROJECT)}: {word}" for word in outside if word in text]
     assert not found
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write"]:
+        sys.exit("usage: python -m tests.test_docs --write")
+    README.write_text(render(README.read_text()))
