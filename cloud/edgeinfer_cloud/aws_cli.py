@@ -28,7 +28,11 @@ def register(subparsers: Any) -> None:
             "On a terminal, a progress bar shows each upload."
         ),
     )
-    pub.add_argument("--bucket", required=True, help="S3 bucket in --region (used exactly as typed)")
+    pub.add_argument(
+        "--bucket",
+        help="S3 bucket in --region, used exactly as typed (default: the one 'gdk component publish' "
+        "uses, gdk-config.json's publish.bucket-<region>-<account>)",
+    )
     pub.add_argument("--region", required=True, help="AWS region of the bucket and the components")
     pub.add_argument("--profile", help="AWS profile (default: the usual credential chain)")
     pub.add_argument("--project", type=Path, help="project root (default: found from the current folder)")

@@ -6,7 +6,9 @@
    ours is skipped; one with different digests is refused (a published version is immutable: bump
    `ComponentVersion`).
 2. Uploads every artifact to `s3://<bucket>/<component>/<version>/<file>`: the bucket is exactly the
-   name given (the GDK appends region and account to its configured prefix; this does not). Pass an
+   name given, or, when none is, the one `gdk component publish` uses for this project (the
+   gdk-config.json `publish.bucket` prefix with `-<region>-<account>` appended, `gdk_bucket`), so that
+   the two tools publish to the same place and each skips what the other published. Pass an
    `edgeinfer.progress.Progress` (bytes) to show a bar per upload.
 3. Creates the component versions in dependency order, with the artifact URIs rewritten and digests
    set, and waits until each is DEPLOYABLE.
@@ -26,9 +28,10 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from edgeinfer.bundle.build import PLACEHOLDER_PREFIX, Bundle, Component
+from edgeinfer.bundle.build import PLACEHOLDER_PREFIX, Bundle, Component, gdk_config_files
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.greengrass.recipe import artifact_filename, cget
 from edgeinfer.progress import Progress
@@ -39,6 +42,7 @@ __all__ = [
     "PublishError",
     "PublishReport",
     "component_arn",
+    "gdk_bucket",
     "partition_for",
     "publish",
     "recipe_for_cloud",
@@ -95,6 +99,23 @@ def recipe_for_cloud(comp: Component, bucket: str) -> dict[str, Any]:
     return recipe
 
 
+def gdk_bucket(root: Path, region: str, account: str) -> str:
+    """The bucket `gdk component publish` uploads this project's artifacts to: the `publish.bucket`
+    prefix of its gdk-config.json files (one for all), `-<region>-<account>` appended, as GDK's
+    `ComponentPublishConfiguration` does."""
+    prefixes = set()
+    for file in gdk_config_files(root):
+        try:
+            for settings in json.loads(file.read_text(encoding="utf-8"))["component"].values():
+                prefixes.add(str(settings["publish"]["bucket"]).strip())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            raise PublishError(f"{file}: no publish.bucket to take the GDK's bucket from") from None
+    if len(prefixes) != 1:
+        found = ", ".join(sorted(prefixes)) or "none"
+        raise PublishError(f"the gdk-config.json files name {found} as publish.bucket: pass --bucket")
+    return f"{prefixes.pop()}-{region}-{account}"
+
+
 def _error_code(exc: BaseException) -> str:
     response = getattr(exc, "response", None)
     if isinstance(response, dict):
@@ -132,6 +153,13 @@ def _check_bucket(clients: Clients, bucket: str, region: str) -> None:
         raise PublishError(
             f"bucket {bucket} is in {bucket_region}, not {region}: Greengrass needs the artifacts in the "
             f"region of the components (use a bucket in {region} or --region {bucket_region})"
+        )
+
+
+def _check_bucket_name(bucket: str, how: str) -> None:
+    if not _BUCKET_RE.fullmatch(bucket) or ".." in bucket:
+        raise PublishError(
+            f"invalid S3 bucket name {bucket!r}: 3-63 lower-case letters, digits, dots and hyphens ({how})"
         )
 
 
@@ -202,7 +230,7 @@ def _wait_deployable(
 
 def publish(
     bundle: Bundle,
-    bucket: str,
+    bucket: str | None,
     region: str,
     clients: Clients,
     *,
@@ -215,13 +243,14 @@ def publish(
 ) -> PublishReport:
     """Publish every component of `bundle` (dependencies first). See the module docstring.
 
-    `progress` shows the uploads (e.g. `Progress.on_terminal(unit="bytes")`); none by default."""
-    if not _BUCKET_RE.fullmatch(bucket) or ".." in bucket:
-        raise PublishError(
-            f"invalid S3 bucket name {bucket!r}: 3-63 lower-case letters, digits, dots and hyphens "
-            "(the name is used exactly as given: no region or account is appended)"
-        )
+    `bucket` None: the GDK's (`gdk_bucket`). `progress` shows the uploads (e.g.
+    `Progress.on_terminal(unit="bytes")`); none by default."""
+    if bucket is not None:
+        _check_bucket_name(bucket, "the name is used exactly as given: no region or account is appended")
     account = _account(clients)
+    if bucket is None:
+        bucket = gdk_bucket(bundle.root, region, account)
+        _check_bucket_name(bucket, "the GDK's: the gdk-config.json prefix, region and account")
     _check_bucket(clients, bucket, region)
     report = PublishReport(account=account, bucket=bucket, region=region, dry_run=dry_run)
 

@@ -219,3 +219,29 @@ def test_cli_missing_artifact_is_one_line(tmp_path: Path, capsys: pytest.Capture
 def test_invalid_bucket_name_is_refused_before_any_call(name: str, bundle: Bundle) -> None:
     with pytest.raises(PublishError, match="invalid S3 bucket name"):
         publish(bundle, name, REGION, Clients(sts=None, s3=None, greengrassv2=None))
+
+
+def test_without_a_bucket_it_publishes_where_gdk_component_publish_does(
+    clients: tuple[Clients, Stubber], bundle: Bundle
+) -> None:
+    from edgeinfer_cloud.publish import gdk_bucket
+
+    c, stub = clients
+    acct = str(c.sts.get_caller_identity()["Account"])
+    gdk = gdk_bucket(ROOT, REGION, acct)
+    prefix = json.loads((ROOT / "gdk-config.json").read_text())["component"]
+    assert gdk == f"{next(iter(prefix.values()))['publish']['bucket']}-{REGION}-{acct}"
+    c.s3.create_bucket(Bucket=gdk, CreateBucketConfiguration={"LocationConstraint": REGION})
+    captures = []
+    for arn in arns(c, bundle):
+        expect_missing(stub, arn)
+    for arn, comp in zip(arns(c, bundle), bundle.components, strict=True):
+        capture = Capture()
+        expect_create(stub, arn, comp.name, comp.version, capture)
+        captures.append(capture)
+    report = publish(bundle, None, REGION, c, sleep=lambda s: None)
+    assert report.bucket == gdk
+    for cap, comp in zip(captures, bundle.components, strict=True):
+        for manifest in json.loads(cap.values[0])["Manifests"]:
+            for art in manifest.get("Artifacts", []):
+                assert art["URI"].startswith(f"s3://{gdk}/{comp.name}/{comp.version}/")  # GDK's keys too
