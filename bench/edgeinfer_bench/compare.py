@@ -76,6 +76,7 @@ def _config(text: str, what: str) -> dict[str, Any]:
 def run_compare(args: argparse.Namespace) -> dict[str, Any]:
     from edgeinfer.model.manifest import Manifest, ManifestError, default_store_dir
     from edgeinfer.sim import Simulator
+    from edgeinfer.sim.testing import wait_ready
     from edgeinfer_bench.runtime import (
         COMPONENT,
         THING,
@@ -83,7 +84,6 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
         connect_client,
         prepare_device,
         runtime_config,
-        wait_ready,
     )
 
     configs = {"a": _config(args.a, "A"), "b": _config(args.b, "B")}

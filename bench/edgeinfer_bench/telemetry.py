@@ -189,14 +189,14 @@ def _ipc_publish_cpu_us(env: dict[str, str], records: int) -> float | None:
 
 
 def saturated(args: argparse.Namespace, store_dir: Path) -> dict[str, Any]:
-    from edgeinfer.sim import Simulator
+    from edgeinfer.sim import Simulator, testing
     from edgeinfer.transport.ipc import GreengrassIpcBus
     from edgeinfer_bench import runtime as rb
 
     root = Path(tempfile.mkdtemp(prefix="edgeinfer-bench-telemetry-"))
     recipes, artifacts = rb.prepare_device(root / "device", store_dir)
     core = root / "core"
-    shutil.copy(rb.recipes_dir() / f"{TELEMETRY}.yaml", recipes)
+    shutil.copy(testing.recipes_dir() / f"{TELEMETRY}.yaml", recipes)
     payloads = request_templates(rb.bench_images())
     runtime_cfg = {
         "maxBatchSize": args.max_batch_size,
@@ -227,7 +227,7 @@ def saturated(args: argparse.Namespace, store_dir: Path) -> dict[str, Any]:
     try:
         print("simulated core: runtime + telemetry", file=sys.stderr)
         sim.start()
-        rb.wait_ready(sim)
+        testing.wait_ready(sim)
         sim.wait_for_state(TELEMETRY, "RUNNING", timeout=60)
         cloud = sim.cloud_client()
         inbox = cloud.subscribe(f"edgeinfer/{THING}/telemetry")

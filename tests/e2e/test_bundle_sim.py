@@ -35,7 +35,7 @@ from edgeinfer.model.manifest import (
 )
 from edgeinfer.sim.pytest_plugin import SimulatorFactory
 from edgeinfer.sim.simulator import SimError, Simulator
-from edgeinfer_bench.runtime import wait_ready
+from edgeinfer.sim.testing import wait_ready
 from tests.helpers import PROJECT
 from tests.helpers.tiny_store import TINY_CLASSES, TINY_LABELS, tiny_model_bytes
 

@@ -20,9 +20,8 @@ import pytest
 from edgeinfer.messages import Result, TelemetryWindow
 from edgeinfer.model.samples import cat_image
 from edgeinfer.sim import MosquittoBroker, Simulator
+from edgeinfer.sim.testing import RUNTIME, prepare_device, recipes_dir, wait_ready
 from edgeinfer.transport.mqtt import MqttPubSub
-from edgeinfer_bench.runtime import COMPONENT as RUNTIME
-from edgeinfer_bench.runtime import prepare_device, recipes_dir, wait_ready
 from edgeinfer_cloud.router.backends import OnnxBackend
 from edgeinfer_cloud.router.router import Router, RouterConfig
 

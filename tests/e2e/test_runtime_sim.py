@@ -19,7 +19,8 @@ from edgeinfer.messages import ErrorCode, Result
 from edgeinfer.model.manifest import Manifest
 from edgeinfer.model.samples import cat_image
 from edgeinfer.sim import MosquittoBroker, SimError, Simulator
-from edgeinfer_bench.runtime import COMPONENT, prepare_device, wait_ready
+from edgeinfer.sim.testing import RUNTIME as COMPONENT
+from edgeinfer.sim.testing import prepare_device, wait_ready
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

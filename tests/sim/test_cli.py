@@ -141,9 +141,10 @@ def test_a_wait_that_fails_leaves_no_core_behind(
     assert unknown.stderr.strip().splitlines() == [
         "edgeinfer: error: --wait com.example.Nope: not a component of this core (com.example.Quiet)"
     ]
-    late = edgeinfer(*base, "--wait", "com.example.Quiet", "--wait-timeout", "1.5", cwd=tmp_path)
+    # long enough for the core to come up on a loaded machine; the component never reports
+    late = edgeinfer(*base, "--wait", "com.example.Quiet", "--wait-timeout", "6", cwd=tmp_path)
     assert late.returncode == 2
-    assert "com.example.Quiet did not report RUNNING in 1.5 s" in late.stderr
+    assert "com.example.Quiet did not report RUNNING in 6 s" in late.stderr
     assert len(late.stderr.strip().splitlines()) == 1
     assert not (work / "status.json").exists()
     status = edgeinfer("sim", "status", "--work-dir", str(work), cwd=tmp_path)
@@ -174,3 +175,13 @@ def test_wait_accepts_a_component_that_finished_and_one_restarted_after_an_error
         assert data["components"]["com.example.Flaky"]["reported"] == "RUNNING"
     finally:
         edgeinfer("sim", "down", "--work-dir", str(work), cwd=tmp_path)
+
+
+def test_up_offers_both_nuclei_and_a_component_user(tmp_path: Path) -> None:
+    shown = edgeinfer("sim", "up", "--help", cwd=tmp_path)
+    assert shown.returncode == 0
+    assert "--nucleus {classic,lite}" in shown.stdout
+    assert "--component-user USER[:GROUP]" in shown.stdout
+    bad = edgeinfer("sim", "up", "--nucleus", "java", cwd=tmp_path)
+    assert bad.returncode == 2
+    assert "invalid choice: 'java'" in bad.stderr

@@ -58,7 +58,7 @@ def _owner(path: Path) -> str:
 
 @AS_ROOT
 def test_components_run_as_the_component_user_and_privileged_steps_as_root(
-    simulator: Callable[..., Simulator], open_dir: Path
+    open_dir: Path, simulator: Callable[..., Simulator]
 ) -> None:
     device = Device(open_dir / "device")
     for folder in (device.recipes.parent, device.recipes, device.artifacts):

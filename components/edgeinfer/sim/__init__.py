@@ -31,6 +31,8 @@ Python API::
         local = sim.local_client()       # local pub/sub from the test (no authorization)
         local.publish(topic, b"bytes" | {"json": 1}); local.subscribe("a/#") -> Inbox
         sim.update_configuration("Comp", merge={...}, reset=[...])  # validators first; SimError if rejected
+        sim.update_component("Comp", merge={...})  # a deployment: subscribers may defer it, then restart
+        sim.warnings                     # what it did unlike a nucleus (e.g. a component not as ggc_user)
         sim.configuration("Comp")        # current configuration
         sim.ipc_env("Comp")              # {"SVCUID", "AWS_GG_NUCLEUS_DOMAIN_SOCKET_FILEPATH_FOR_COMPONENT"}
         sim.restart("Comp")              # Shutdown, then Install and Run again
@@ -43,6 +45,10 @@ Recover; states NEW → INSTALLED → STARTING → RUNNING / FINISHED, ERRORED �
 BROKEN after `max_errors`; a HARD dependant waits for RUNNING/FINISHED and restarts when its
 dependency errs. `RUNNING` is set when the Run process starts (Startup: when it exits 0), as on a
 real nucleus; `UpdateState` moves it too.
+
+`nucleus="lite"` behaves as nucleus lite (`edgeinfer.greengrass.nuclei` lists the differences); run
+as root, components run as the nucleus's component user. The test kit for this project's own
+components is `edgeinfer.sim.testing`.
 
 Bad recipes raise `edgeinfer.greengrass.recipe.RecipeError` from `start()` before anything runs.
 The pytest plugin (`edgeinfer.sim.pytest_plugin`, auto-loaded) gives the fixtures `sim_broker`
@@ -59,7 +65,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from edgeinfer.greengrass.recipe import RecipeError
     from edgeinfer.sim.broker import CloudClient, Inbox, MosquittoBroker
-    from edgeinfer.sim.simulator import LocalClient, SimError, Simulator
+    from edgeinfer.sim.pubsub import LocalClient
+    from edgeinfer.sim.simulator import SimError, Simulator
 
 __all__ = ["CloudClient", "Inbox", "LocalClient", "MosquittoBroker", "RecipeError", "SimError", "Simulator"]
 
@@ -68,7 +75,7 @@ _WHERE = {
     "MosquittoBroker": "broker",
     "CloudClient": "broker",
     "RecipeError": "edgeinfer.greengrass.recipe",
-    "LocalClient": "simulator",
+    "LocalClient": "pubsub",
     "SimError": "simulator",
     "Simulator": "simulator",
 }

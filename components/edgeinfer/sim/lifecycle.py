@@ -74,8 +74,11 @@ class Component:
         return self.recipe.name
 
     def log(self, text: str) -> None:
-        with self.log_path.open("a", encoding="utf-8") as f:
-            f.write(f"{_now()} [sim] {self.name}: {text}\n")
+        try:
+            with self.log_path.open("a", encoding="utf-8") as f:
+                f.write(f"{_now()} [sim] {self.name}: {text}\n")
+        except OSError:  # the root went away under us (a test's tmp folder): still stop cleanly
+            log.debug("%s: %s", self.name, text)
 
 
 StepSpec = tuple[str, dict[str, str], "float | None", "str | None", bool]  # script, env, timeout, skip, root
@@ -127,7 +130,11 @@ class Lifecycle:
     async def stop(self) -> None:
         self.stopping = True
         for recipe in reversed(self.nucleus.order):
-            await self.stop_component(self.components[recipe.name])
+            try:
+                await self.stop_component(self.components[recipe.name])
+            except Exception:  # the others' processes must go all the same
+                log.exception("stopping %s", recipe.name)
+                await self._kill_all(self.components[recipe.name])
 
     async def stop_component(self, comp: Component, final: str = FINISHED) -> None:
         comp.stopping = True

@@ -16,10 +16,12 @@ from awsiot.greengrasscoreipc import model
 
 from edgeinfer import codec
 from edgeinfer.sim import ipc_server as ipc
+from edgeinfer.sim.broker import Inbox
 from edgeinfer.transport.base import Message, topic_matches
 
 if TYPE_CHECKING:
     from edgeinfer.sim.core import Nucleus
+    from edgeinfer.sim.simulator import Simulator
 
 PUBSUB = "aws.greengrass.ipc.pubsub"
 
@@ -122,3 +124,27 @@ def binary_event_payload(topic: str, message: bytes) -> bytes:
             b"}}",
         )
     )
+
+
+class LocalClient:
+    """Local pub/sub as a test component sees it, straight on the simulator's router (no auth)."""
+
+    def __init__(self, sim: Simulator) -> None:
+        self._sim = sim
+
+    def publish(self, topic: str, payload: bytes | str | dict[str, Any] | list[Any]) -> None:
+        """bytes/str go out as a binaryMessage, dict/list as a jsonMessage."""
+        value: Any
+        if isinstance(payload, (dict, list)):
+            kind, value = "json", payload
+        else:
+            kind, value = "binary", payload.encode() if isinstance(payload, str) else bytes(payload)
+        nucleus = self._sim._need()
+        self._sim._call(lambda: nucleus.publish_local(topic, kind, value, None))
+
+    def subscribe(self, topic_filter: str) -> Inbox:
+        inbox = Inbox(topic_filter, "local")
+        nucleus = self._sim._need()
+        remove = self._sim._call(lambda: nucleus.add_local_callback(topic_filter, inbox.put))
+        inbox._closer = lambda: self._sim._call(remove)
+        return inbox

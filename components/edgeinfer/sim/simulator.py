@@ -23,41 +23,21 @@ from edgeinfer.greengrass import nuclei
 from edgeinfer.greengrass.nuclei import NucleusProfile
 from edgeinfer.greengrass.recipe import RecipeError, apply_reset, deep_merge, load_recipes, resolve
 from edgeinfer.messages import is_thing_name
-from edgeinfer.sim.broker import CloudClient, Inbox, MosquittoBroker, parse_hostport
+from edgeinfer.sim.broker import CloudClient, MosquittoBroker, parse_hostport
 from edgeinfer.sim.core import BROKEN, Deferral, Nucleus, Options
 from edgeinfer.sim.iot_bridge import IotBridge
+from edgeinfer.sim.pubsub import LocalClient
+from edgeinfer.sim.status import status_document
 
 log = logging.getLogger(__name__)
+
+__all__ = ["LocalClient", "SimError", "Simulator"]
 
 _SOCKET_MAX = 100  # sun_path is 108 bytes including the terminating NUL
 
 
 class SimError(EdgeinferError):
     """The simulated core could not do what was asked (timeout, rejected update, not started)."""
-
-
-class LocalClient:
-    """Local pub/sub as a test component sees it, straight on the simulator's router (no auth)."""
-
-    def __init__(self, sim: Simulator) -> None:
-        self._sim = sim
-
-    def publish(self, topic: str, payload: bytes | str | dict[str, Any] | list[Any]) -> None:
-        """bytes/str go out as a binaryMessage, dict/list as a jsonMessage."""
-        value: Any
-        if isinstance(payload, (dict, list)):
-            kind, value = "json", payload
-        else:
-            kind, value = "binary", payload.encode() if isinstance(payload, str) else bytes(payload)
-        nucleus = self._sim._need()
-        self._sim._call(lambda: nucleus.publish_local(topic, kind, value, None))
-
-    def subscribe(self, topic_filter: str) -> Inbox:
-        inbox = Inbox(topic_filter, "local")
-        nucleus = self._sim._need()
-        remove = self._sim._call(lambda: nucleus.add_local_callback(topic_filter, inbox.put))
-        inbox._closer = lambda: self._sim._call(remove)
-        return inbox
 
 
 class Simulator:
@@ -325,26 +305,8 @@ class Simulator:
         with self._cond:
             states = dict(self._states)
             reported = dict(self._reported)
-        data = {
-            "pid": os.getpid(),
-            "running": self.started,
-            "thing": self.thing,
-            "nucleus": self.nucleus.name,
-            "broker": f"{self.broker[0]}:{self.broker[1]}",
-            "socket": self.socket_path,
-            "root": str(self.root),
-            "components": {
-                n: {
-                    "state": s,
-                    # The component's own UpdateState (None until it reports): a Run component is
-                    # RUNNING once its process starts, ready only when it says so.
-                    "reported": reported.get(n),
-                    "version": self._nucleus.components[n].recipe.version if self._nucleus else "",
-                    "log": str(self.root / "logs" / f"{n}.log"),
-                }
-                for n, s in states.items()
-            },
-        }
+        versions = {n: c.recipe.version for n, c in self._nucleus.components.items()} if self._nucleus else {}
+        data = status_document(self, states, reported, versions)
         with contextlib.suppress(OSError):
             atomic_write(self.root / "status.json", json.dumps(data, indent=2).encode())
 
