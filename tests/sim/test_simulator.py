@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +79,21 @@ def test_an_unknown_nucleus_is_one_line(device: Device) -> None:
     with pytest.raises(SimError, match=r"unknown nucleus 'java' \(classic or lite\)"):
         Simulator(device.recipes, device.artifacts, nucleus="java")
     assert Simulator(device.recipes, device.artifacts, nucleus="lite").nucleus.name == "lite"
+
+
+def test_file_uris_name_the_file_not_a_file_called_file_colon(
+    simulator: Callable[..., Simulator], device: Device, tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text("from an absolute path\n")
+    device.add(
+        "com.example.Files",
+        files={"local.txt": "from the artifact folder\n"},
+        artifacts=[{"URI": "file:local.txt"}, {"URI": f"file://{elsewhere}"}],
+        lifecycle={"Run": "cat {artifacts:path}/local.txt {artifacts:path}/elsewhere.txt"},
+    )
+    sim = simulator(device.recipes, device.artifacts)
+    assert sim.wait_for_state("com.example.Files", "FINISHED") == "FINISHED"
+    log = sim.logs("com.example.Files")
+    assert "from the artifact folder" in log
+    assert "from an absolute path" in log
