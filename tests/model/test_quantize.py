@@ -86,8 +86,11 @@ def test_excluded_layers_stay_float(tmp_path: Path, tiny_onnx: Path, calibration
 
 
 def test_bias_correction_reduces_mean_shift(tmp_path: Path, tiny_onnx: Path, calibration: np.ndarray) -> None:
+    # 7-bit weights, as the build quantizes the CPU variant: with 8 bits, ORT's U8S8 kernels on an
+    # x86-64 without AVX-512 VNNI saturate in int16, an error the correction (which models the
+    # dequantized arithmetic) cannot see, and the shift grew (0.0057 -> 0.0062) instead of halving.
     out = tmp_path / "q.onnx"
-    quantize.quantize_core(tiny_onnx, out, calibration, scheme="u8s8", input_name="input")
+    quantize.quantize_core(tiny_onnx, out, calibration, scheme="u8s8", input_name="input", reduce_range=True)
     core = onnx.load(str(tiny_onnx))
     quantized = onnx.load(str(out))
     ref = _run(core, {"input": calibration})

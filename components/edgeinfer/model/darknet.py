@@ -58,7 +58,7 @@ class Section:
     kind: str
     options: dict[str, str]
 
-    def int(self, key: str, default: int | None = None) -> int:
+    def number(self, key: str, default: int | None = None) -> int:
         if key not in self.options:
             if default is None:
                 raise DarknetError(f"[{self.kind}] needs {key}=")
@@ -163,10 +163,10 @@ def convert(cfg_text: str, weights: bytes, opset: int = 17) -> tuple[Any, int]:
 
     sections = parse_cfg(cfg_text)
     net = sections[0]
-    size = net.int("width", 416)
-    if net.int("height", size) != size:
+    size = net.number("width", 416)
+    if net.number("height", size) != size:
         raise DarknetError("only square Darknet inputs are supported")
-    channels = net.int("channels", 3)
+    channels = net.number("channels", 3)
     blob = _Weights(weights)
     nodes: list[Any] = []
     inits: list[Any] = []
@@ -183,11 +183,11 @@ def convert(cfg_text: str, weights: bytes, opset: int = 17) -> tuple[Any, int]:
     for index, sec in enumerate(sections[1:]):
         name = f"l{index}_{sec.kind}"
         if sec.kind == "convolutional":
-            filters, k = sec.int("filters"), sec.int("size")
-            stride = sec.int("stride", 1)
-            pad = k // 2 if sec.int("pad", 0) else sec.int("padding", 0)
-            groups = sec.int("groups", 1)
-            bn = sec.int("batch_normalize", 0)
+            filters, k = sec.number("filters"), sec.number("size")
+            stride = sec.number("stride", 1)
+            pad = k // 2 if sec.number("pad", 0) else sec.number("padding", 0)
+            groups = sec.number("groups", 1)
+            bn = sec.number("batch_normalize", 0)
             bias = blob.take(filters)
             if bn:
                 scales, mean, var = blob.take(filters), blob.take(filters), blob.take(filters)
@@ -225,8 +225,8 @@ def convert(cfg_text: str, weights: bytes, opset: int = 17) -> tuple[Any, int]:
             elif act != "linear":
                 raise DarknetError(f"activation {act!r} is not supported")
         elif sec.kind == "maxpool":
-            k, stride = sec.int("size"), sec.int("stride", 1)
-            pad = sec.int("padding", k - 1)
+            k, stride = sec.number("size"), sec.number("stride", 1)
+            pad = sec.number("padding", k - 1)
             # Darknet offsets by -pad/2 and lets the window run past the end: the rest pads right/bottom.
             before, after = pad // 2, pad - pad // 2
             out_g = (g + pad - k) // stride + 1
@@ -246,9 +246,9 @@ def convert(cfg_text: str, weights: bytes, opset: int = 17) -> tuple[Any, int]:
                 raise DarknetError(f"[maxpool] size={k} stride={stride} on {g} pixels is not supported")
             x, g = name, out_g
         elif sec.kind == "upsample":
-            stride = sec.int("stride", 2)
-            scales = const(f"{name}.scales", np.array([1, 1, stride, stride], np.float32))
-            nodes.append(helper.make_node("Resize", [x, "", scales], [name], name=name, mode="nearest"))
+            stride = sec.number("stride", 2)
+            factors = const(f"{name}.scales", np.array([1, 1, stride, stride], np.float32))
+            nodes.append(helper.make_node("Resize", [x, "", factors], [name], name=name, mode="nearest"))
             x, g = name, g * stride
         elif sec.kind == "route":
             refs = [r if r >= 0 else index + r for r in sec.ints("layers")]
@@ -261,14 +261,14 @@ def convert(cfg_text: str, weights: bytes, opset: int = 17) -> tuple[Any, int]:
                 x = name
             c, g = sum(chans[r] for r in refs), grids[refs[0]]
         elif sec.kind == "shortcut":
-            ref = sec.int("from")
+            ref = sec.number("from")
             ref = ref if ref >= 0 else index + ref
             nodes.append(helper.make_node("Add", [x, outs[ref]], [name], name=name))
             x = name
         elif sec.kind == "yolo":
             mask = sec.ints("mask")
             anchors = np.array(sec.ints("anchors"), np.float32).reshape(-1, 2)[mask]
-            classes = sec.int("classes", 80)
+            classes = sec.number("classes", 80)
             if c != len(mask) * (5 + classes):
                 raise DarknetError(f"[yolo] after {c} channels, expected {len(mask) * (5 + classes)}")
             heads.append((x, g, c, anchors, classes))

@@ -278,7 +278,21 @@ def tail_node_names(model: Any) -> list[str]:
             continue
         feeding.add(n.name)
         stack.extend(producers[i] for i in n.input if i in producers)
-    return [n.name for n in model.graph.node if n.name not in feeding]
+    tail = {n.name for n in model.graph.node if n.name not in feeding}
+    consumers: dict[str, list[str]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n.name)
+    outputs = {o.name for o in model.graph.output}
+    # The heads too: one conv writes box offsets, objectness and class logits into one tensor, whose
+    # one int8 scale would be far too coarse for the logits near 0 where the sigmoid is steepest.
+    heads = {
+        n.name
+        for n in model.graph.node
+        if n.op_type == "Conv"
+        and all(o in outputs or (consumers.get(o) and all(c in tail for c in consumers[o])) for o in n.output)
+    }
+    return [n.name for n in model.graph.node if n.name in tail or n.name in heads]
 
 
 def check_core(model: Any) -> tuple[str, list[int | str]]:

@@ -72,8 +72,8 @@ def export_efficientnet(arch: Arch, out: Path, opset: int = 17) -> None:
         )
 
 
-def load_user_model(path: Path) -> Any:
-    """Load and check a user's ONNX classifier; EdgeinferError (one line) when it is unusable."""
+def load_user_model(path: Path, *, detector: bool = False, layout: str | None = None) -> Any:
+    """Load and check a user's ONNX classifier (or detector); EdgeinferError (one line) when unusable."""
     import onnx
 
     if not path.is_file():
@@ -87,6 +87,11 @@ def load_user_model(path: Path) -> Any:
     if not model.graph.node:
         raise ModelInputError(f"{path} has no nodes")
     core_input(model)
+    if detector:
+        from edgeinfer.model.detect import output_layout
+
+        output_layout(model, layout)  # an unknown layout fails now, with its shape, not after the export
+        return model
     if len(model.graph.output) != 1:
         raise ModelInputError(
             f"{path} has {len(model.graph.output)} outputs; expected one [N, classes] output"

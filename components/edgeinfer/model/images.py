@@ -8,7 +8,7 @@ image with the calibration set. Everything is returned as uint8 RGB HWC arrays a
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,73 @@ VALIDATION_PHOTOS = (
     "horse",
     "clock",
 )
+
+
+# Detectors: Darknet's classic test photos (Debian's `darknet` package installs them), the photos
+# bundled with this package and scikit-image's. The held-out set is four Darknet photos full of
+# objects; calibration gets every other photo, so the gate compares on images it never calibrated on.
+DARKNET_DATA = Path("/usr/share/darknet/data")
+DETECTION_VALIDATION = ("dog", "person", "horses", "kite")
+DETECTION_CALIBRATION = ("eagle", "giraffe", "scream")
+SAMPLES = Path(__file__).resolve().parent / "samples"
+NATURAL_PHOTOS = ("chelsea", "coffee", "astronaut", "rocket", "motorcycle_left", "horse", "clock", "camera")
+
+
+def darknet_photo(name: str, folder: Path | None = None) -> np.ndarray | None:
+    """One of Darknet's test photos as uint8 RGB; None when the darknet data is not installed."""
+    path = (folder or DARKNET_DATA) / f"{name}.jpg"
+    return read_image(path) if path.is_file() else None
+
+
+def letterbox(image: np.ndarray, size: Sequence[int], pad_value: int = 127) -> np.ndarray:
+    """Scale to fit [H, W] keeping the aspect, centred on a `pad_value` canvas (what a detector sees)."""
+    import cv2
+
+    h, w = int(size[0]), int(size[1])
+    scale = min(h / image.shape[0], w / image.shape[1])
+    nh = max(1, min(h, int(image.shape[0] * scale + 0.5)))
+    nw = max(1, min(w, int(image.shape[1] * scale + 0.5)))
+    resized = cv2.resize(image, (nw, nh), interpolation=cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR)
+    canvas = np.full((h, w, 3), pad_value, dtype=np.uint8)
+    top, left = (h - nh) // 2, (w - nw) // 2
+    canvas[top : top + nh, left : left + nw] = resized
+    return canvas
+
+
+def detection_sets(
+    size: Sequence[int], calibration_per_photo: int, validation_per_photo: int, seed: int
+) -> tuple[ImageSet, ImageSet]:
+    """(calibration, held-out validation) for a detector, letterboxed to `size`, disjoint by photo."""
+    rng = np.random.default_rng(seed)
+
+    def resize(image: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+        return letterbox(image, shape)
+
+    calib, valid = ImageSet(images=[]), ImageSet(images=[])
+    darknet_valid = [(n, darknet_photo(n)) for n in DETECTION_VALIDATION]
+    have_darknet = all(p is not None for _, p in darknet_valid)
+    calib_photos: list[tuple[str, np.ndarray | None]] = [
+        (f"darknet:{n}", darknet_photo(n)) for n in DETECTION_CALIBRATION
+    ]
+    calib_photos += [(f"sample:{p.stem}", read_image(p)) for p in sorted(SAMPLES.glob("*.jpg"))]
+    natural = [(f"skimage:{n}", builtin_photo(n)) for n in NATURAL_PHOTOS]
+    if have_darknet:
+        valid_photos = [(f"darknet:{n}", p) for n, p in darknet_valid]
+        calib_photos += natural
+    else:  # no darknet data here: hold out half of scikit-image's natural photos instead
+        log.warning("Darknet's test photos are missing (%s): validating on scikit-image photos", DARKNET_DATA)
+        valid_photos, calib_photos = natural[::2], calib_photos + natural[1::2]
+    for target, photos, per_photo in (
+        (calib, calib_photos, calibration_per_photo),
+        (valid, valid_photos, validation_per_photo),
+    ):
+        for name, photo in photos:
+            if photo is None:
+                continue
+            crops = augment(photo, rng, per_photo, size, resize=resize)
+            target.images += crops
+            target.sources += [name] * len(crops)
+    return calib, valid
 
 
 class CalibrationError(EdgeinferError):
@@ -135,9 +202,18 @@ def fit(image: np.ndarray, size: Sequence[int]) -> np.ndarray:
     return cv2.resize(image, (w, h), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
 
 
-def augment(image: np.ndarray, rng: np.random.Generator, count: int, size: Sequence[int]) -> list[np.ndarray]:
-    """The image itself plus `count - 1` random resized crops with flips and light colour jitter."""
-    out = [fit(image, size)]
+def augment(
+    image: np.ndarray,
+    rng: np.random.Generator,
+    count: int,
+    size: Sequence[int],
+    *,
+    resize: Callable[[np.ndarray, Sequence[int]], np.ndarray] | None = None,
+) -> list[np.ndarray]:
+    """The image itself plus `count - 1` random resized crops with flips and light colour jitter.
+    `resize` brings each to `size` (default `fit`, a plain resize; detectors letterbox)."""
+    fit_to = resize or fit
+    out = [fit_to(image, size)]
     h, w = image.shape[:2]
     for _ in range(count - 1):
         area = rng.uniform(0.12, 1.0) * h * w
@@ -149,7 +225,7 @@ def augment(image: np.ndarray, rng: np.random.Generator, count: int, size: Seque
         crop = image[y : y + ch, x : x + cw]
         if rng.random() < 0.5:
             crop = crop[:, ::-1]
-        crop = fit(np.ascontiguousarray(crop), size).astype(np.float32)
+        crop = fit_to(np.ascontiguousarray(crop), size).astype(np.float32)
         crop = crop * rng.uniform(0.75, 1.25) + rng.uniform(-20, 20)  # contrast, brightness
         out.append(np.clip(crop, 0, 255).astype(np.uint8))
     return out
@@ -169,7 +245,14 @@ def builtin_set(names: Sequence[str], per_photo: int, size: Sequence[int], seed:
 
 
 def folder_set(
-    folder: Path, size: Sequence[int], *, limit: int, per_image: int, min_count: int, seed: int
+    folder: Path,
+    size: Sequence[int],
+    *,
+    limit: int,
+    per_image: int,
+    min_count: int,
+    seed: int,
+    resize: Callable[[np.ndarray, Sequence[int]], np.ndarray] | None = None,
 ) -> ImageSet:
     """Images from a user folder (recursively); unreadable and non-image files are skipped and counted."""
     if not folder.is_dir():
@@ -184,7 +267,7 @@ def folder_set(
         if image is None:
             result.skipped += 1
             continue
-        crops = augment(image, rng, per_image, size)
+        crops = augment(image, rng, per_image, size, resize=resize)
         result.images += crops
         result.sources += [str(path)] * len(crops)
     if len(result.images) < min_count:

@@ -89,8 +89,69 @@ def prepare(image: np.ndarray, manifest: Manifest) -> np.ndarray:
 
 def top_k(logits: np.ndarray, labels: Sequence[str], k: int = 5) -> list[tuple[int, str, float]]:
     """[(class index, label, softmax probability)] for one row of logits, best first."""
-    row = np.asarray(logits, dtype=np.float64).reshape(-1)
-    probs = np.exp(row - row.max())
-    probs /= probs.sum()
-    order = np.argsort(-probs)[:k]
-    return [(int(i), labels[i] if i < len(labels) else str(i), float(probs[i])) for i in order]
+    from edgeinfer.runtime import postprocess
+
+    probs = postprocess.softmax(np.asarray(logits).reshape(-1))
+    return [(i, labels[i] if i < len(labels) else str(i), p) for i, p in postprocess.top_k(probs, k)]
+
+
+def detect(
+    sess: Any,
+    image: np.ndarray,
+    manifest: Manifest,
+    score_threshold: float | None = None,
+    max_detections: int | None = None,
+) -> list[Any]:
+    """One RGB image of any size → its detections (runtime.postprocess.Detection) in its own pixels:
+    the graph letterboxes and maps the boxes back itself."""
+    from edgeinfer.runtime import postprocess
+
+    spec = manifest.detection
+    if spec is None:
+        raise EdgeinferError(f"model store {manifest.root} is not a detector")
+    boxes, scores = sess.run(None, {sess.get_inputs()[0].name: image[None]})
+    return postprocess.detections(
+        boxes[0],
+        scores[0],
+        score_threshold=spec.score_threshold if score_threshold is None else score_threshold,
+        iou_threshold=spec.iou_threshold,
+        max_detections=max_detections or spec.max_detections,
+    )
+
+
+def drawing_targets(out: Path | None, images: Sequence[Path]) -> list[Path | None]:
+    """Where `--out` puts each drawn photo: the file itself for one image, else `<folder>/<name>`."""
+    if out is None:
+        return [None] * len(images)
+    if len(images) == 1 and out.suffix.lower() in (".jpg", ".jpeg", ".png", ".bmp", ".webp"):
+        if out.is_dir():
+            raise EdgeinferError(f"--out {out} is a folder; give a file name like boxes.jpg or a new folder")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return [out]
+    if out.exists() and not out.is_dir():
+        raise EdgeinferError(f"--out {out} is a file; with several images give a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    return [out / f"{p.stem}.detected{p.suffix or '.jpg'}" for p in images]
+
+
+def draw(image: np.ndarray, found: Sequence[Any], labels: Sequence[str], path: Path) -> None:
+    """Write `image` (RGB) with each detection's box and label drawn on it."""
+    import cv2
+
+    canvas = np.ascontiguousarray(image[:, :, ::-1])
+    thick = max(1, round(max(image.shape[:2]) / 400))
+    for d in found:
+        colour = tuple(int(c) for c in np.random.default_rng(d.index).integers(64, 256, 3))
+        p1 = (int(d.box.x_min), int(d.box.y_min))
+        p2 = (int(d.box.x_max), int(d.box.y_max))
+        cv2.rectangle(canvas, p1, p2, colour, thick)
+        text = f"{labels[d.index] if d.index < len(labels) else d.index} {d.score:.2f}"
+        cv2.putText(
+            canvas, text, (p1[0], max(12, p1[1] - 4)), cv2.FONT_HERSHEY_SIMPLEX, 0.4 * thick, colour, thick
+        )
+    ok, buf = cv2.imencode(path.suffix or ".jpg", canvas)
+    if not ok:
+        raise EdgeinferError(f"cannot encode {path.name}: use .jpg or .png")
+    from edgeinfer.files import atomic_write
+
+    atomic_write(path, bytes(buf))

@@ -66,8 +66,13 @@ def quantize_core(
     method: str = "MinMax",
     percentile: float = 99.999,
     extra_options: dict[str, Any] | None = None,
+    reduce_range: bool = False,
 ) -> None:
-    """Static QDQ quantization of a float NCHW core network, calibrated with MinMax on `calibration`."""
+    """Static QDQ quantization of a float NCHW core network, calibrated with MinMax on `calibration`.
+
+    `reduce_range`: 7-bit weights. Without AVX-512 VNNI (AVX2 x86-64), ONNX Runtime's U8S8 kernels
+    add pairs of u8 × s8 products in int16 (`vpmaddubsw`), which saturates once both are large;
+    7-bit weights keep every pair in range."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         CalibrationMethod,
@@ -120,6 +125,7 @@ def quantize_core(
             calibrate_method=getattr(CalibrationMethod, method),
             nodes_to_exclude=list(exclude),
             extra_options=extra,
+            reduce_range=reduce_range,
         )
     finally:
         root.setLevel(level)

@@ -13,11 +13,21 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 import cv2
 import numpy as np
 
-__all__ = ["DecodeError", "ImageHeader", "decode_image", "read_header", "warm_up_decoder"]
+__all__ = [
+    "DecodeError",
+    "ImageHeader",
+    "Letterbox",
+    "decode_image",
+    "decode_letterboxed",
+    "letterbox",
+    "read_header",
+    "warm_up_decoder",
+]
 
 
 class DecodeError(Exception):
@@ -103,6 +113,16 @@ def _complete(data: bytes, fmt: str) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class Letterbox:
+    """How a detector's input was made from the source image: canvas = source · scale + offset, (x, y);
+    `limit` is the source image's (width, height), to which boxes are clipped."""
+
+    scale: tuple[float, float]
+    offset: tuple[float, float]
+    limit: tuple[float, float]
+
+
 def decode_image(
     data: bytes,
     size: int,
@@ -117,6 +137,65 @@ def decode_image(
     the larger common size the graph crops from). A JPEG is decoded at 1/2 or 1/4 scale from the DCT
     while its shorter side keeps at least that many pixels; default `size`.
     """
+    img, _ = _decode_bgr(data, size, max_pixels=max_pixels, min_side=min_side, detail=detail)
+    return to_model_input(img, size, bgr=True)
+
+
+def decode_letterboxed(
+    data: bytes,
+    size: int,
+    *,
+    max_pixels: int = 40_000_000,
+    min_side: int = 8,
+    detail: int | None = None,
+) -> tuple[np.ndarray, Letterbox]:
+    """Encoded image → RGB uint8 `[size, size, 3]` letterboxed (the whole image scaled to fit, centred
+    on grey 127), for detectors: images of any shape batch together and the graph's own letterbox is
+    then a no-op. The Letterbox maps boxes back to the source image's pixels."""
+    img, header = _decode_bgr(data, size, max_pixels=max_pixels, min_side=min_side, detail=detail)
+    return letterbox(img, size, bgr=True, source=(header.width, header.height))
+
+
+def letterbox(
+    img: np.ndarray,
+    size: int,
+    *,
+    bgr: bool = True,
+    source: tuple[int, int] | None = None,
+    pad_value: int = 127,
+) -> tuple[np.ndarray, Letterbox]:
+    """An HxWx3 uint8 frame → RGB `[size, size, 3]` letterboxed; `source`: the (width, height) the
+    frame stands for when it was decoded reduced."""
+    h, w = img.shape[:2]
+    scale = min(size / h, size / w)
+    nw, nh = max(1, min(size, int(w * scale + 0.5))), max(1, min(size, int(h * scale + 0.5)))
+    if (nw, nh) != (w, h):
+        img = cv2.resize(img, (nw, nh), interpolation=cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR)
+    top, left = (size - nh) // 2, (size - nw) // 2
+    canvas = np.full((size, size, 3), pad_value, dtype=np.uint8)
+    canvas[top : top + nh, left : left + nw] = cv2.cvtColor(img, cv2.COLOR_BGR2RGB) if bgr else img
+    sw, sh = source or (w, h)
+    return canvas, Letterbox((nw / sw, nh / sh), (float(left), float(top)), (float(sw), float(sh)))
+
+
+def refit(job: Any, size: int, detector: bool) -> np.ndarray:
+    """A queued job's image brought to a new engine's input `size` (an engine swap), its geometry
+    updated in place for a detector."""
+    if not detector:
+        return to_model_input(job.image, size, bgr=False)
+    img, step = letterbox(job.image, size, bgr=False)
+    old = job.geometry or Letterbox((1.0, 1.0), (0.0, 0.0), (float(img.shape[1]), float(img.shape[0])))
+    job.geometry = Letterbox(
+        (old.scale[0] * step.scale[0], old.scale[1] * step.scale[1]),
+        (old.offset[0] * step.scale[0] + step.offset[0], old.offset[1] * step.scale[1] + step.offset[1]),
+        old.limit,
+    )
+    return img
+
+
+def _decode_bgr(
+    data: bytes, size: int, *, max_pixels: int, min_side: int, detail: int | None
+) -> tuple[np.ndarray, ImageHeader]:
     if not data:
         raise DecodeError("empty image")
     header = read_header(data)
@@ -142,7 +221,7 @@ def decode_image(
         raise DecodeError(f"corrupt {header.format.upper()} image: {str(exc).strip()[:120]}") from None
     if img is None or img.ndim != 3 or img.shape[0] < 1 or img.shape[1] < 1:
         raise DecodeError(f"corrupt {header.format.upper()} image: the decoder could not read it")
-    return to_model_input(img, size, bgr=True)
+    return img, header
 
 
 def to_model_input(img: np.ndarray, size: int, *, bgr: bool = True) -> np.ndarray:

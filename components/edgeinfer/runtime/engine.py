@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.files import sha256_file
-from edgeinfer.messages import ModelRef, Prediction
+from edgeinfer.messages import Box, Detection, ModelRef, Prediction
 from edgeinfer.model.manifest import Manifest, ManifestError, Variant
+from edgeinfer.runtime import postprocess
 from edgeinfer.runtime.config import RuntimeConfig
 from edgeinfer.runtime.providers import (
     CPU,
@@ -81,6 +82,8 @@ class Engine:
     gpu_libraries: str | None = None  # what preload_gpu_libraries said, when a GPU provider was asked
     # Every run at this batch size, padded (`cudaFixedBatch` on the CUDA provider); 0: as it comes.
     fixed_batch: int = 0
+    # A detector's graph has two outputs (boxes, scores); `run` hands them back side by side.
+    output_names: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -168,6 +171,7 @@ class Engine:
                 lanes=lanes,
                 gpu_libraries=gpu_libraries,
                 fixed_batch=cfg.max_batch_size if really == CUDA and cfg.cuda_fixed_batch else 0,
+                output_names=[o.name for o in outputs] if manifest.is_detector else [outputs[0].name],
             )
             log.info(
                 "inference runs on %s with model %s %s variant %s (%s)%s%s",
@@ -199,6 +203,10 @@ class Engine:
         return int(self.manifest.preprocessing.size or self.input_size)
 
     @property
+    def detector(self) -> bool:
+        return self.manifest.is_detector
+
+    @property
     def short_provider(self) -> str:
         return SHORT_NAMES.get(self.provider, self.provider)
 
@@ -215,8 +223,9 @@ class Engine:
             self.run(np.zeros((1, self.input_size, self.input_size, 3), dtype=np.uint8))
 
     def run(self, batch: np.ndarray, *, lane: bool = False) -> np.ndarray:
-        """uint8 NHWC batch → class probabilities `[N, classes]` float32. `lane`: on the one-thread
-        session, beside other lanes' batches (ORT sessions take concurrent runs)."""
+        """uint8 NHWC batch → class probabilities `[N, classes]` float32, or for a detector
+        `[N, A, 4 + C]` (its boxes beside its scores; `detect` reads one row). `lane`: on the
+        one-thread session, beside other lanes' batches (ORT sessions take concurrent runs)."""
         n = batch.shape[0]
         if self.fixed_batch and n > self.fixed_batch:  # a batch queued before an engine swap
             step = self.fixed_batch
@@ -225,25 +234,29 @@ class Engine:
             padded = np.zeros((self.fixed_batch, *batch.shape[1:]), dtype=batch.dtype)
             padded[:n] = batch
             batch = padded
+        names = self.output_names or [self.output_name]
         if lane and self.lane_session is not None:
-            out = self.lane_session.run([self.output_name], {self.input_name: batch})[0]
+            outs = self.lane_session.run(names, {self.input_name: batch})
             with self._lock:
                 self.executions += 1
         else:
             with self._lock:  # one IO binding, one run at a time on it
                 if self._binding is not None:
                     self._binding.bind_cpu_input(self.input_name, batch)
-                    self._binding.bind_output(self.output_name)
+                    for name in names:
+                        self._binding.bind_output(name)
                     self.session.run_with_iobinding(self._binding)
-                    out = self._binding.copy_outputs_to_cpu()[0]
+                    outs = self._binding.copy_outputs_to_cpu()
                 else:
-                    out = self.session.run([self.output_name], {self.input_name: batch})[0]
+                    outs = self.session.run(names, {self.input_name: batch})
                 self.executions += 1
         self._thread.warm = True
-        out = np.asarray(out, dtype=np.float32).reshape(batch.shape[0], -1)[:n]
+        if self.detector:
+            return np.concatenate([np.asarray(o, dtype=np.float32) for o in outs], axis=2)[:n]
+        out = np.asarray(outs[0], dtype=np.float32).reshape(batch.shape[0], -1)[:n]
         if self.apply_softmax is None:
             self.apply_softmax = not _looks_like_probabilities(out)
-        return _softmax(out) if self.apply_softmax else out
+        return postprocess.softmax(out) if self.apply_softmax else out
 
     def warm_up(self, max_batch: int | None = None, runs: int = 2) -> dict[int, float]:
         """Run every batch size so the first real request meets a warm engine: batch 1 and the largest
@@ -267,12 +280,40 @@ class Engine:
         return dict(self.warmup_ms)
 
     def top_k(self, probs: np.ndarray, k: int) -> list[Prediction]:
-        k = max(1, min(k, probs.shape[-1]))
-        idx = np.argpartition(-probs, k - 1)[:k]
-        idx = idx[np.argsort(-probs[idx], kind="stable")]
+        return [Prediction(i, self.label(i), p) for i, p in postprocess.top_k(probs, k)]
+
+    def label(self, index: int) -> str:
+        return self.labels[index] if index < len(self.labels) else str(index)
+
+    def detect(
+        self,
+        row: np.ndarray,
+        *,
+        max_detections: int | None = None,
+        score_threshold: float | None = None,
+        geometry: Any = None,
+    ) -> list[Detection]:
+        """One image's row of `run` → its detections in the source image's pixels, best first.
+        `geometry` (a decode.Letterbox): how the runtime letterboxed the image before the graph."""
+        spec = self.manifest.detection
+        kwargs: dict[str, Any] = {}
+        if geometry is not None:
+            kwargs = {"scale": geometry.scale, "offset": geometry.offset, "limit": geometry.limit}
+        found = postprocess.detections(
+            row[:, :4],
+            row[:, 4:],
+            score_threshold=score_threshold
+            if score_threshold is not None
+            else (spec.score_threshold if spec else 0.25),
+            iou_threshold=spec.iou_threshold if spec else 0.45,
+            max_detections=max_detections or (spec.max_detections if spec else 100),
+            **kwargs,
+        )
         return [
-            Prediction(int(i), self.labels[i] if i < len(self.labels) else str(int(i)), float(probs[i]))
-            for i in idx
+            Detection(
+                d.index, self.label(d.index), d.score, Box(d.box.x_min, d.box.y_min, d.box.x_max, d.box.y_max)
+            )
+            for d in found
         ]
 
     def describe(self) -> dict[str, Any]:
@@ -301,13 +342,6 @@ def _softmax_hint(output_name: str) -> bool | None:
 
 def _looks_like_probabilities(out: np.ndarray) -> bool:
     return bool(out.size and out.min() >= 0.0 and np.allclose(out.sum(axis=-1), 1.0, atol=1e-3))
-
-
-def _softmax(x: np.ndarray) -> np.ndarray:
-    z = x - x.max(axis=-1, keepdims=True)
-    e = np.exp(z)
-    out: np.ndarray = (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
-    return out
 
 
 def load_manifest(model_dir: str | Path) -> Manifest:

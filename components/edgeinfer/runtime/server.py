@@ -59,7 +59,13 @@ from edgeinfer.messages import (
 )
 from edgeinfer.runtime.batcher import BatchPoll, DynamicBatcher, Queued
 from edgeinfer.runtime.config import RuntimeConfig
-from edgeinfer.runtime.decode import DecodeError, decode_image, warm_up_decoder
+from edgeinfer.runtime.decode import (
+    DecodeError,
+    Letterbox,
+    decode_image,
+    decode_letterboxed,
+    warm_up_decoder,
+)
 from edgeinfer.runtime.engine import Engine
 from edgeinfer.runtime.placement import (
     Decision,
@@ -110,6 +116,7 @@ class Job:
     arrived: float
     deadline: float | None = None
     image: np.ndarray | None = None
+    geometry: Letterbox | None = None  # a detector's input: how the image was letterboxed
     decode_start: float = 0.0
     decode_end: float = 0.0
     source: str | None = None  # set for frames from a camera/video/folder source
@@ -574,13 +581,15 @@ class InferenceServer:
             if data is None:
                 data = self._read_path(job.request.image_path or "")
             engine = self.engine
-            job.image = decode_image(
-                data,
-                engine.input_size,
-                max_pixels=self.cfg.max_image_pixels,
-                min_side=self.cfg.min_image_side,
-                detail=engine.detail,
-            )
+            limits = {
+                "max_pixels": self.cfg.max_image_pixels,
+                "min_side": self.cfg.min_image_side,
+                "detail": engine.detail,
+            }
+            if engine.detector:
+                job.image, job.geometry = decode_letterboxed(data, engine.input_size, **limits)
+            else:
+                job.image = decode_image(data, engine.input_size, **limits)
             job.decode_end = self.clock()
         except DecodeError as exc:
             self.batcher.release()
@@ -652,9 +661,9 @@ class InferenceServer:
         try:
             images = np.stack([j.image for j in jobs if j.image is not None])
             if images.shape[1] != engine.input_size:  # an engine swap changed the input size
-                from edgeinfer.runtime.decode import to_model_input
+                from edgeinfer.runtime.decode import refit
 
-                images = np.stack([to_model_input(img, engine.input_size, bgr=False) for img in images])
+                images = np.stack([refit(j, engine.input_size, engine.detector) for j in jobs])
             probs = engine.run(images, lane=lane)
         except Exception as exc:
             log.exception("inference on a batch of %d failed", len(jobs))
@@ -673,7 +682,18 @@ class InferenceServer:
             self._engine_ms = ms if not self._engine_ms else 0.8 * self._engine_ms + 0.2 * ms
             self._mean_batch = n if not self._mean_batch else 0.8 * self._mean_batch + 0.2 * n
         for j, row in zip(jobs, probs, strict=True):
-            preds = engine.top_k(row, j.request.top_k)
+            req = j.request
+            preds = [] if engine.detector else engine.top_k(row, req.top_k)
+            dets = (
+                engine.detect(
+                    row,
+                    max_detections=req.max_detections,
+                    score_threshold=req.score_threshold,
+                    geometry=j.geometry,
+                )
+                if engine.detector
+                else None
+            )
             lat = Latency(
                 queue=((j.decode_start - j.arrived) + (start - j.decode_end)) * 1000,
                 decode=(j.decode_end - j.decode_start) * 1000,
@@ -689,6 +709,7 @@ class InferenceServer:
                 provider=engine.provider,
                 batch_size=n,
                 latency_ms=lat,
+                detections=dets,
             )
             if j.source is None and self._cascade(j, result):
                 continue  # the placement policy asks the cloud's heavier model; it answers later
