@@ -71,6 +71,10 @@ def test_components_run_as_the_component_user_and_privileged_steps_as_root(
         },
     )
     device.add("com.example.Py", lifecycle={"Run": f"{PYTHON} -c 'import os; print(\"py\", os.getuid())'"})
+    # as the runtime's recipe: waits, then execs a venv's python that does not exist yet
+    device.add(
+        "com.example.Later", lifecycle={"Run": "w=0; until true; do :; done; exec python3 -c 'print(1)'"}
+    )
     sim = simulator(device.recipes, device.artifacts, work_dir=open_dir / "root")
     assert sim.wait_for_state("com.example.Who", "RUNNING") == "RUNNING"
     assert sim.wait_for_state("com.example.Py", ("FINISHED", "BROKEN")) == "FINISHED"
@@ -89,6 +93,7 @@ def test_components_run_as_the_component_user_and_privileged_steps_as_root(
         assert "runs as root, not as the component user ggc_user, which cannot read" in warning
         assert "\n" not in warning
         assert "py 0" in sim.logs("com.example.Py")
+        assert any(w.startswith("com.example.Later runs as root") for w in sim.warnings)
 
 
 @AS_ROOT

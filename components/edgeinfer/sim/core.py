@@ -15,7 +15,9 @@ import asyncio
 import copy
 import logging
 import os
+import re
 import secrets
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +25,7 @@ from typing import Any
 
 from edgeinfer.greengrass import nuclei
 from edgeinfer.greengrass.nuclei import CLASSIC, NucleusProfile
-from edgeinfer.greengrass.recipe import Recipe, VarContext, interpolate, lifecycle_strings
+from edgeinfer.greengrass.recipe import Recipe, VarContext, cget, interpolate, lifecycle_strings
 from edgeinfer.sim import ipc_server as ipc
 from edgeinfer.sim import users
 from edgeinfer.sim.artifacts import Layout
@@ -140,26 +142,42 @@ class Nucleus:
             os.chown(work, os.getuid(), os.getgid())
 
     def _unreachable(self, comp: Component, who: users.RunAs, artifacts: Iterable[Path]) -> str | None:
-        """What `who` cannot reach of the component: work folder, artifacts, interpreters it starts."""
-        work = self.paths[comp.name]["work:path"]
-        why = users.blocked(work, who, write=True)
+        """What `who` cannot reach of the component, or None: its work folder, its artifacts, the
+        program each unprivileged step starts, the existing absolute paths its steps and configuration
+        name (a venv: with its base interpreter), and this core's own interpreter for a step that runs
+        Python without naming it first (a venv linked from this environment later, as the test kit's
+        installer stand-in and `existingVenv` do)."""
+        why = users.blocked(self.paths[comp.name]["work:path"], who, write=True)
+        for src in artifacts:
+            why = why or users.blocked(src, who)
         if why is not None:
             return why
-        for src in artifacts:
-            why = users.blocked(src, who)
-            if why is not None:
-                return why
         path_env = self.component_env(comp, who).get("PATH", os.defpath)
         ctx = self.var_context(lenient=True)
-        for _step, fld, text in lifecycle_strings(comp.recipe):
-            if fld.endswith("Setenv") or ".Setenv." in fld:
+        texts: list[str] = [str(v) for v in _strings(comp.config)]
+        for step, fld, raw in lifecycle_strings(comp.recipe):
+            spec = comp.recipe.lifecycle.get(step)
+            if isinstance(spec, dict) and str(cget(spec, "RequiresPrivilege", False)).lower() == "true":
                 continue
-            program, why = users.interpreter_of(interpolate(text, comp.recipe, ctx, fld), path_env, who)
-            if why is None and program is not None:
-                base = users.venv_base(program)
-                why = users.blocked(base, who) if base else None
+            text = interpolate(raw, comp.recipe, ctx, fld)
+            texts.append(text)
+            if ".Setenv." in fld:
+                continue
+            program, why = users.interpreter_of(text, path_env, who)
+            if why is None and program is None and "python" in text.lower():
+                program, why = sys.executable, users.blocked(sys.executable, who)
             if why is not None:
                 return why
+            if program is not None:
+                why = _venv_blocked(program, who)
+                if why is not None:
+                    return why
+        for text in texts:
+            for path in _ABSOLUTE.findall(text):
+                if os.path.lexists(path) and not path.startswith(str(self.options.root)):
+                    why = users.blocked(path, who) or _venv_blocked(path, who)
+                    if why is not None:
+                        return why
         return None
 
     def var_context(self, lenient: bool = False) -> VarContext:
@@ -278,6 +296,31 @@ class Nucleus:
             await self.lifecycle.restart_component(self.components[name], f"deployment {deployment_id}")
         self.updates.after_update(deployment_id)
         return deployment_id, deferrals, rejected
+
+
+_ABSOLUTE = re.compile(r"(?<![\w.:/])(/[^\s'\";|&<>()$`,=]+)")
+
+
+def _strings(value: Any) -> Iterable[str]:
+    if isinstance(value, dict):
+        for key, child in value.items():
+            if key != "accessControl":
+                yield from _strings(child)
+    elif isinstance(value, list):
+        for child in value:
+            yield from _strings(child)
+    elif isinstance(value, str):
+        yield value
+
+
+def _venv_blocked(path: str, who: users.RunAs) -> str | None:
+    """For a venv (its folder or its python), whether `who` can reach the interpreter it was made from."""
+    candidates = [path, os.path.join(path, "bin", "python")]
+    for candidate in candidates:
+        base = users.venv_base(candidate)
+        if base:
+            return users.blocked(base, who)
+    return None
 
 
 def _me() -> str:
