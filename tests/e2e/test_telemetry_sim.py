@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from edgeinfer import __version__
 from edgeinfer.messages import TIMINGS_TOPIC, Latency, TelemetryWindow, TimingBatch, TimingRecord
 from edgeinfer.telemetry.histogram import RELATIVE_PRECISION
 from tests.helpers import PROJECT
@@ -40,11 +41,14 @@ def device(tmp_path: Path) -> Path:
     installer = {
         "RecipeFormatVersion": "2020-01-25",
         "ComponentName": "com.edgeinfer.RuntimeInstaller",
-        "ComponentVersion": "0.1.0",
+        "ComponentVersion": __version__,  # what the telemetry recipe's dependency range asks for
         "Manifests": [
             {
-                "Platform": {"os": "linux"},
-                "Lifecycle": {"Install": f"ln -sfn {sys.prefix} {{work:path}}/venv"},
+                "Platform": {"os": "linux", "runtime": "*"},
+                # as the real installer: the venv, then platform.json, which telemetry waits for
+                "Lifecycle": {
+                    "install": f"ln -sfn {sys.prefix} {{work:path}}/venv && : > '{{work:path}}/platform.json'"
+                },
             }
         ],
     }
