@@ -5,21 +5,26 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from edgeinfer.config import ConfigError
 from edgeinfer.messages import Result
 from edgeinfer.runtime.component import Component, main, process_age_ms
 from edgeinfer.runtime.config import default_recipe_configuration
 from edgeinfer.transport import MemoryBus
+from tests.helpers import PROJECT
 from tests.helpers.config import lite_typed
 from tests.helpers.images import solid_jpeg
 from tests.helpers.wait import eventually
 
 THING = "c1"
+COMPONENT = "com.edgeinfer.InferenceRuntime"
 
 
 def make(
@@ -214,3 +219,31 @@ def test_engine_swap_rewires_the_placement_policy(tiny_store: Path, tmp_path: Pa
         assert ask(bus, "after-swap").status == "ok"
     finally:
         comp.stop()
+
+
+@pytest.mark.e2e
+def test_on_nucleus_lite_the_real_process_serves_and_follows_updates(
+    simulator: Any, tiny_store: Path, tmp_path: Path
+) -> None:
+    """`python -m edgeinfer.runtime` on the simulated nucleus lite: its configuration over IPC with
+    lite's string scalars, no validation subscription (one log line), a live update applied."""
+    recipe = yaml.safe_load((PROJECT / "recipes" / f"{COMPONENT}.yaml").read_text("utf-8"))
+    recipe.pop("ComponentDependencies", None)
+    defaults = recipe["ComponentConfiguration"]["DefaultConfiguration"]
+    defaults.update({"executionProviders": ["cpu"], "maxBatchSize": 4, "lanes": 1, "subscribeIot": False})
+    run = f"{sys.executable} -m edgeinfer.runtime --model-dir {tiny_store} --work-dir {{work:path}}"
+    recipe["Manifests"] = [{"Platform": {"os": "linux", "runtime": "*"}, "Lifecycle": {"run": run}}]
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    (recipes / f"{COMPONENT}.yaml").write_text(yaml.safe_dump(recipe))
+    sim = simulator(recipes, thing=THING, nucleus="lite")
+    sim.wait_for_report(COMPONENT, "RUNNING", timeout=120)
+    assert sim.logs(COMPONENT).count("live configuration validation is off") == 1
+    local = sim.local_client()
+    results = local.subscribe(f"edgeinfer/{THING}/result")
+    image = base64.b64encode(solid_jpeg((3, 3, 240))).decode()
+    local.publish(f"edgeinfer/{THING}/infer", {"id": "lite", "image": image})
+    assert Result.parse(results.wait_for(1, timeout=30)[0].payload).predictions[0].label == "blue"
+    sim.update_configuration(COMPONENT, merge={"maxQueueSize": 12})
+    eventually(lambda: "configuration changed: max_queue_size" in sim.logs(COMPONENT), what="the update")
+    assert sim.state(COMPONENT) == "RUNNING"
