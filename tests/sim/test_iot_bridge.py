@@ -111,3 +111,44 @@ def test_offline_qos1_waits_and_qos0_is_refused(broker: MosquittoBroker) -> None
             assert [m.payload for m in inbox.wait_for(1)] == [b"kept"]
     finally:
         bridge.close()
+
+
+def test_mqtt5_properties_pass_through_both_ways(
+    simulator: Callable[..., Simulator], device: Device, ipc_clients: Any
+) -> None:
+    from awsiot.greengrasscoreipc.model import UserProperty
+
+    from edgeinfer.transport.base import MqttProperties
+
+    device.add(A, access=ALLOW_ALL)
+    sim = simulator(device.recipes, device.artifacts, thing="props")
+    cloud = sim.cloud_client()
+    up = cloud.subscribe("props/up")
+    a = ipc_clients(sim, A)
+    a.publish_to_iot_core(
+        topic_name="props/up",
+        qos=QOS.AT_LEAST_ONCE,
+        payload=b"{}",
+        content_type="application/json",
+        correlation_data=b"c-1",
+        response_topic="props/reply",
+        user_properties=[UserProperty(key="k", value="v")],
+    )
+    [message] = up.wait_for(1)
+    assert message.properties is not None
+    assert message.properties.content_type == "application/json"
+    assert message.properties.correlation_data == b"c-1"
+    assert message.properties.response_topic == "props/reply"
+    assert message.properties.user_properties == (("k", "v"),)
+
+    got: list[Any] = []
+    a.subscribe_to_iot_core(topic_name="props/down", qos=QOS.AT_LEAST_ONCE, on_stream_event=got.append)
+    cloud.publish(
+        "props/down",
+        b"x",
+        qos=1,
+        properties=MqttProperties(content_type="image/jpeg", correlation_data=b"c-2"),
+    )
+    assert wait_for(lambda: len(got) == 1)
+    assert got[0].message.content_type == "image/jpeg"
+    assert got[0].message.correlation_data == b"c-2"
