@@ -6,6 +6,7 @@ import argparse
 import base64
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,31 @@ def test_without_live_validation_updates_still_apply(
         assert bus.propose_configuration(dict(bus.config, maxBatchSize="4", maxQueueSize="10")) is None
         eventually(lambda: server.batcher.max_queue_size == 10)
         assert ask(bus, "lite").status == "ok"
+    finally:
+        comp.stop()
+
+
+def test_a_burst_of_update_events_is_one_re_read(tiny_store: Path, tmp_path: Path) -> None:
+    comp, bus = make(tiny_store, tmp_path, lite=True)
+    comp.start()
+    reads: list[object] = []
+    read = comp.read_config
+
+    def counting(doc: object = None) -> object:
+        reads.append(doc)
+        return read(doc)
+
+    comp.read_config = counting  # type: ignore[method-assign]
+    try:
+        with comp._lock:  # an update being applied: the burst's events wait behind it
+            change = {"maxQueueSize": "12", "topK": "3", "defaultDeadlineMs": "50", "decodeThreads": "1"}
+            assert bus.propose_configuration(dict(bus.config, **change)) is None  # one event per key
+        eventually(lambda: comp.cfg.max_queue_size == 12, what="the update")
+        assert (comp.cfg.top_k, comp.cfg.default_deadline_ms, comp.cfg.decode_threads) == (3, 50.0, 1)
+        for thread in threading.enumerate():
+            if thread.name == "edgeinfer-config":
+                thread.join(10)
+        assert len(reads) == 1
     finally:
         comp.stop()
 

@@ -104,6 +104,8 @@ class Component:
         self.server: Any = None
         self.source: Any = None
         self._lock = threading.Lock()
+        self._queue_lock = threading.Lock()
+        self._update_queued = False
         self._stop = threading.Event()
 
     # ------------------------------------------------------------------------------------------ start
@@ -220,7 +222,13 @@ class Component:
         return None
 
     def on_update(self, key_path: list[str]) -> None:
-        # The event names the changed key, not its value: read the whole configuration again.
+        # The event names the changed key, not its value: read the whole configuration again. Nucleus
+        # lite sends one event per changed leaf; events that arrive while a re-read is still waiting
+        # to start are served by that re-read (one that already started is followed by another).
+        with self._queue_lock:
+            if self._update_queued:
+                return
+            self._update_queued = True
         threading.Thread(target=self._apply_update, name="edgeinfer-config", daemon=True).start()
 
     def _apply_update(self) -> None:
@@ -229,6 +237,8 @@ class Component:
         from edgeinfer.runtime.placement import EdgeOnly
 
         with self._lock:
+            with self._queue_lock:
+                self._update_queued = False
             try:
                 cfg = self.read_config()
             except ConfigError as exc:
