@@ -134,3 +134,38 @@ def test_a_build_refuses_what_a_nucleus_would_refuse(project: Path, tmp_path: Pa
         build_bundle(project, artifacts_dir=tmp_path / "a", out_dir=tmp_path / "gb")
     assert "\n" not in str(err.value)
     assert not (tmp_path / "gb").exists()
+
+
+SHELL = textwrap.dedent(
+    """\
+    RecipeFormatVersion: "2020-01-25"
+    ComponentName: com.example.Shell
+    ComponentVersion: "1.0.0"
+    Manifests:
+      - Platform:
+          os: linux
+          runtime: "*"
+        Lifecycle:
+          setenv:  # <- setenv
+            A: "1"
+          run:
+            script: echo hello  # <- script
+          install: echo "${HOME}" '{kernel:rootPath}' '{kernel:home}'  # <- braces
+    """
+)
+
+
+def test_what_lite_reads_only_as_spelled_and_braces_that_are_no_variable(tmp_path: Path) -> None:
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "com.example.Shell.yaml").write_text(SHELL)
+    ((check,),) = [check_recipes(tmp_path)]
+    assert check.findings["classic"] == []
+    lite = {(f.line, f.reason) for f in check.findings["lite"]}
+    assert (line_of(SHELL, "setenv"), "read only as Setenv: setenv is not seen") in lite
+    assert (line_of(SHELL, "script"), "read only as Script: script is not seen") in lite
+    braces = sorted(r for line, r in lite if line == line_of(SHELL, "braces"))
+    assert len(braces) == 2
+    assert braces[0].startswith(
+        "{HOME}: every { of a script starts a recipe variable"
+    )  # not {kernel:rootPath}
+    assert braces[1].startswith("{kernel:home}: ")

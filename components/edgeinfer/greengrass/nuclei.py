@@ -78,6 +78,10 @@ class NucleusProfile:
     missing_configuration_fails: bool  # a missing {configuration:/x}: the step fails (else left as is)
     cross_component_variables: bool  # {Other.Component:artifacts:path}
     trailing_slash_paths: bool  # {work:path}, {artifacts:path} end in "/"
+    # every "{" of a script starts a variable: one that is none (shell ${X}, JSON) fails the step
+    script_braces_are_variables: bool
+    # Setenv, Script, Timeout, RequiresPrivilege read only as spelled so
+    step_keys_case_sensitive: bool
     # configuration
     default_scalars_as_strings: bool  # YAML DefaultConfiguration scalars stored as strings
     update_leaf: Literal["merge-into-parent", "replace"]  # UpdateConfiguration whose keyPath is a leaf
@@ -115,6 +119,8 @@ CLASSIC = NucleusProfile(
     missing_configuration_fails=False,
     cross_component_variables=True,
     trailing_slash_paths=False,
+    script_braces_are_variables=False,
+    step_keys_case_sensitive=False,
     default_scalars_as_strings=False,
     update_leaf="merge-into-parent",
     update_events="per-node",
@@ -143,6 +149,8 @@ LITE = NucleusProfile(
     missing_configuration_fails=True,
     cross_component_variables=False,
     trailing_slash_paths=True,
+    script_braces_are_variables=True,  # recipe-runner's handle_escape / substitute_escape
+    step_keys_case_sensitive=True,  # ggl-recipe's fetch_script_section, recipe-runner's Setenv
     default_scalars_as_strings=True,
     update_leaf="replace",
     update_events="per-leaf",
@@ -344,6 +352,14 @@ def check_recipe(
             for k, _ in _items(lifecycle):
                 if k.lower() in STEPS and k.lower() != "setenv" and k != k.lower():
                     add((*lc_path, k), f"lifecycle keys are read in lower case only: {k} is not seen")
+        if prof.step_keys_case_sensitive:
+            for k, v in _items(lifecycle):
+                if k.lower() == "setenv" and k != "Setenv":
+                    add((*lc_path, k), f"read only as Setenv: {k} is not seen")
+                for sk, _ in _items(v) if k.lower() != "setenv" else ():
+                    spelled = _STEP_KEYS.get(sk.lower())
+                    if spelled is not None and sk != spelled:
+                        add((*lc_path, k, sk), f"read only as {spelled}: {sk} is not seen")
         seen_steps = {
             k.lower()
             for k, _ in _items(lifecycle)
@@ -373,6 +389,12 @@ def check_recipe(
             for path, text in texts:
                 for m in _VAR_RE.finditer(text):
                     _check_variable(m=m, path=path, prof=prof, defaults=defaults, deps=deps, raw=raw, add=add)
+                if prof.script_braces_are_variables:
+                    for brace in _not_variables(text):
+                        add(
+                            path,
+                            f"{brace}: every {{ of a script starts a recipe variable here: the step fails",
+                        )
 
     if deps_key and isinstance(deps, Mapping) and prof.hard_dependency_needs_running_unit and bundle:
         for dep_name, spec in deps.items():
@@ -394,6 +416,33 @@ def check_recipe(
 
     out = [Finding(file, line_of(p), _field(p), reason, prof.name) for p, reason in found]
     return sorted(out, key=lambda f: f.line)
+
+
+_STEP_KEYS = {k.lower(): k for k in ("Script", "Setenv", "Timeout", "RequiresPrivilege", "SkipIf")}
+# What nucleus lite's recipe runner substitutes (any other {type:arg} fails the step).
+_LITE_VARIABLES = frozenset(
+    {"kernel:rootPath", "iot:thingName", "work:path", "artifacts:path", "artifacts:decompressedPath"}
+)
+
+
+def _not_variables(text: str) -> list[str]:
+    """The `{...}` of a script that nucleus lite cannot substitute, other than another component's
+    variables (reported on their own): shell `${X}`, JSON, `{kernel:unknown}`, a `{` never closed."""
+    out: list[str] = []
+    i = text.find("{")
+    while i >= 0:
+        j = text.find("}", i + 1)
+        if j < 0:
+            out.append(text[i : i + 20] + ("…" if len(text) > i + 20 else ""))
+            break
+        inner = text[i + 1 : j]
+        kind, colon, arg = inner.partition(":")
+        known = inner in _LITE_VARIABLES or (kind == "configuration" and arg.startswith("/"))
+        other_component = colon and "." in kind and kind not in _OWN_NAMESPACES
+        if not known and not other_component:
+            out.append(text[i : j + 1])
+        i = text.find("{", j + 1)
+    return out
 
 
 def _has_running_unit(raw: Mapping[str, Any], prof: NucleusProfile) -> bool:
