@@ -6,11 +6,36 @@ from __future__ import annotations
 import base64
 import hashlib
 import importlib.metadata as md
+import re
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
-ORT_STACK = ("onnxruntime", "numpy", "flatbuffers", "packaging", "protobuf")
+
+def _closure(name: str) -> tuple[str, ...]:
+    """`name` and what it requires, as installed here (ONNX Runtime 1.23 also needs sympy and
+    coloredlogs; 1.24+ does not)."""
+    seen: dict[str, None] = {}
+    todo = [name]
+    while todo:
+        dist = md.distribution(todo.pop())
+        key = dist.metadata["Name"]
+        if key in seen:
+            continue
+        seen[key] = None
+        for requirement in dist.requires or []:
+            if ";" in requirement and "extra ==" in requirement:
+                continue
+            dep = re.split(r"[\s\[<>=!~;(]", requirement.strip(), maxsplit=1)[0]
+            try:
+                md.distribution(dep)
+            except md.PackageNotFoundError:
+                continue  # a marker that excludes it here
+            todo.append(dep)
+    return tuple(seen)
+
+
+ORT_STACK = _closure("onnxruntime")
 
 
 def _record_line(name: str, data: bytes) -> str:

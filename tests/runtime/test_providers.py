@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,14 +17,17 @@ from edgeinfer.runtime.providers import (
     CUDA,
     TRT,
     PlatformInfo,
+    engine_files,
     loaded_provider,
     plan_for,
     preload_gpu_libraries,
     profile_shapes,
     provider_attempts,
     session_options,
+    tensorrt_backed,
     trt_cache_key,
 )
+from tests.helpers import PROJECT
 
 GPU = PlatformInfo("1.20.0", "10.4.0", "NVIDIA H100", (TRT, CUDA, CPU))
 
@@ -128,6 +132,40 @@ def test_cuda_and_cpu_plans() -> None:
 def test_loaded_provider() -> None:
     assert loaded_provider([TRT, CUDA, CPU], TRT) == (TRT, True)
     assert loaded_provider([CPU], TRT) == (CPU, False)
+
+
+def test_tensorrt_backed_refuses_the_fallback_recorded_on_the_h200() -> None:
+    # ORT 1.31.1 in a venv without TensorRT's libraries: the session came up on CUDA, no engine.
+    run = json.loads((PROJECT / "bench" / "results" / "gpu-h200.json").read_text())
+    recorded = run["default_order"]
+    fell_back = [recorded["provider"], CPU]
+    engines = dict.fromkeys(recorded["engine_files"], 0.0)
+    assert tensorrt_backed(fell_back, {}, engines) == (
+        False,
+        "ONNX Runtime fell back to CUDAExecutionProvider",
+    )
+    # Listed first is not enough: ORT lists TensorRT even when its parser took no node.
+    ok, why = tensorrt_backed([TRT, CUDA, CPU], {}, {})
+    assert not ok
+    assert why.startswith("TensorRT is listed first but built no engine")
+    assert tensorrt_backed([TRT, CUDA, CPU], {}, {"TRTKernel_graph_1.engine": 5.0}) == (
+        True,
+        "engine built: TRTKernel_graph_1.engine",
+    )
+    cached = {"TRTKernel_graph_1.engine": 5.0}
+    assert tensorrt_backed([TRT, CUDA, CPU], cached, dict(cached)) == (
+        True,
+        "engine reused from the cache: TRTKernel_graph_1.engine",
+    )
+    assert not tensorrt_backed([], {}, cached)[0]
+
+
+def test_engine_files_are_the_engines_only(tmp_path: Path) -> None:
+    assert engine_files(None) == {}
+    assert engine_files(str(tmp_path / "absent")) == {}
+    for name in ("TRTKernel_graph_1.engine", "TRTKernel_graph_1.profile", "timing.cache"):
+        (tmp_path / name).write_bytes(b"x")
+    assert list(engine_files(str(tmp_path))) == ["TRTKernel_graph_1.engine"]
 
 
 class FakeOrt:

@@ -296,14 +296,7 @@ def _preload_dlls(ort_module: Any) -> str:
     return "CUDA and cuDNN preloaded" if not lines else "preload_dlls: " + "; ".join(lines)[:300]
 
 
-# What the TensorRT provider links (libnvinfer.so.10, libnvonnxparser.so.10), its plugins, and the
-# builder resource that libnvinfer opens by name when it builds an engine.
-TRT_LIBRARIES = (
-    "libnvinfer.so",
-    "libnvinfer_builder_resource.so",
-    "libnvinfer_plugin.so",
-    "libnvonnxparser.so",
-)
+TRT_LIBRARIES = ("libnvinfer.so", "libnvinfer_plugin.so", "libnvonnxparser.so")
 
 
 def _load_tensorrt_libs(import_module: Callable[[str], Any], load: Callable[[str], Any]) -> str:
