@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
+from edgeinfer import __version__
 from edgeinfer.cli import build_parser
 from edgeinfer_bench.runtime import (
     CLIENT,
@@ -40,7 +41,7 @@ def test_device_layout(tiny_store: Path, tmp_path: Path) -> None:
     store = yaml.safe_load((recipes / "com.edgeinfer.ModelStore.yaml").read_text())
     files = {a["URI"].rsplit("/", 1)[1] for a in store["Manifests"][0]["Artifacts"]}
     assert "manifest.json" in files
-    assert all((artifacts / "com.edgeinfer.ModelStore" / "0.1.0" / f).is_file() for f in files)
+    assert all((artifacts / "com.edgeinfer.ModelStore" / __version__ / f).is_file() for f in files)
     prepare_device(tmp_path / "dev", tiny_store)  # again: idempotent
 
 

@@ -13,6 +13,7 @@ import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
+from edgeinfer import __version__
 from edgeinfer.bundle.build import Bundle, build_bundle
 from edgeinfer_cloud.publish import Clients, component_arn
 from tests.helpers import PROJECT as ROOT
@@ -53,7 +54,7 @@ def aws_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 @pytest.fixture
 def bundle(tmp_path: Path) -> Bundle:
     artifacts = tmp_path / "artifacts"
-    write_model_store(artifacts / "com.edgeinfer.ModelStore" / "0.1.0")
+    write_model_store(artifacts / "com.edgeinfer.ModelStore" / __version__)
     return build_bundle(ROOT, artifacts_dir=artifacts, out_dir=tmp_path / "greengrass-build")
 
 

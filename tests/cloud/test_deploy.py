@@ -11,7 +11,7 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from edgeinfer import cli
+from edgeinfer import __version__, cli
 from edgeinfer.bundle.build import dependency_order, load_recipes
 from edgeinfer_cloud import aws_cli
 from edgeinfer_cloud.deploy import DeployError, deploy, parse_config_merge, parse_target
@@ -21,10 +21,10 @@ THING_ARN = "arn:aws:iot:eu-central-1:111122223333:thing/line-7-camera"
 GROUP_ARN = "arn:aws:iot:eu-central-1:111122223333:thinggroup/factory-a"
 DEPLOYMENT = "a1b2c3d4-5678-90ab-cdef-EXAMPLE11111"
 COMPONENTS = {
-    "com.edgeinfer.ModelStore": "0.1.0",
-    "com.edgeinfer.RuntimeInstaller": "0.1.0",
-    "com.edgeinfer.InferenceRuntime": "0.1.0",
-    "com.edgeinfer.Telemetry": "0.1.0",
+    "com.edgeinfer.ModelStore": __version__,
+    "com.edgeinfer.RuntimeInstaller": __version__,
+    "com.edgeinfer.InferenceRuntime": __version__,
+    "com.edgeinfer.Telemetry": __version__,
 }
 
 
