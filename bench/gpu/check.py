@@ -10,14 +10,20 @@ Checks, in a couple of minutes at most:
    included), with the manifest variant chosen for it;
 3. the TensorRT engine + timing cache: a first session builds the engine into the work folder keyed
    by model hash / ORT / TRT / GPU / profile shapes; a second session creation with the same
-   configuration must reuse it (no new engine file, much faster creation);
+   configuration must reuse it (no new engine file, much faster creation). A session counts as
+   TensorRT-backed only when `get_providers()` lists TensorRT first AND an engine is in its cache
+   (`edgeinfer.runtime.providers.tensorrt_backed`: ORT lists TensorRT even when it took no node);
+   this holds for the default order and for a TensorRT FP16 engine (the FP32 model) and a TensorRT
+   INT8 engine (the S8S8 QDQ variant), each built on a first start and reused on a second;
 4. the same answers on every provider: the sample photos through each engine that loads, against
    the FP32 model on the CPU (top-1 and the largest probability difference);
-5. warm latency per batch size (each at its own shape, `cudaFixedBatch` off) for every provider
-   that loads, and on CUDA the options the runtime chose against the alternatives (IO binding off,
-   EXHAUSTIVE conv search) — medians over repeated runs of one size, ratios only, never judged
-   against absolute times. bench/gpu/diag.py measures what changing sizes cost.
-Exit status: 0 when the expected provider loaded, the answers agree and the cache was reused.
+5. warm latency per batch size (b1/b8/b32, each at its own shape, `cudaFixedBatch` off) for every
+   provider that loads — TensorRT FP16 and INT8 against CUDA FP32 in the same run — and on CUDA
+   the options the runtime chose against the alternatives (IO binding off, EXHAUSTIVE conv search):
+   medians over repeated runs of one size, ratios only, never judged against absolute times.
+   bench/gpu/diag.py measures what changing sizes cost.
+Exit status: 0 when the expected provider loaded (TensorRT: backed by an engine, built then reused,
+FP16 and INT8 alike) and the answers agree.
 """
 
 from __future__ import annotations
@@ -66,6 +72,62 @@ def latency(engine: Any, batch: int, runs: int) -> float:
         engine.run(x)
         samples.append((time.perf_counter() - t) * 1000)
     return statistics.median(samples)
+
+
+def trt_engine(manifest: Any, work: str, max_batch: int, *, fp16: bool, int8: bool) -> tuple[Any, float, Any]:
+    """An engine on TensorRT alone at one precision: INT8 runs the S8S8 variant the runtime picks for
+    TensorRT, FP16 the FP32 model (offered to TensorRT for this check only)."""
+    import dataclasses
+
+    from edgeinfer.runtime.config import RuntimeConfig
+    from edgeinfer.runtime.engine import Engine
+
+    if not int8:
+        fp32 = dataclasses.replace(manifest.fp32, providers=[ORDER[0]])
+        manifest = dataclasses.replace(manifest, variants=[fp32])
+    cfg = RuntimeConfig(execution_providers=[ORDER[0]], max_batch_size=max_batch)
+    cfg.tensorrt.trt_fp16_enable = fp16
+    cfg.tensorrt.trt_int8_enable = int8
+    cfg.cuda_fixed_batch = False
+    t = time.perf_counter()
+    engine = Engine.create(manifest, cfg, work)
+    return engine, time.perf_counter() - t, manifest
+
+
+def trt_starts(manifest: Any, work: str, max_batch: int, *, fp16: bool, int8: bool) -> dict[str, Any]:
+    """Two starts of one TensorRT engine: the first must build an engine, the second reuse it."""
+    from edgeinfer.runtime.providers import engine_files, tensorrt_backed
+
+    row: dict[str, Any] = {}
+    before: dict[str, float] = {}
+    for start in ("first", "second"):
+        try:
+            engine, created, used = trt_engine(manifest, work, max_batch, fp16=fp16, int8=int8)
+        except Exception as exc:  # no provider loaded at all
+            row[start] = {"backed": False, "why": str(exc)[:300]}
+            return row
+        if start == "first":
+            before = engine_files(engine.plan.cache_dir)
+        t = time.perf_counter()
+        engine.warm_up(runs=1)
+        after = engine_files(engine.plan.cache_dir)
+        backed, why = tensorrt_backed(engine.session.get_providers(), before, after)
+        row[start] = {
+            "provider": engine.provider,
+            "variant": engine.model_ref.variant,
+            "backed": backed,
+            "why": why,
+            "create_s": round(created, 3),
+            "warm_up_s": round(time.perf_counter() - t, 3),
+            "engine_files": sorted(after),
+        }
+        row["engine"], row["manifest"] = engine, used
+        before = after
+    first, second = row["first"], row["second"]
+    row["built_then_reused"] = (
+        first["backed"] and second["backed"] and second["why"].startswith("engine reused")
+    )
+    return row
 
 
 def cache_files(path: str | None) -> dict[str, float]:
@@ -166,18 +228,47 @@ def main() -> int:
         "engine_rebuilt": rebuilt,
         "new_files_on_second_start": new_files,
     }
+    from edgeinfer.runtime.providers import engine_files, tensorrt_backed
+
+    backed, why = tensorrt_backed(
+        second.session.get_providers(), files_after_first, engine_files(second.plan.cache_dir)
+    )
+    out["default_order"]["tensorrt_backed"], out["default_order"]["tensorrt_why"] = backed, why
     del second
 
     # 4 + 5: answers and latency per provider that loads, and the CUDA options against the others.
     names, photos = sample_batch(int(manifest.preprocessing.preferred_input[0]))
     ref = reference(manifest, photos)
     top = max([*batches, args.max_batch])
+    out["tensorrt"] = {}
+    if ORDER[0] in ort.get_available_providers():
+        for label, fp16, int8 in (("TensorRT FP16", True, False), ("TensorRT INT8", True, True)):
+            starts = trt_starts(
+                manifest, os.path.join(work, label.split()[1].lower()), top, fp16=fp16, int8=int8
+            )
+            engine = starts.pop("engine", None)
+            starts.pop("manifest", None)
+            out["tensorrt"][label] = starts
+            if engine is None or not starts.get("built_then_reused"):
+                out.setdefault("providers", {})[label] = {
+                    "error": str(starts.get("second", starts.get("first")))
+                }
+                continue
+            trt_row: dict[str, Any] = {
+                "variant": engine.model_ref.variant,
+                "answers": agreement(engine, names, photos, ref),
+            }
+            for b in batches:
+                trt_row[f"b{b}_ms"] = round(latency(engine, b, args.runs), 3)
+                trt_row[f"b{b}_img_per_s"] = round(b * 1000 / trt_row[f"b{b}_ms"], 1)
+            out.setdefault("providers", {})[label] = trt_row
+            del engine
     runs: list[tuple[str, list[str], dict[str, Any]]] = [(p, [p], {}) for p in ORDER]
     runs += [
         ("CUDA, IO binding off", ["CUDAExecutionProvider"], {"io_binding": False}),
         ("CUDA, EXHAUSTIVE conv search", ["CUDAExecutionProvider"], {"cudnn_conv_algo_search": "EXHAUSTIVE"}),
     ]
-    out["providers"] = {}
+    out.setdefault("providers", {})
     for label, providers, cuda in runs:
         if providers[0] not in ort.get_available_providers():
             continue
@@ -221,9 +312,14 @@ def main() -> int:
             and (r["variant"] != "fp32" or r["answers"]["top1_same"] == r["answers"]["of"])
             for r in rows
         ),
-        "trt_engine_cached": args.expect != "tensorrt" or bool(engines),
-        "trt_engine_reused": args.expect != "tensorrt" or (bool(engines) and not rebuilt and not new_files),
     }
+    if args.expect == "tensorrt":  # judged only where TensorRT is expected (never passed by default)
+        checks["trt_backed"] = bool(out["default_order"]["tensorrt_backed"])
+        checks["trt_engine_cached"] = bool(engines)
+        checks["trt_engine_reused"] = bool(engines) and not rebuilt and not new_files
+        for label in ("TensorRT FP16", "TensorRT INT8"):
+            key = "trt_" + label.split()[1].lower() + "_built_then_reused"
+            checks[key] = bool(out["tensorrt"].get(label, {}).get("built_then_reused"))
     out["checks"] = checks
     text = json.dumps(out, indent=2)
     print(text)
