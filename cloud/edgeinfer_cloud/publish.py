@@ -4,7 +4,7 @@
    the target region (Greengrass reads artifacts from the deployment's region), and for every
    component whether its version already exists. An existing version whose artifact digests equal
    ours is skipped; one with different digests is refused (a published version is immutable: bump
-   `ComponentVersion`).
+   `edgeinfer.__version__`).
 2. Uploads every artifact to `s3://<bucket>/<component>/<version>/<file>`: the bucket is exactly the
    name given, or, when none is, the one `gdk component publish` uses for this project (the
    gdk-config.json `publish.bucket` prefix with `-<region>-<account>` appended, `gdk_bucket`), so that
@@ -271,7 +271,8 @@ def publish(
     if conflicts:
         raise PublishError(
             f"already published with different artifacts: {'; '.join(conflicts)}: published versions are "
-            "immutable, bump ComponentVersion in the recipe (and the project version) and build again"
+            "immutable, bump the version (edgeinfer.__version__ in components/edgeinfer/__init__.py) "
+            "and build again"
         )
 
     with progress or Progress(quiet=True) as bars:

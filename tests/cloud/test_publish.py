@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -13,7 +14,7 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from edgeinfer import cli
+from edgeinfer import __version__, cli
 from edgeinfer.bundle.build import Bundle
 from edgeinfer.progress import Progress
 from edgeinfer_cloud.publish import Clients, PublishError, publish
@@ -130,9 +131,12 @@ def test_digest_conflict_is_refused_before_anything_changes(
             expect_existing(stub, arn, recipe)
         else:
             expect_missing(stub, arn)
-    with pytest.raises(PublishError, match=r"com\.edgeinfer\.ModelStore 0\.1\.0 \(model_fp32\.onnx\)") as err:
+    version = re.escape(__version__)
+    with pytest.raises(
+        PublishError, match=rf"com\.edgeinfer\.ModelStore {version} \(model_fp32\.onnx\)"
+    ) as err:
         publish(bundle, BUCKET, REGION, c)
-    assert "bump ComponentVersion" in str(err.value)
+    assert "bump the version (edgeinfer.__version__" in str(err.value)
     assert "\n" not in str(err.value)
     assert c.s3.list_objects_v2(Bucket=BUCKET).get("KeyCount") == 0  # nothing uploaded
 
