@@ -3,6 +3,8 @@
 The store is written into a temporary folder next to its destination and renamed into place only
 when everything (including the accuracy gate) passed: nothing partial is ever left in artifacts/.
 A build whose inputs (options, source files, tool versions) did not change is skipped.
+Over 500 lines because the steps (one function each, in `_build_into`'s order) read and write one
+build's state (`_Run`) and stay beside the options, the cache key and the lock that frame them.
 """
 
 from __future__ import annotations
