@@ -23,11 +23,12 @@ from edgeinfer.greengrass import nuclei
 from edgeinfer.greengrass.nuclei import NucleusProfile
 from edgeinfer.greengrass.recipe import RecipeError, apply_reset, deep_merge, load_recipes, resolve
 from edgeinfer.messages import is_thing_name
-from edgeinfer.sim.broker import CloudClient, MosquittoBroker, parse_hostport
+from edgeinfer.sim.broker import BrokerError, CloudClient, MosquittoBroker, parse_hostport
 from edgeinfer.sim.core import BROKEN, Deferral, Nucleus, Options
 from edgeinfer.sim.iot_bridge import IotBridge
 from edgeinfer.sim.pubsub import LocalClient
 from edgeinfer.sim.status import status_document
+from edgeinfer.transport.base import TransportError
 
 log = logging.getLogger(__name__)
 
@@ -168,9 +169,12 @@ class Simulator:
                 self.broker = self._owned_broker.address
             else:
                 self.broker = (self._broker_arg[0], int(self._broker_arg[1]))
-            self._bridge = IotBridge(
-                *self.broker, client_id=f"{self.thing}-{os.getpid()}-{id(self) % 10000}", profile=self.nucleus
-            )
+            client_id = f"{self.thing}-{os.getpid()}-{id(self) % 10000}"
+            try:
+                self._bridge = IotBridge(*self.broker, client_id=client_id, profile=self.nucleus)
+            except TransportError as exc:
+                host, port = self.broker
+                raise BrokerError(f"cannot connect to the broker at {host}:{port}: {exc}") from None
             nucleus.bridge = self._bridge
             for name, comp in nucleus.components.items():
                 self._states[name] = comp.state
