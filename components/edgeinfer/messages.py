@@ -62,6 +62,8 @@ __all__ = [
 IOT_CORE_MAX_BYTES = 131072
 """IoT Core's hard limit per message (128 KB), and the nucleus's `mqtt.maxMessageSizeInBytes`, at
 which it refuses a PublishToIoTCore before the network (see `fits_iot_core`)."""
+
+
 def fits_iot_core(payload: bytes) -> bool:
     """Would the nucleus pass this payload on to IoT Core? Older classic nuclei refuse a payload of
     exactly `mqtt.maxMessageSizeInBytes` too (`>=` in `MqttClient.isValidPublishRequest`)."""
