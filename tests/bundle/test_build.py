@@ -203,3 +203,20 @@ def test_an_older_build_of_the_bundle_is_replaced(artifacts: Path, tmp_path: Pat
     (out / ".DS_Store").write_text("")
     build_bundle(ROOT, artifacts_dir=artifacts, out_dir=out)
     assert not (out / "recipes" / "com.edgeinfer.InferenceRuntime-0.0.9.yaml").exists()
+
+
+def test_built_recipes_keep_the_scripts_as_written(artifacts: Path, tmp_path: Path) -> None:
+    bundle = build_bundle(ROOT, artifacts_dir=artifacts, out_dir=tmp_path / "gb")
+    for comp in bundle.components:
+        text = (tmp_path / "gb" / "recipes" / f"{comp.name}-{comp.version}.yaml").read_text()
+        built = yaml.safe_load(text)
+        assert [m["Lifecycle"] for m in built["Manifests"]] == [
+            m["Lifecycle"] for m in comp.recipe["Manifests"]
+        ]
+        for manifest in comp.recipe["Manifests"]:
+            for step in manifest["Lifecycle"].values():
+                script = step.get("Script", "") if isinstance(step, dict) else ""
+                if "\n" in script:  # as a literal block, its lines as written
+                    assert all(
+                        f"        {line}".rstrip() in text.splitlines() for line in script.splitlines()
+                    )

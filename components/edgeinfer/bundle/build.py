@@ -438,8 +438,20 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
+class _RecipeDumper(yaml.SafeDumper):
+    """Multi-line strings (lifecycle scripts) as literal blocks, the way the sources write them."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value and not value.startswith((" ", "\n")) else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_RecipeDumper.add_representer(str, _str)
+
+
 def _dump_recipe(recipe: dict[str, Any]) -> bytes:
-    text = yaml.safe_dump(recipe, sort_keys=False, allow_unicode=True, width=100)
+    text = yaml.dump(recipe, Dumper=_RecipeDumper, sort_keys=False, allow_unicode=True, width=100)
     return ("---\n" + text).encode()
 
 
