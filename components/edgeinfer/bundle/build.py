@@ -596,15 +596,16 @@ def build_bundle(
             "a bundle layout of this project's components",
             lambda p: _is_layout(p, recipes),
         )
-        if not gdk:
-            for file in stamp_gdk_configs(project, {c.name: c.version for c in recipes.values()}):
-                log.warning("%s: the GDK publishes the version written there: set to the bundle's", file)
         wheel = build_wheel(project) if needs_wheel else None
         for comp in components:
             comp.artifacts = _artifacts_for(comp, artifacts, wheel, wheelhouse)
         written = target
         with new_parents(target):
             _write_layout(target, components, names)
+        if not gdk:  # the GDK publishes the version its gdk-config.json names: the bundle's
+            versions = {c.name: c.version for c in recipes.values()}
+            for file in stamp_gdk_configs(project, versions):
+                log.warning("%s: version set to %s", file, ", ".join(sorted(set(versions.values()))))
     except OSError as exc:
         raise BuildError(f"cannot write {written}: {exc.strerror or exc}") from None
     except BuildError:
