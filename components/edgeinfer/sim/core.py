@@ -126,7 +126,7 @@ class Nucleus:
         if run_as is None:
             return
         for comp in self.components.values():
-            why = self._unreachable(comp, run_as, plan[comp.name].values())
+            why = self._unreachable(comp, run_as, plan[comp.name].values(), self._links_this_environment())
             if why is None:
                 comp.run_as = run_as
                 continue
@@ -141,12 +141,28 @@ class Nucleus:
             work = Path(self.paths[comp.name]["work:path"])
             os.chown(work, os.getuid(), os.getgid())
 
-    def _unreachable(self, comp: Component, who: users.RunAs, artifacts: Iterable[Path]) -> str | None:
+    def _links_this_environment(self) -> bool:
+        """Whether a component names this core's own Python environment (an installer stand-in that
+        links it, `existingVenv`): then a step that runs an unnamed python may well run this one."""
+        prefixes = {sys.prefix, os.path.realpath(sys.prefix)}
+        ctx = self.var_context(lenient=True)
+        for comp in self.components.values():
+            texts = [
+                interpolate(raw, comp.recipe, ctx, fld) for _s, fld, raw in lifecycle_strings(comp.recipe)
+            ]
+            texts += list(_strings(comp.config))
+            if any(prefix in text for text in texts for prefix in prefixes):
+                return True
+        return False
+
+    def _unreachable(
+        self, comp: Component, who: users.RunAs, artifacts: Iterable[Path], this_env: bool
+    ) -> str | None:
         """What `who` cannot reach of the component, or None: its work folder, its artifacts, the
         program each unprivileged step starts, the existing absolute paths its steps and configuration
-        name (a venv: with its base interpreter), and this core's own interpreter for a step that runs
-        Python without naming it first (a venv linked from this environment later, as the test kit's
-        installer stand-in and `existingVenv` do)."""
+        name (a venv: with its base interpreter), and, where a component links this core's own
+        environment (`this_env`: the test kit's installer stand-in, `existingVenv`), this core's
+        interpreter for a step that runs Python without naming it first."""
         why = users.blocked(self.paths[comp.name]["work:path"], who, write=True)
         for src in artifacts:
             why = why or users.blocked(src, who)
@@ -164,7 +180,7 @@ class Nucleus:
             if ".Setenv." in fld:
                 continue
             program, why = users.interpreter_of(text, path_env, who)
-            if why is None and program is None and "python" in text.lower():
+            if why is None and program is None and this_env and "python" in text.lower():
                 program, why = sys.executable, users.blocked(sys.executable, who)
             if why is not None:
                 return why
