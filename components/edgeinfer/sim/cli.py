@@ -258,8 +258,8 @@ def _up(args: argparse.Namespace) -> int:
 
 def _foreground(sim: Any) -> None:
     header = (
-        f"simulated core '{sim.thing}' · broker {sim.broker[0]}:{sim.broker[1]} · "
-        f"root {sim.root} · Ctrl-C stops"
+        f"simulated core '{sim.thing}' ({sim.nucleus.name} nucleus) · "
+        f"broker {sim.broker[0]}:{sim.broker[1]} · root {sim.root} · Ctrl-C stops"
     )
     if not sys.stderr.isatty():
         print(header, file=sys.stderr, flush=True)
@@ -377,7 +377,7 @@ def _status(args: argparse.Namespace) -> int:
         print(json.dumps({**status, "running": running}, indent=2))
         return 0
     print(
-        f"thing {status['thing']}  broker {status['broker']}  "
+        f"thing {status['thing']}  nucleus {status.get('nucleus', 'classic')}  broker {status['broker']}  "
         f"{'running, pid ' + str(status['pid']) if running else 'stopped'}"
     )
     comps = status.get("components", {})
