@@ -67,8 +67,8 @@ def _recipe(name: str, lifecycle: dict[str, Any], **extra: Any) -> dict[str, Any
 
 
 def client_recipe(name: str = CLIENT, topics: str = "edgeinfer/{iot:thingName}/#") -> dict[str, Any]:
-    """A component with no process, allowed to publish and subscribe on `topics` locally: what a test
-    connects as (`Simulator.ipc_env(name)`)."""
+    """A component with no process of its own, allowed to publish and subscribe on `topics` locally:
+    what a test connects as (`Simulator.ipc_env(name)`). It reaches FINISHED on both nuclei."""
     access = {
         "aws.greengrass.ipc.pubsub": {
             f"{name}:pubsub:1": {
@@ -77,7 +77,11 @@ def client_recipe(name: str = CLIENT, topics: str = "edgeinfer/{iot:thingName}/#
             }
         }
     }
-    return _recipe(name, {}, ComponentConfiguration={"DefaultConfiguration": {"accessControl": access}})
+    # A no-op install step: nucleus lite never finishes a component without any step.
+    lifecycle = {"install": "true"}
+    return _recipe(
+        name, lifecycle, ComponentConfiguration={"DefaultConfiguration": {"accessControl": access}}
+    )
 
 
 def prepare_device(
