@@ -15,7 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Box", "Detection", "detections", "iou", "nms", "softmax", "top_k"]
+__all__ = ["MAX_CANDIDATES", "Box", "Detection", "detections", "iou", "nms", "softmax", "top_k"]
+
+# NMS looks at the best this many (box, class) pairs over the threshold: its IoU matrix is 4 MB, where
+# a low threshold on YOLOv3-tiny's 2535 × 80 scores could ask for 200,000 pairs and 160 GB.
+MAX_CANDIDATES = 1024
 
 
 def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -100,6 +104,9 @@ def detections(
     if anchor.size == 0:
         return []
     conf = scores[anchor, cls].astype(np.float32)
+    if conf.size > MAX_CANDIDATES:
+        best = np.argpartition(-conf, MAX_CANDIDATES - 1)[:MAX_CANDIDATES]
+        anchor, cls, conf = anchor[best], cls[best], conf[best]
     cand = boxes[anchor].astype(np.float32)
     # class-aware NMS in one pass: each class's boxes moved to a region no other class reaches
     span = float(np.abs(cand).max()) + 1.0
