@@ -3,6 +3,7 @@ with the file, the line and the reason; every `edgeinfer build` runs it first.""
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -169,3 +170,18 @@ def test_what_lite_reads_only_as_spelled_and_braces_that_are_no_variable(tmp_pat
         "{HOME}: every { of a script starts a recipe variable"
     )  # not {kernel:rootPath}
     assert braces[1].startswith("{kernel:home}: ")
+
+
+def test_check_says_when_a_gdk_config_would_publish_another_version(
+    project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (project / "recipes" / "com.example.Bad.yaml").unlink()
+    (project / "components" / "setup").mkdir(parents=True)
+    config = {"component": {"com.example.Setup": {"version": "0.9.0"}}}
+    (project / "components" / "setup" / "gdk-config.json").write_text(json.dumps(config))
+    monkeypatch.chdir(project)
+    assert cli.main(["build", "--check", "--nucleus", "classic"]) == 1
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "components/setup/gdk-config.json: com.example.Setup 0.9.0, the bundle builds 1.0.0: the GDK "
+        "would publish 0.9.0 (a plain 'edgeinfer build' writes 1.0.0 there)"
+    )

@@ -76,6 +76,7 @@ __all__ = [
     "load_recipes",
     "lower_keys",
     "schema",
+    "stale_gdk_configs",
     "validate_recipe",
 ]
 
@@ -250,6 +251,7 @@ class RecipeCheck:
     """What each nucleus would refuse in one source recipe (`edgeinfer build --check`)."""
 
     name: str
+    version: str
     file: Path
     findings: dict[str, list[Finding]]  # nucleus ("classic", "lite") → findings, in file order
 
@@ -263,7 +265,7 @@ def check_recipes(root: Path, nuclei: Sequence[str] = NUCLEI) -> list[RecipeChec
     try:
         sources = gg_recipe.read_sources(root / "recipes")
         return [
-            RecipeCheck(name, src.file, {n: check_recipe(src, n, sources) for n in nuclei})
+            RecipeCheck(name, src.version, src.file, {n: check_recipe(src, n, sources) for n in nuclei})
             for name, src in sorted(sources.items())
         ]
     except RecipeError as exc:
@@ -315,6 +317,22 @@ def gdk_config_files(root: Path) -> list[Path]:
     """The project's GDK folders' configurations: the root's and every component folder's."""
     files = [root / GDK_CONFIG] if (root / GDK_CONFIG).is_file() else []
     return files + sorted((root / "components").glob(f"**/{GDK_CONFIG}"))
+
+
+def stale_gdk_configs(root: Path, versions: Mapping[str, str]) -> list[tuple[Path, str, str]]:
+    """(file, component, version written there) of each gdk-config.json entry whose version is not
+    the bundle's: the GDK would publish that one."""
+    stale = []
+    for file in gdk_config_files(root):
+        try:
+            entries = json.loads(file.read_text(encoding="utf-8"))["component"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise BuildError(f"{file}: not a readable GDK configuration ({type(exc).__name__})") from None
+        for name, settings in entries.items() if isinstance(entries, dict) else ():
+            have = settings.get("version") if isinstance(settings, dict) else None
+            if name in versions and have != versions[name]:
+                stale.append((file, str(name), str(have)))
+    return stale
 
 
 def stamp_gdk_configs(root: Path, versions: Mapping[str, str]) -> list[Path]:

@@ -63,12 +63,20 @@ def _shown(path: Path) -> str:
 
 
 def check(args: argparse.Namespace) -> int:
-    from edgeinfer.bundle.build import NUCLEI, check_recipes, find_project
+    from edgeinfer.bundle.build import NUCLEI, check_recipes, find_project, stale_gdk_configs
 
     project = find_project(args.project)
     nuclei = tuple(dict.fromkeys(args.nucleus)) or NUCLEI
     refused = 0
-    for result in check_recipes(project, nuclei):
+    results = check_recipes(project, nuclei)
+    versions = {r.name: r.version for r in results}
+    stale = stale_gdk_configs(project, versions)
+    for file, name, have in stale:
+        print(
+            f"{_shown(file)}: {name} {have}, the bundle builds {versions[name]}: the GDK would publish "
+            f"{have} (a plain 'edgeinfer build' writes {versions[name]} there)"
+        )
+    for result in results:
         verdicts = ", ".join(f"{n} {'ok' if not result.findings[n] else 'refuses'}" for n in nuclei)
         print(f"{_shown(result.file)}: {result.name}: {verdicts}")
         for nucleus in nuclei:
@@ -78,7 +86,7 @@ def check(args: argparse.Namespace) -> int:
                 print(f"  {_shown(finding.file)}{line}: {finding.field}: {finding.reason} ({nucleus})")
     if refused:
         print(f"{refused} finding(s): a nucleus would refuse these recipes", file=sys.stderr)
-    return 1 if refused else 0
+    return 1 if refused or stale else 0
 
 
 def run(args: argparse.Namespace) -> int:
