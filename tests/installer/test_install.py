@@ -3,10 +3,12 @@ linking an existing environment, and every failure leaving the device as it was.
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -55,7 +57,10 @@ def linked(tmp_path: Path) -> Paths:
 
 
 def test_real_install_from_wheelhouse_then_skip(
-    tmp_path: Path, ort_wheelhouse: Path, versions: dict[str, str], record_property: pytest.RecordProperty
+    tmp_path: Path,
+    ort_wheelhouse: Path,
+    versions: dict[str, str],
+    record_property: Callable[[str, object], None],
 ) -> None:
     artifacts = tmp_path / "artifacts"
     make_wheel(artifacts, "edgeinfer", "0.1.0", {"edgeinfer_marker.py": "SHIPPED = True\n"})
@@ -326,3 +331,22 @@ def test_an_interpreter_without_venv_is_refused_before_anything_changes(
         "sudo apt install python3.12-venv"
     )
     assert snapshot(linked.work) == before
+
+
+def test_optional_requirements_that_do_not_install_leave_the_plan_standing(
+    tmp_path: Path, ort_wheelhouse: Path, versions: dict[str, str]
+) -> None:
+    # TensorRT's wheels are optional: without them the CUDA provider still runs.
+    from edgeinfer.installer.install import _build_venv
+    from edgeinfer.installer.plan import choose
+    from edgeinfer.installer.probe import probe
+
+    config = offline_config(ort_wheelhouse, versions)
+    plan = choose(probe(CPU_HOST), config)
+    plan.requirements = [f"packaging=={md.version('packaging')}"]  # small: the step under test is the next
+    plan.optional = ["tensorrt-cu12-libs==10.16.1.11"]  # not in the wheelhouse
+    plan.optional_index_urls = ["https://pypi.nvidia.com"]
+    target = tmp_path / "venv"
+    missing = _build_venv(target, plan, config, python=sys.executable, wheels=[], wheelhouse=ort_wheelhouse)
+    assert missing == ["tensorrt-cu12-libs==10.16.1.11"]
+    assert (target / "bin" / "python").exists()

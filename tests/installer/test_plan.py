@@ -291,6 +291,11 @@ def test_jetpack_7_takes_pypis_aarch64_cuda13_build() -> None:
         assert ort_requirements(plan.requirements) == ["onnxruntime-gpu==1.31.1"]  # no nvidia-* wheels
         assert plan.expected_providers == [TENSORRT, CUDA, CPU]
         assert plan.notes == []
+    thor = found("jetson_thor_jp7")
+    thor.cudnn_version = None  # cuDNN is an optional JetPack component
+    assert ort_requirements(choose(thor, InstallerConfig()).requirements) == [
+        "onnxruntime-gpu[cudnn]==1.31.1"
+    ]
     old = InstallerConfig(package_versions={"onnxruntime-gpu-cuda13": "1.28.0"})  # no aarch64 wheel
     assert choose(found("jetson_thor_jp7"), old).accelerator == "cpu"
 

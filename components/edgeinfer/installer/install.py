@@ -472,6 +472,9 @@ def _build_venv(
             else [a for u in plan.optional_index_urls for a in ("--extra-index-url", u)]
         )
         try:
+            if not config.use_pip_config and "--no-index" not in index:
+                for url in plan.optional_index_urls:
+                    check_index(url, min(config.pip_timeout_seconds, 30))
             _stream(
                 [*pip, *index, *extra, "-c", str(constraints), *plan.optional],
                 config.install_timeout_seconds,

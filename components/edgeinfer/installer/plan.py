@@ -475,9 +475,11 @@ def choose(info: PlatformInfo, config: InstallerConfig) -> Plan:
             ort_req = _requirement("onnxruntime-gpu", pins.get("onnxruntime-gpu-jetson", ""))
             extra.insert(0, config.jetson_index_url)
         elif pypi is not None:
-            ort_req = f"onnxruntime-gpu=={pypi}"
+            # JetPack's own CUDA and cuDNN; cuDNN is an optional JetPack component, then from its wheel
+            spec = "onnxruntime-gpu" if info.cudnn_version else "onnxruntime-gpu[cudnn]"
+            ort_req = f"{spec}=={pypi}"
             details.append(
-                f"{board}: PyPI's aarch64 CUDA-13 onnxruntime-gpu {pypi} on JetPack's CUDA and cuDNN "
+                f"{board}: PyPI's aarch64 CUDA-13 onnxruntime-gpu {pypi} on JetPack's CUDA "
                 "(built for SBSA servers; the provider check tells whether it runs here)"
             )
         else:
