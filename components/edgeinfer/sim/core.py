@@ -119,7 +119,16 @@ class Nucleus:
         """Check everything first (artifacts, variables, the component user), then lay out."""
         plan = self.layout.plan(c.recipe for c in self.components.values())
         self.check_variables()
-        run_as = users.component_user(self.profile.component_user, self.options.component_user)
+        try:
+            run_as = users.component_user(self.profile.component_user, self.options.component_user)
+        except users.UserError as exc:
+            if self.options.component_user:
+                raise
+            # No default user and no way to make one here (a container without useradd): as a
+            # nucleus installed without a component user, everything runs as the core's own user.
+            self.warnings.append(f"components run as {_me()}: {exc}")
+            log.warning("%s", self.warnings[-1])
+            run_as = None
         (self.options.root / "logs").mkdir(parents=True, exist_ok=True)
         for comp in self.components.values():
             self.layout.lay_out(comp.recipe, plan[comp.name], run_as)
