@@ -135,3 +135,32 @@ def test_the_projects_recipes_are_checked_for_both() -> None:
             for finding in check_recipe(source, name, sources):
                 assert finding.line > 0, finding
                 assert "\n" not in str(finding)
+
+
+def test_json_recipes_and_what_lite_does_not_run(tmp_path: Path) -> None:
+    import json
+
+    recipe = {
+        "RecipeFormatVersion": "2020-01-25",
+        "ComponentName": "com.example.J",
+        "ComponentVersion": "1.0.0",
+        "Manifests": [
+            {
+                "Platform": {"os": "linux", "architecture": "/amd64|x86_64/", "runtime": "*"},
+                "Lifecycle": {
+                    "run": {"Script": "true", "SkipIf": "onpath true"},
+                    "shutdown": "echo bye",
+                },
+            }
+        ],
+    }
+    path = tmp_path / "j.json"
+    path.write_text(json.dumps(recipe, indent=2))
+    assert check_recipe(path, "classic") == []
+    got = [(f.field, f.reason) for f in check_recipe(path, "lite")]
+    assert got == [
+        ("Manifests[0].Platform.architecture", "regular expressions are not supported (/amd64|x86_64/)"),
+        ("Manifests[0].Lifecycle.run.SkipIf", "SkipIf is not supported"),
+        ("Manifests[0].Lifecycle.shutdown", "the shutdown step is not run"),
+    ]
+    assert all(f.line > 0 for f in check_recipe(path, "lite"))
