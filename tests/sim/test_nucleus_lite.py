@@ -138,3 +138,15 @@ def _now() -> Any:
     import datetime as dt
 
     return dt.datetime.now(dt.timezone.utc)
+
+
+def test_platform_regexes_are_literal_on_lite(simulator: Callable[..., Simulator], device: Device) -> None:
+    device.add(
+        "com.example.Re",
+        lifecycle={"run": "sleep 30"},
+        platform={"os": "linux", "architecture": "/.*/", "runtime": "*"},
+    )
+    with pytest.raises(RecipeError, match=r"Re-1\.0\.0\.yaml: Manifests: no manifest matches this platform"):
+        simulator(device.recipes, device.artifacts, nucleus="lite")
+    sim = simulator(device.recipes, device.artifacts, nucleus="classic")
+    assert sim.wait_for_state("com.example.Re", "RUNNING") == "RUNNING"

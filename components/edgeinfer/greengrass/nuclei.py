@@ -180,8 +180,12 @@ def profile(nucleus: str | NucleusProfile) -> NucleusProfile:
 def reader(nucleus: NucleusProfile) -> Reader:
     """How `nucleus` reads recipes (for `edgeinfer.greengrass.recipe.load_recipes`)."""
     if nucleus is CLASSIC or not nucleus.platform_runtime_required:
-        return Reader(lower_case_steps_only=nucleus.lifecycle_keys_lower_case_only)
+        return Reader(
+            lower_case_steps_only=nucleus.lifecycle_keys_lower_case_only,
+            platform_regex=nucleus.platform_regex,
+        )
     return Reader(
+        platform_regex=nucleus.platform_regex,
         manifest_filter=lambda platform: manifest_selectable(platform, nucleus),
         skipped_reason=(
             f"No lifecycle was found for linux: nucleus {nucleus.name} reads only manifests whose "

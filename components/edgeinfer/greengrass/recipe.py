@@ -185,7 +185,8 @@ def host_platform() -> dict[str, str]:
     return {"os": {"darwin": "darwin", "windows": "windows"}.get(system, "linux"), "architecture": arch}
 
 
-def platform_matches(spec: Any, host: Mapping[str, str]) -> bool:
+def platform_matches(spec: Any, host: Mapping[str, str], regex: bool = True) -> bool:
+    """Whether a manifest's `Platform` admits this host (`*`/`all`; `/regex/` values where `regex`)."""
     if not spec:
         return True
     if not isinstance(spec, Mapping):
@@ -199,7 +200,7 @@ def platform_matches(spec: Any, host: Mapping[str, str]) -> bool:
         have = cget(host, str(key))
         if have is None:
             return False
-        if len(want) > 1 and want.startswith("/") and want.endswith("/"):
+        if regex and len(want) > 1 and want.startswith("/") and want.endswith("/"):
             if not re.fullmatch(want[1:-1], have):
                 return False
         elif want.lower() != str(have).lower():
@@ -396,6 +397,7 @@ class Reader:
     manifest_filter: Callable[[Any], bool] | None = None  # Platform mapping → considered
     skipped_reason: str = ""  # said when manifests exist but the filter leaves none
     lower_case_steps_only: bool = False
+    platform_regex: bool = True  # `/regex/` platform values (nucleus lite compares them literally)
 
 
 CLASSIC_READER = Reader()
@@ -455,7 +457,7 @@ def load_recipe_file(
         if reader.manifest_filter is not None and not reader.manifest_filter(cget(manifest, "Platform")):
             filtered += 1
             continue
-        if platform_matches(cget(manifest, "Platform"), host):
+        if platform_matches(cget(manifest, "Platform"), host, reader.platform_regex):
             chosen, chosen_index = manifest, i
             break
     if manifests and chosen is None and filtered == len(manifests) and reader.skipped_reason:
