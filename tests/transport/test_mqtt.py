@@ -263,3 +263,31 @@ def test_mqtt5_properties_travel_both_ways(connect: Callable[..., MqttPubSub]) -
     assert 0 < msg.properties.message_expiry_s <= 30  # what is left of it
     sender.publish("p/req", b"plain", qos=1)
     assert got.get(timeout=10).properties is None
+
+
+def test_receive_maximum_keeps_a_slow_handlers_backlog_in_the_broker(
+    broker: Any, connect: Callable[..., MqttPubSub]
+) -> None:
+    import threading
+
+    slow = connect(client_id="flow-slow", receive_maximum=8)
+    gate = threading.Event()
+    seen: list[bytes] = []
+
+    def handler(message: Message) -> None:
+        seen.append(message.payload)
+        gate.wait(30)
+
+    slow.subscribe("flow/t", handler, qos=1)
+    fast = connect(client_id="flow-fast")
+    for i in range(100):
+        fast.publish("flow/t", str(i).encode(), qos=1)  # the broker acknowledges these itself
+    time.sleep(0.5)
+    # One in the handler, the rest of the 8 unacknowledged ones waiting: the other 92 are the broker's.
+    assert len(seen) == 1
+    assert slow._inbox.qsize() <= 7
+    gate.set()
+    deadline = time.monotonic() + 30
+    while len(seen) < 100 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert seen == [str(i).encode() for i in range(100)]

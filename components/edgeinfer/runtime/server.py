@@ -75,7 +75,6 @@ from edgeinfer.runtime.placement import (
     PlacementPolicy,
 )
 from edgeinfer.runtime.timings import TimingPublisher
-from edgeinfer.runtime.updates import InFlight
 from edgeinfer.transport import (
     Bus,
     Message,
@@ -125,7 +124,6 @@ class Job:
     discard: bool = False  # a self-test job: the whole path runs, nothing is published
     reply_properties: MqttProperties | None = None  # MQTT 5: the request's correlation data, echoed
     answered: bool = False
-    counted: bool = False  # in the server's in-flight count until answered (what deployments wait for)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def claim(self) -> bool:
@@ -188,7 +186,6 @@ class InferenceServer:
             wall=wall,
         )
         self.stats = Stats()
-        self.inflight = InFlight()
         self._stats_lock = threading.Lock()
         self._decode_pool = self._new_decode_pool(cfg)
         self._replies: queue.SimpleQueue[tuple[Job, Result] | None] = queue.SimpleQueue()
@@ -451,9 +448,7 @@ class InferenceServer:
             arrived=arrived,
             deadline=self._deadline(req, props, arrived),
             reply_properties=reply_props,
-            counted=True,
         )
-        self.inflight.enter()
         if job.deadline is not None and job.deadline <= arrived:
             with self._stats_lock:
                 self.stats.expired_on_arrival += 1
@@ -740,8 +735,6 @@ class InferenceServer:
         """Finish the latency figures, publish once, record the timing."""
         if not job.claim():
             return
-        if job.counted:
-            self.inflight.leave()
         if job.on_done is not None:
             job.on_done()
         if job.discard:

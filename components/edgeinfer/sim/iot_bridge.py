@@ -8,10 +8,15 @@ spooled, as on the nucleus; offline, QoS 1 messages wait in the spool and QoS 0 
 profile without a spooler (nucleus lite) publishes directly and answers when the broker has.
 
 Messages from IoT Core reach the nucleus's event loop through `LoopHandoff`, which holds at most
-`limit` undelivered callbacks and makes the MQTT client's thread wait beyond that (the subscriptions
-are inline: nothing queues between the socket and the hand-off), so a flood from the cloud waits in
-the broker instead of growing the core's memory; each event is written to the subscriber's IPC
-connection only once that has room (`Stream.send_event_drained`).
+`limit` undelivered callbacks and makes the MQTT client's dispatcher wait beyond that; the client
+acknowledges a QoS 1 message only once it is handed over, and MQTT 5 flow control (`RECEIVE_MAXIMUM`)
+keeps the broker from sending more unacknowledged ones, so a flood from the cloud waits in the broker
+instead of growing the core's memory. (mosquitto 2.0.11 holds to that only until acknowledgements
+flow: then the MQTT client's inbox holds what it sent ahead. Holding the client's thread instead
+would bound it, but the PUBACKs of the bridge's own publishes wait behind it too: measured, results
+piled up in the spool until it refused them.) Each
+event is written to the subscriber's IPC connection only once that has room
+(`Stream.send_event_drained`).
 """
 
 from __future__ import annotations
@@ -34,6 +39,11 @@ log = logging.getLogger(__name__)
 
 __all__ = ["IotBridge", "LoopHandoff", "PublishRefusedError"]
 
+# MQTT 5 flow control on the connection to IoT Core: at most this many QoS 1 messages from the cloud
+# are unacknowledged, each acknowledged once handed to the event loop (MqttPubSub(receive_maximum)).
+RECEIVE_MAXIMUM = 64
+PING_TIMEOUT_MS = 300_000
+KEEP_ALIVE_S = 600  # the CRT holds the ping timeout under the keep-alive interval
 MAX_PUBLISH_RETRY = 100  # mqtt.maxPublishRetry: a spooled message is dropped after this many failures
 _REQUEST_EXCEPTION = "com.aws.greengrass.mqttclient.MqttRequestException"
 _SPOOLER_EXCEPTION = "com.aws.greengrass.mqttclient.spool.SpoolerStoreException"
@@ -125,7 +135,15 @@ class IotBridge:
 
     def _connect(self) -> MqttPubSub:
         return MqttPubSub.connect_tcp(
-            self.host, self.port, client_id=self.client_id, timeout_s=self.timeout_s
+            self.host,
+            self.port,
+            client_id=self.client_id,
+            timeout_s=self.timeout_s,
+            receive_maximum=RECEIVE_MAXIMUM,
+            # Under a flood the keep-alive's answer waits in the socket behind the backlog: a
+            # disconnect there would lose what the broker had handed over (a clean session).
+            ping_timeout_ms=PING_TIMEOUT_MS,
+            keep_alive_interval_sec=KEEP_ALIVE_S,
         )
 
     # ------------------------------------------------------------------------------ state
@@ -164,7 +182,7 @@ class IotBridge:
         with self._cond:
             subs = list(self._subs)
         for sub in subs:
-            sub.live = client.subscribe(sub.topic_filter, sub.handler, qos=sub.qos, inline=True)
+            sub.live = client.subscribe(sub.topic_filter, sub.handler, qos=sub.qos)
         with self._cond:
             self._client = client
             self._offline = False
@@ -307,7 +325,7 @@ class IotBridge:
             client = None if self._offline else self._client
         if client is not None:
             try:
-                sub.live = client.subscribe(topic_filter, handler, qos=sub.qos, inline=True)
+                sub.live = client.subscribe(topic_filter, handler, qos=sub.qos)
             except TransportError:
                 with self._cond:
                     self._subs.remove(sub)

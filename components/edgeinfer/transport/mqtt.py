@@ -169,6 +169,7 @@ class MqttPubSub:
         self._sub_ids: dict[str, int] = {}  # topic filter -> MQTT 5 subscription identifier
         self._sub_ids_available = False
         self._connection_handlers: list[ConnectionHandler] = []
+        self._ack_when_handled = False  # see `connect_tcp(receive_maximum=...)`
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._dispatcher = threading.Thread(
             target=self._dispatch_loop, name=f"mqtt-dispatch-{client_id}", daemon=True
@@ -199,8 +200,18 @@ class MqttPubSub:
         username: str | None = None,
         password: str | None = None,
         tcp_nodelay: bool = True,
+        receive_maximum: int | None = None,
+        ping_timeout_ms: int | None = None,
     ) -> MqttPubSub:
-        """Plain TCP to a local broker (the simulated core's mosquitto). No TLS: loopback/LAN only."""
+        """Plain TCP to a local broker (the simulated core's mosquitto). No TLS: loopback/LAN only.
+
+        `receive_maximum` (MQTT 5 flow control): the broker sends at most that many QoS 1 messages
+        that this client has not acknowledged, and the client acknowledges each one only once its
+        handlers have run — so handlers that wait (a bounded hand-off downstream) keep the backlog in
+        the broker, while the client's own thread stays free for keep-alives (and for the PUBACKs of
+        its own publishes). A broker may ignore it: mosquitto 2.0.11 holds to it only until
+        acknowledgements flow, and then sends several hundred more. `ping_timeout_ms`: how long a
+        keep-alive's answer may take (it waits in the socket behind whatever the broker sent first)."""
         from awscrt import mqtt5
 
         cid = client_id or _default_client_id()
@@ -214,6 +225,7 @@ class MqttPubSub:
                     keep_alive_interval_sec=keep_alive_interval_sec,
                     username=username,
                     password=password.encode() if password is not None else None,
+                    receive_maximum=receive_maximum,
                 ),
                 session_behavior=mqtt5.ClientSessionBehaviorType.CLEAN,
                 extended_validation_and_flow_control_options=(
@@ -223,6 +235,7 @@ class MqttPubSub:
                 min_reconnect_delay_ms=min_reconnect_delay_ms,
                 max_reconnect_delay_ms=max_reconnect_delay_ms,
                 connack_timeout_ms=int(timeout_s * 1000),
+                ping_timeout_ms=ping_timeout_ms,
                 on_publish_callback_fn=cb["on_publish_received"],
                 on_lifecycle_event_connection_success_fn=cb["on_lifecycle_connection_success"],
                 on_lifecycle_event_connection_failure_fn=cb["on_lifecycle_connection_failure"],
@@ -235,6 +248,7 @@ class MqttPubSub:
         self = cls(
             build, client_id=cid, describe=f"mqtt://{host}:{port}", peer=(host, port), tcp_nodelay=tcp_nodelay
         )
+        self._ack_when_handled = receive_maximum is not None
         self.start(timeout_s)
         return self
 
@@ -543,7 +557,11 @@ class MqttPubSub:
         entries = self._matching(message, ids)
         _run(message, [e.handler for e in entries if e.inline])
         if any(not e.inline for e in entries):
-            self._inbox.put((message, ids))
+            ack = None
+            take = getattr(data, "acquire_publish_acknowledgement_control", None)
+            if self._ack_when_handled and take is not None:
+                ack = take()  # sent by the dispatcher once the handlers have run
+            self._inbox.put((message, ids, ack))
 
     def _on_connection_success(self, data: Any) -> None:
         session_present = bool(getattr(getattr(data, "connack_packet", None), "session_present", False))
@@ -591,8 +609,13 @@ class MqttPubSub:
                     except Exception:
                         log.exception("connection handler failed")
                 continue
-            message, ids = item
+            message, ids, ack = item
             _run(message, [e.handler for e in self._matching(message, ids) if not e.inline])
+            if ack is not None:
+                try:
+                    self._client.invoke_publish_acknowledgement(ack)
+                except Exception as exc:  # the connection went meanwhile: the broker sends it again
+                    log.debug("PUBACK for %s not sent: %s", message.topic, exc)
 
     def _matching(self, message: Message, ids: tuple[int, ...]) -> list[_Entry]:
         with self._lock:
