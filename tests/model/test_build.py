@@ -375,3 +375,120 @@ def test_the_build_lock_is_the_folder_itself(tmp_path: Path) -> None:
         assert not try_lock()  # another builder waits
     assert try_lock()
     assert list(tmp_path.iterdir()) == []  # and no lock file is left anywhere
+
+
+# ------------------------------------------------------------------------------------------ detectors
+
+
+@pytest.fixture(scope="module", params=["objectness", "anchor_free"])
+def tiny_detector_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A bring-your-own detector in each export layout, built through the whole pipeline."""
+    import onnx
+
+    from tests.helpers.tiny_detector import make_tiny_detector
+
+    folder = tmp_path_factory.mktemp(f"byo-{request.param}")
+    source = folder / f"tiny-{request.param}.onnx"
+    onnx.save(make_tiny_detector(request.param), str(source))
+    labels = folder / "labels.txt"
+    labels.write_text("square\nround\n")
+    options = BuildOptions(onnx=source, task="detection", labels=labels, out=folder / "store", **FAST)
+    manifest = build(options, quiet=True)
+    assert manifest.root is not None
+    return manifest.root
+
+
+def test_a_bring_your_own_detector_is_built_in_its_layout(tiny_detector_store: Path) -> None:
+    manifest = Manifest.load(tiny_detector_store)
+    manifest.verify()
+    assert manifest.task == "detection"
+    assert manifest.detection is not None
+    assert manifest.detection.layout in tiny_detector_store.parent.name
+    assert manifest.preprocessing.resize == "letterbox"
+    assert manifest.preprocessing.size == 32
+    assert [o.name for o in manifest.outputs] == ["boxes", "scores"]
+    assert [v.name for v in manifest.variants] == ["int8-cpu", "int8-tensorrt", "fp32"]
+    assert manifest.labels() == ["square", "round"]
+    final = manifest.validation["variants"]["int8-cpu"]["final"]
+    assert {"precision", "recall", "mean_iou", "matched"} <= set(final)
+    assert manifest.validation["passed"] is True
+    assert "head" in manifest.quantization["exclude_nodes"]  # the head and its tail stay in float
+
+
+def test_a_built_detector_is_served_with_boxes_in_each_images_pixels(tiny_detector_store: Path) -> None:
+    """Mixed image sizes in one batch, defaults and per-request overrides, DLR's shape, bad input."""
+    import base64
+
+    from edgeinfer.messages import ErrorCode, Result
+    from edgeinfer.runtime.config import RuntimeConfig
+    from edgeinfer.runtime.engine import Engine
+    from edgeinfer.runtime.server import InferenceServer
+    from edgeinfer.transport import MemoryBus
+    from tests.helpers.images import solid_jpeg, solid_png
+    from tests.helpers.tiny_detector import expected_boxes
+    from tests.helpers.wait import eventually
+
+    cfg = RuntimeConfig(max_batch_size=4, max_queue_size=16, max_payload_bytes=64 * 1024)
+    engine = Engine.create(Manifest.load(tiny_detector_store), cfg, str(tiny_detector_store.parent / "work"))
+    engine.warm_up(runs=1)
+    bus = MemoryBus()
+    server = InferenceServer(bus, engine, cfg, "det1")
+    server.start()
+    try:
+        sizes = {"wide": (200, 100), "tall": (60, 180), "square": (64, 64)}
+        for name, (w, h) in sizes.items():
+            image = base64.b64encode(solid_jpeg((255, 255, 255), size=(w, h))).decode()
+            bus.publish("edgeinfer/det1/infer", json.dumps({"id": name, "image": image}).encode())
+        one = base64.b64encode(solid_png((255, 255, 255), size=(64, 64))).decode()
+        bus.publish(
+            "edgeinfer/det1/infer",
+            json.dumps({"id": "one", "image": one, "max_detections": 1, "result_format": "dlr"}).encode(),
+        )
+        bus.publish(
+            "edgeinfer/det1/infer", json.dumps({"id": "none", "image": one, "score_threshold": 0.99}).encode()
+        )
+        bus.publish("edgeinfer/det1/infer", json.dumps({"id": "bad", "image": "bm90IGFuIGltYWdl"}).encode())
+        bus.publish(
+            "edgeinfer/det1/infer", json.dumps({"id": "k", "image": one, "max_detections": 0}).encode()
+        )
+
+        def answers() -> dict[str, Any]:
+            return {
+                json.loads(m.payload)["id"]: json.loads(m.payload)
+                for m in bus.messages_on("edgeinfer/det1/result")
+            }
+
+        eventually(lambda: len(answers()) == 7)
+        got = answers()
+        for name, (w, h) in sizes.items():
+            result = Result.from_dict(got[name])
+            assert result.status == "ok"
+            assert result.predictions == []
+            assert result.detections is not None
+            assert sorted(d.label for d in result.detections) == ["round", "round", "square", "square"]
+            boxes = np.array(
+                [[d.box.x_min, d.box.y_min, d.box.x_max, d.box.y_max] for d in result.detections]
+            )
+            want = expected_boxes(w, h)
+            for box in boxes:  # each answer is one of the four, within a pixel of the source's scale
+                assert np.abs(want - box).max(axis=1).min() <= max(w, h) / 32 + 1
+        assert len(got["one"]["inference-results"]) == 1
+        assert got["one"]["inference-type"] == "object-detection"
+        assert got["none"]["detections"] == []
+        assert got["bad"]["error"]["code"] == ErrorCode.BAD_IMAGE.value
+        assert got["k"]["error"]["code"] == ErrorCode.BAD_REQUEST.value
+    finally:
+        server.stop()
+
+
+def test_an_unknown_detector_layout_is_refused_in_one_line(
+    tmp_path: Path, tiny_onnx: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        ["model", "build", "--onnx", str(tiny_onnx), "--task", "detection", "--out", str(tmp_path / "s")]
+    )
+    assert code != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "unknown detector output layout" in err
+    assert not (tmp_path / "s").exists()

@@ -287,6 +287,10 @@ def build(options: BuildOptions, *, quiet: bool = False) -> Manifest:
         raise EdgeinferError(f"--max-logit-delta must be positive, not {th.max_mean_abs_logit_delta}")
     if options.labels is not None:
         _read_labels(options.labels, None)  # a bad file fails now, not after the export
+    if options.task == "detection" and options.onnx is not None:
+        from edgeinfer.model import export
+
+        export.load_user_model(options.onnx, detector=True, layout=options.layout)  # its layout, now
     if not options.force:
         hit = cached(options)
         if hit is not None:
