@@ -99,12 +99,20 @@ def test_a_tiny_network_converts_and_decodes_both_heads() -> None:
     assert (out[..., 4:] <= 1).all()
     assert (out[..., 2:4] > 0).all()  # widths and heights: exp(t) * anchor
     # centres lie on their cell: head 1's first cell (0, 0), stride 2, anchors interleaved
-    assert (0 <= out[0, 0, 0] <= 2) and (0 <= out[0, 1, 1] <= 2)
+    assert 0 <= out[0, 0, 0] <= 2
+    assert 0 <= out[0, 1, 1] <= 2
 
 
 def test_batch_norm_is_folded_the_darknet_way() -> None:
     # one conv, BN with mean 1, var 4, scale 2, bias 0.5, weight 1: Darknet's (x - 1) / (2 + 1e-6) * 2 + 0.5
-    cfg = "[net]\nwidth=8\nheight=8\nchannels=1\n[convolutional]\nbatch_normalize=1\nfilters=1\nsize=1\nstride=1\npad=1\nactivation=linear\n[convolutional]\nfilters=7\nsize=1\nstride=1\npad=1\nactivation=linear\n[yolo]\nmask=0\nanchors=2,2\nclasses=2\nnum=1\n"
+    cfg = "\n".join(
+        [
+            "[net]\nwidth=8\nheight=8\nchannels=1",
+            "[convolutional]\nbatch_normalize=1\nfilters=1\nsize=1\nstride=1\npad=1\nactivation=linear",
+            "[convolutional]\nfilters=7\nsize=1\nstride=1\npad=1\nactivation=linear",
+            "[yolo]\nmask=0\nanchors=2,2\nclasses=2\nnum=1",
+        ]
+    )
     header = np.array([0, 2, 5], np.int32).tobytes() + np.array([0], np.int64).tobytes()
     first = np.array([0.5, 2.0, 1.0, 4.0, 1.0], np.float32)  # bias, scale, mean, var, weight
     head = np.zeros(7 + 7, np.float32)
@@ -196,9 +204,10 @@ def test_yolov3_tiny_matches_opencv4s_darknet_reader(
     image = cv2.imread(str(photo if photo.is_file() else SAMPLES / "motorcycle.jpg"))[:, :, ::-1]
     x = (cv2.resize(image, (size, size)).astype(np.float32) / 255).transpose(2, 0, 1)[None].copy()
     np.save(tmp_path / "x.npy", x)
+    cfg, weights = str(yolo_folder / darknet.CFG), str(yolo_folder / darknet.WEIGHTS)
     script = (
         "import sys, numpy as np, cv2\n"
-        f"net = cv2.dnn.readNetFromDarknet({str(yolo_folder / darknet.CFG)!r}, {str(yolo_folder / darknet.WEIGHTS)!r})\n"
+        f"net = cv2.dnn.readNetFromDarknet({cfg!r}, {weights!r})\n"
         f"net.setInput(np.load({str(tmp_path / 'x.npy')!r}))\n"
         "outs = net.forward(net.getUnconnectedOutLayersNames())\n"
         f"np.save({str(tmp_path / 'ref.npy')!r}, np.concatenate(outs))\n"
