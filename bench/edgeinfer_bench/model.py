@@ -1,7 +1,10 @@
 """`edgeinfer bench model`: FP32 against every INT8 variant, side by side in one run, CPU provider.
 
 The published graphs are timed as the runtime runs them (uint8 NHWC in, preprocessing inside the
-graph). Runs are interleaved across variants in rounds, so a noisy neighbour slows all of them alike;
+graph). A detector store (`--detector`, or a `--store` whose manifest says `detection`) is timed on
+letterboxed photos, its agreement read as precision/recall of FP32's own boxes, and its post step
+(thresholds + NMS, vectorised numpy) timed beside ONNX's NonMaxSuppression on the same outputs.
+Runs are interleaved across variants in rounds, so a noisy neighbour slows all of them alike;
 every figure that matters is a ratio against FP32 measured in the same run.
 """
 
@@ -36,6 +39,11 @@ def register_bench(subparsers: Any) -> None:
     p.add_argument(
         "--store", type=Path, help="store folder (default artifacts/com.edgeinfer.ModelStore/<version>)"
     )
+    p.add_argument(
+        "--detector",
+        action="store_true",
+        help="bench the detector store (default artifacts/models/yolov3-tiny/<version>)",
+    )
     p.add_argument("--json", type=Path, metavar="FILE", help="write the figures as JSON")
     p.add_argument(
         "--size", type=int, default=224, help="input images are SIZE x SIZE uint8 RGB (default 224)"
@@ -54,13 +62,17 @@ def register_bench(subparsers: Any) -> None:
     p.set_defaults(func=_run)
 
 
-def _inputs(size: int) -> np.ndarray:
+def _inputs(size: int, *, detector: bool = False) -> np.ndarray:
+    """8 real photos (the bundled samples, cycled, with flips) resized to size x size; for a detector
+    Darknet's test photos first when they are installed, letterboxed."""
     import numpy as np
 
-    """8 real photos (the bundled samples, cycled, with flips) resized to size x size."""
     from edgeinfer.model import images, samples
 
-    photos = [images.read_image(p) for p in samples.sample_images()]
+    paths = list(samples.sample_images())
+    if detector:
+        paths = sorted(images.DARKNET_DATA.glob("*.jpg")) + paths
+    photos = [images.read_image(p) for p in paths]
     usable = [p for p in photos if p is not None]
     if not usable:
         raise EdgeinferError("no sample images to benchmark with")
@@ -69,7 +81,7 @@ def _inputs(size: int) -> np.ndarray:
         photo = usable[i % len(usable)]
         if i >= len(usable):
             photo = np.ascontiguousarray(photo[:, ::-1])
-        batch.append(images.fit(photo, (size, size)))
+        batch.append(images.letterbox(photo, (size, size)) if detector else images.fit(photo, (size, size)))
     return np.stack(batch)
 
 
@@ -90,6 +102,7 @@ def run_bench(
     rounds: int = 10,
     runs: int = 20,
     naive: bool = True,
+    detector: bool = False,
 ) -> dict[str, Any]:
     import numpy as np
     import onnxruntime as ort
@@ -97,9 +110,16 @@ def run_bench(
     from edgeinfer.model import gate, infer
     from edgeinfer.model.manifest import CPU, Manifest, default_store_dir
 
+    if store is None and detector:
+        from edgeinfer.model.build import BuildOptions
+
+        store = BuildOptions(task="detection").output_dir()
     manifest = Manifest.load(store if store is not None else default_store_dir())
+    detector = manifest.is_detector
+    if detector:
+        size = int(manifest.preprocessing.preferred_input[0])
     threads = threads or (os.cpu_count() or 1)
-    batch8 = _inputs(size)
+    batch8 = _inputs(size, detector=detector)
     batch1 = batch8[:1]
     sessions: dict[str, Any] = {}
     results: dict[str, dict[str, Any]] = {}
@@ -177,7 +197,9 @@ def run_bench(
                 sess, name = sessions[vname]
                 _time(runner(sess, name, batch), 2)
                 results[vname][key] += _time(runner(sess, name, batch), count)
-    ref_logits = sessions["fp32"][0].run(None, {sessions["fp32"][1]: batch8})[0]
+    ref_out = sessions["fp32"][0].run(None, {sessions["fp32"][1]: batch8})
+    ref_logits = ref_out[0]
+    ref_found = _found(manifest, ref_out) if detector else []
     for vname in sessions:
         r = results[vname]
         b1, b8 = r.pop("_b1"), r.pop("_b8")
@@ -193,22 +215,39 @@ def run_bench(
         r = results[vname]
         r["speedup_b1"] = round(base["b1_median_ms"] / r["b1_median_ms"], 3)
         r["speedup_b8"] = round(base["b8_median_ms"] / r["b8_median_ms"], 3)
-        logits = sess.run(None, {name: batch8})[0]
-        r["agreement_bench_inputs"] = round(gate.agreement(ref_logits, logits)["top1"], 4)
+        outs = sess.run(None, {name: batch8})
         held_out = (
             manifest.validation.get("variants", {})
             .get(vname if vname != NAIVE else "int8-cpu", {})
             .get("final")
         )
+        if detector:
+            bench_agreement = gate.detection_agreement(ref_found, _found(manifest, outs))
+            r["agreement_bench_inputs"] = {
+                k: round(bench_agreement[k], 4) for k in ("precision", "recall", "mean_iou")
+            }
+            if held_out:
+                r["agreement_held_out"] = {
+                    k: held_out[k]
+                    for k in ("precision", "recall", "mean_iou", "matched", "reference_detections", "images")
+                }
+            continue
+        r["agreement_bench_inputs"] = round(gate.agreement(ref_logits, outs[0])["top1"], 4)
         if held_out:
             r["agreement_held_out"] = {
                 k: held_out[k] for k in ("top1", "top1_confident", "top5", "mean_abs_logit_delta", "count")
             }
+    report: dict[str, Any] = {}
+    if detector:
+        report["post_step"] = _post_step(manifest, ref_out, threads, rounds)
     return {
         "scenario": "model",
+        "task": manifest.task,
         "store": str(manifest.root),
         "model": {"name": manifest.name, "version": manifest.version},
-        "inputs": f"{size}x{size} uint8 RGB NHWC, preprocessing in the graph",
+        "inputs": f"{size}x{size} uint8 RGB NHWC"
+        + (" letterboxed photos" if detector else "")
+        + ", preprocessing in the graph",
         "provider": CPU,
         "threads": threads,
         "machine": {
@@ -217,7 +256,102 @@ def run_bench(
             "onnxruntime": ort.__version__,
         },
         "variants": results,
+        **report,
         "timestamp": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def _found(manifest: Any, outs: list[Any]) -> list[list[tuple[int, float, list[float]]]]:
+    """Each image's detections with the store's defaults, as the gate compares them."""
+    from edgeinfer.runtime import postprocess
+
+    spec = manifest.detection
+    found = []
+    for boxes, scores in zip(outs[0], outs[1], strict=True):
+        dets = postprocess.detections(
+            boxes,
+            scores,
+            score_threshold=spec.score_threshold,
+            iou_threshold=spec.iou_threshold,
+            max_detections=spec.max_detections,
+        )
+        found.append([(d.index, d.score, [d.box.x_min, d.box.y_min, d.box.x_max, d.box.y_max]) for d in dets])
+    return found
+
+
+def _post_step(manifest: Any, outs: list[Any], threads: int, rounds: int) -> dict[str, Any]:
+    """The detector's post step two ways on the same FP32 outputs of 8 photos, per image: the
+    runtime's vectorised numpy (threshold, then one IoU matrix over the candidates) against ONNX's
+    NonMaxSuppression op (what "NMS in the graph" runs), both to the same kept boxes."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from edgeinfer.model import infer
+    from edgeinfer.model.manifest import CPU
+    from edgeinfer.runtime import postprocess
+
+    spec = manifest.detection
+    boxes, scores = outs[0], outs[1]
+    classes = scores.shape[2]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Transpose", ["scores"], ["by_class"], perm=[0, 2, 1]),
+            helper.make_node(
+                "NonMaxSuppression", ["boxes", "by_class", "limit", "iou", "score"], ["selected"]
+            ),
+        ],
+        "nms",
+        [
+            helper.make_tensor_value_info("boxes", TensorProto.FLOAT, [1, "A", 4]),
+            helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, "A", classes]),
+        ],
+        [helper.make_tensor_value_info("selected", TensorProto.INT64, ["K", 3])],
+        [
+            helper.make_tensor("limit", TensorProto.INT64, [1], [spec.max_detections]),
+            helper.make_tensor("iou", TensorProto.FLOAT, [1], [spec.iou_threshold]),
+            helper.make_tensor("score", TensorProto.FLOAT, [1], [spec.score_threshold]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    sess = ort.InferenceSession(model.SerializeToString(), infer.session_options(threads), providers=[CPU])
+
+    def numpy_step() -> list[Any]:
+        return [
+            postprocess.detections(
+                b,
+                s,
+                score_threshold=spec.score_threshold,
+                iou_threshold=spec.iou_threshold,
+                max_detections=spec.max_detections,
+            )
+            for b, s in zip(boxes, scores, strict=True)
+        ]
+
+    def onnx_step() -> list[Any]:
+        return [
+            sess.run(None, {"boxes": b[None], "scores": s[None]})[0]
+            for b, s in zip(boxes, scores, strict=True)
+        ]
+
+    kept_numpy = sum(len(x) for x in numpy_step())
+    kept_onnx = sum(len(x) for x in onnx_step())
+    numpy_ms, onnx_ms = [], []
+    for _ in range(rounds):
+        numpy_ms += _time(numpy_step, 3)
+        onnx_ms += _time(onnx_step, 3)
+    per_image = len(boxes)
+    numpy_med = float(np.median(numpy_ms)) / per_image
+    onnx_med = float(np.median(onnx_ms)) / per_image
+    return {
+        "numpy_ms_per_image": round(numpy_med, 3),
+        "onnx_nms_ms_per_image": round(onnx_med, 3),
+        "numpy_speedup": round(onnx_med / numpy_med, 2),
+        "kept": {"numpy": kept_numpy, "onnx_nms": kept_onnx},
+        "note": "ONNX's per-class NMS (no cross-class cap: kept counts differ when max_detections binds)",
     }
 
 
@@ -236,6 +370,16 @@ def table(report: dict[str, Any]) -> str:
             lines.append(f"{name:<14} skipped: {r['skipped']}")
             continue
         held = r.get("agreement_held_out")
+        if report.get("task") == "detection":
+            prec = f"{100 * held['precision']:.1f}%" if held else "-"
+            rec = f"{100 * held['recall']:.1f}%" if held else "-"
+            lines.append(
+                f"{name:<14} {r['session_create_ms']:7.1f} {r['first_run_ms']:7.1f} {r['b1_median_ms']:7.2f}"
+                f" {r['b1_p99_ms']:7.2f} {r['b8_median_ms']:7.2f} {r['b8_p99_ms']:7.2f}"
+                f" {r['images_per_s_b8']:8.0f}"
+                f" {r['speedup_b1']:5.2f} {r['speedup_b8']:5.2f} {prec:>6} {rec:>6}"
+            )
+            continue
         top1 = f"{100 * held['top1']:.1f}%" if held else "-"
         conf = f"{100 * held['top1_confident']:.1f}%" if held else "-"
         lines.append(
@@ -244,6 +388,19 @@ def table(report: dict[str, Any]) -> str:
             f" {r['images_per_s_b8']:8.0f}"
             f" {r['speedup_b1']:5.2f} {r['speedup_b8']:5.2f} {top1:>6} {conf:>6}"
         )
+    if report.get("task") == "detection":
+        lines[1] = lines[1].replace("  top-1   conf", "   prec    rec")
+        lines.append(
+            "prec / rec: precision / recall of fp32's own boxes on the held-out set (IoU >= 0.5, same class)"
+        )
+        post = report.get("post_step")
+        if post:
+            lines.append(
+                f"post step per image: vectorised numpy {post['numpy_ms_per_image']:.2f} ms,"
+                f" ONNX NonMaxSuppression {post['onnx_nms_ms_per_image']:.2f} ms"
+                f" ({post['numpy_speedup']:.1f}x)"
+            )
+        return "\n".join(lines)
     lines.append(
         "top-1 / conf: agreement with fp32 on the held-out set (all / where fp32 p > 0.5), from the build"
     )
@@ -254,7 +411,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.rounds < 1 or args.runs < 1:
         raise EdgeinferError("--rounds and --runs must be at least 1")
     report = run_bench(
-        args.store, size=args.size, threads=args.threads, rounds=args.rounds, runs=args.runs, naive=args.naive
+        args.store,
+        size=args.size,
+        threads=args.threads,
+        rounds=args.rounds,
+        runs=args.runs,
+        naive=args.naive,
+        detector=args.detector,
     )
     print(table(report))
     if args.json is not None:

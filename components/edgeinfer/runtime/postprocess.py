@@ -100,9 +100,13 @@ def detections(
 
     `scale`, `offset` (x, y): the runtime's own letterbox, canvas = source · scale + offset; undone
     here, and boxes clipped to `limit` (source width, height) when given."""
-    anchor, cls = np.nonzero(scores > score_threshold)
-    if anchor.size == 0:
+    # rows first: nonzero over all of YOLOv3-tiny's 2535 × 80 scores took 3 ms an image, the row
+    # maxima and the few rows that pass 0.1 ms
+    rows = np.flatnonzero(scores.max(axis=1) > score_threshold)
+    if rows.size == 0:
         return []
+    hit, cls = np.nonzero(scores[rows] > score_threshold)
+    anchor = rows[hit]
     conf = scores[anchor, cls].astype(np.float32)
     if conf.size > MAX_CANDIDATES:
         best = np.argpartition(-conf, MAX_CANDIDATES - 1)[:MAX_CANDIDATES]
