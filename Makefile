@@ -7,13 +7,14 @@ STAMP := $(VENV)/.installed
 EXTRAS ?= cpu,build,cloud,plots,dev
 PYTEST_ARGS ?=
 
-.PHONY: help setup mosquitto lint typecheck test test-fast demo bench model clean
+.PHONY: help setup mosquitto lint typecheck test test-pythons test-fast demo bench model clean
 
 help:
 	@echo "make demo   build the model and run the bundle on a simulated Greengrass core"
 	@echo "make test   lint, type-check and run the whole test suite"
 	@echo "make bench  run the benchmarks and record them under bench/results/"
 	@echo "make test-fast  the tests without the slow ones (no lint, no type-check)"
+	@echo "make test-pythons  the device-side tests on Python 3.10 and 3.12 (part of make test)"
 	@echo "make model  build the INT8 model store only"
 	@echo "make clean  remove build outputs, the model store and caches (not .venv)"
 	@echo "make setup  the venv with the project and its extras, and mosquitto (what the others need)"
@@ -44,6 +45,16 @@ typecheck: $(STAMP)
 
 test: setup lint typecheck
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory test-pythons
+
+# The device side on the other Pythons a device may run (the venv above is 3.11), all at once: one
+# venv per Python from an interpreter found here (on PATH or under pyenv, never downloaded) with the
+# pins the installer gives a device on that Python plus the test tools, then the unit tests that need
+# no developer tool (tests/helpers/pythons.py, device_leg.py). An absent Python is skipped, saying so.
+DEVICE_PYTHONS ?= 3.10 3.12
+
+test-pythons: $(STAMP)
+	$(BIN)/python -m tests.helpers.pythons legs $(VENV)/legs $(DEVICE_PYTHONS)
 
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
