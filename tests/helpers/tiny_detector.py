@@ -9,6 +9,7 @@ A 1×1 conv over the pooled image carries the scores, so the quantizer has a lay
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -76,3 +77,28 @@ def expected_boxes(width: int, height: int) -> np.ndarray:
     xyxy = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1)
     xyxy = (xyxy - np.array([left, top, left, top])) / scale
     return np.clip(xyxy, 0, [width, height, width, height])
+
+
+def build_tiny_detector_store(folder: Path, layout: str = "objectness") -> Path:
+    """The tiny detector through the whole model build (seconds): a real detector store."""
+    import onnx
+
+    from edgeinfer.model.build import BuildOptions, build
+
+    folder.mkdir(parents=True, exist_ok=True)
+    source = folder / f"tiny-{layout}.onnx"
+    onnx.save(make_tiny_detector(layout), str(source))
+    labels = folder / "labels.txt"
+    labels.write_text("square\nround\n")
+    options = BuildOptions(
+        onnx=source,
+        task="detection",
+        labels=labels,
+        out=folder / "store",
+        calibration_per_photo=2,
+        validation_per_photo=2,
+        min_calibration=4,
+    )
+    manifest = build(options, quiet=True)
+    assert manifest.root is not None
+    return manifest.root

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from edgeinfer.messages import ErrorCode, ModelRef, Prediction
+from edgeinfer.messages import Detection, ErrorCode, ModelRef, Prediction
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +45,14 @@ class Job:
     image: bytes
     top_k: int = 5
     model: str | None = None
+    max_detections: int | None = None  # detectors; None: the model's defaults
+    score_threshold: float | None = None
 
 
 @dataclass
 class Outcome:
     predictions: list[Prediction] = field(default_factory=list)
+    detections: list[Detection] | None = None  # set by a detector
     code: ErrorCode | None = None
     message: str = ""
     decode_ms: float = 0.0
@@ -134,23 +137,26 @@ class OnnxBackend:
     def infer(self, jobs: Sequence[Job]) -> list[Outcome]:
         import numpy as np
 
-        from edgeinfer.runtime.decode import DecodeError, decode_image
+        from edgeinfer.runtime.decode import DecodeError, decode_image, decode_letterboxed
 
         outcomes = [Outcome() for _ in jobs]
         images: list[Any] = []
         slots: list[int] = []
+        geometry: dict[int, Any] = {}
+        detector = bool(getattr(self.engine, "detector", False))
         for i, job in enumerate(jobs):
             start = time.perf_counter()
             try:
-                images.append(
-                    decode_image(
-                        job.image,
-                        self.engine.input_size,
-                        max_pixels=self.max_image_pixels,
-                        min_side=self.min_image_side,
-                        detail=self.engine.detail,
-                    )
-                )
+                limits = {
+                    "max_pixels": self.max_image_pixels,
+                    "min_side": self.min_image_side,
+                    "detail": self.engine.detail,
+                }
+                if detector:
+                    image, geometry[i] = decode_letterboxed(job.image, self.engine.input_size, **limits)
+                    images.append(image)
+                else:
+                    images.append(decode_image(job.image, self.engine.input_size, **limits))
                 slots.append(i)
             except DecodeError as exc:
                 outcomes[i].code = ErrorCode.BAD_IMAGE
@@ -169,7 +175,15 @@ class OnnxBackend:
         inference_ms = (time.perf_counter() - start) * 1000
         for row, i in enumerate(slots):
             t0 = time.perf_counter()
-            outcomes[i].predictions = self.engine.top_k(probs[row], jobs[i].top_k)
+            if detector:
+                outcomes[i].detections = self.engine.detect(
+                    probs[row],
+                    max_detections=jobs[i].max_detections,
+                    score_threshold=jobs[i].score_threshold,
+                    geometry=geometry[i],
+                )
+            else:
+                outcomes[i].predictions = self.engine.top_k(probs[row], jobs[i].top_k)
             outcomes[i].inference_ms = inference_ms
             outcomes[i].postprocess_ms = (time.perf_counter() - t0) * 1000
         return outcomes

@@ -346,7 +346,13 @@ class Router:
             return
         picked = self.clock()
         jobs = [
-            Job(w.request.request.image or b"", w.request.request.top_k, w.request.request.model)
+            Job(
+                w.request.request.image or b"",
+                w.request.request.top_k,
+                w.request.request.model,
+                max_detections=w.request.request.max_detections,
+                score_threshold=w.request.request.score_threshold,
+            )
             for w in live
         ]
         try:
@@ -384,6 +390,7 @@ class Router:
                 status="ok",
                 timestamp=iso_utc(self.wall_clock()),
                 predictions=outcome.predictions,
+                detections=outcome.detections,
                 model=self.backend.model_ref,
                 placement="cloud",
                 provider=self.backend.provider,

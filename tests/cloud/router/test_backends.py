@@ -169,3 +169,23 @@ def test_cloudwatch_metrics_aggregate_per_thing() -> None:
         stub.assert_no_pending_responses()
     assert metrics.failed_flushes == 1
     assert metrics.flush() == 0  # nothing recorded since: no API call
+
+
+def test_onnx_backend_serves_a_detector_with_boxes_in_the_images_pixels(tmp_path: Path) -> None:
+    from tests.helpers.images import solid_jpeg
+    from tests.helpers.tiny_detector import build_tiny_detector_store, expected_boxes
+
+    backend = OnnxBackend.load(build_tiny_detector_store(tmp_path / "det"), max_batch_size=2)
+    white = solid_jpeg((255, 255, 255), size=(120, 60))
+    outcomes = backend.infer([Job(white), Job(white, max_detections=1), Job(b"not an image")])
+    assert outcomes[0].ok
+    assert outcomes[0].predictions == []
+    assert outcomes[0].detections is not None
+    assert len(outcomes[0].detections) == 4
+    want = expected_boxes(120, 60)
+    for d in outcomes[0].detections:
+        box = [d.box.x_min, d.box.y_min, d.box.x_max, d.box.y_max]
+        assert min(max(abs(a - b) for a, b in zip(box, row, strict=True)) for row in want) <= 5
+    assert outcomes[1].detections is not None
+    assert len(outcomes[1].detections) == 1
+    assert outcomes[2].code == ErrorCode.BAD_IMAGE
