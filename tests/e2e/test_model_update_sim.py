@@ -1,0 +1,170 @@
+"""A user's model update on the simulated classic nucleus: the runtime's `Component` in this process
+on the real awsiotsdk IPC client, a ModelStore whose install step writes its artifact folder to
+`artifacts-path` as the real one does (the folder taken from its configuration, so a deployment can
+point it at another store), and `Simulator.update_component` running the nucleus's defer protocol.
+
+- a deployment that arrives while a slow request is in flight is deferred until the request is
+  answered ok, then proceeds;
+- a new store version is swapped in without restarting the runtime, and later requests report it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from edgeinfer.messages import Result
+from edgeinfer.runtime.component import Component
+from edgeinfer.runtime.config import default_recipe_configuration
+from edgeinfer.sim import Simulator
+from edgeinfer.sim.testing import RUNTIME, STORE
+from edgeinfer.transport.ipc import GreengrassIpcBus
+from tests.helpers.images import solid_jpeg
+from tests.helpers.wait import eventually
+
+pytestmark = pytest.mark.e2e
+
+THING = "model-update-e2e"
+INFER = f"edgeinfer/{THING}/infer"
+RESULT = f"edgeinfer/{THING}/result"
+
+
+def recipe(name: str, lifecycle: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "RecipeFormatVersion": "2020-01-25",
+        "ComponentName": name,
+        "ComponentVersion": "1.0.0",
+        "ComponentConfiguration": {"DefaultConfiguration": config},
+        "Manifests": [{"Platform": {"os": "linux", "runtime": "*"}, "Lifecycle": lifecycle}],
+    }
+
+
+def tiny(folder: Path, write_tiny_store: Callable[[Path], Path], version: str) -> Path:
+    write_tiny_store(folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["version"] = version
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+class Device:
+    def __init__(self, sim: Simulator, component: Component, v1: Path) -> None:
+        self.sim, self.component, self.v1 = sim, component, v1
+        self.results = sim.local_client().subscribe(RESULT)
+        self.client = sim.local_client()
+
+    def send(self, rid: str) -> None:
+        image = base64.b64encode(solid_jpeg((3, 3, 240))).decode()
+        self.client.publish(INFER, json.dumps({"id": rid, "image": image}))
+
+    def answers(self, rid: str) -> list[Result]:
+        return [r for r in (Result.parse(m.payload) for m in self.results.messages) if r.id == rid]
+
+    def ask(self, rid: str) -> Result:
+        self.send(rid)
+        eventually(lambda: bool(self.answers(rid)), 30, f"the answer to {rid}")
+        return self.answers(rid)[0]
+
+
+@pytest.fixture
+def device(
+    simulator: Callable[..., Simulator], tmp_path: Path, write_tiny_store: Callable[[Path], Path]
+) -> Iterator[Device]:
+    v1 = tiny(tmp_path / "store-v1", write_tiny_store, "0.0.1")
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    pointer = "'{work:path}/artifacts-path'"
+    write = f"printf '%s\\n' '{{configuration:/folder}}' > {pointer}.tmp"
+    store = recipe(STORE, {"install": f"{write} && mv -f {pointer}.tmp {pointer}"}, {"folder": str(v1)})
+    access = {
+        "aws.greengrass.ipc.pubsub": {
+            "p": {"operations": ["*"], "resources": [f"edgeinfer/{THING}/*", "edgeinfer/local/*"]}
+        }
+    }
+    config = default_recipe_configuration()
+    config.update(
+        {
+            "executionProviders": ["CPUExecutionProvider"],
+            "maxBatchSize": 4,
+            "subscribeIot": False,
+            # A request that finds the runtime idle would run on the IPC client's event-loop thread,
+            # which then delivers no PreComponentUpdateEvent until it is answered: off, the slow
+            # request runs on an engine thread, as under load.
+            "runInlineWhenIdle": False,
+            "accessControl": access,
+        }
+    )
+    runtime = recipe(RUNTIME, {"install": "true"}, config)  # the process is this test's
+    for doc in (store, runtime):
+        (recipes / f"{doc['ComponentName']}.yaml").write_text(yaml.safe_dump(doc))
+    sim = simulator(recipes, thing=THING, nucleus="classic")
+    sim.wait_for_state(STORE, "FINISHED")
+    env = sim.ipc_env(RUNTIME)
+    bus = GreengrassIpcBus.connect(env["AWS_GG_NUCLEUS_DOMAIN_SOCKET_FILEPATH_FOR_COMPONENT"], env["SVCUID"])
+    args = argparse.Namespace(
+        model_dir=str(v1), work_dir=str(sim.root / "work" / RUNTIME), thing=THING, option=[]
+    )
+    component = Component(bus, args)
+    component.start()
+    try:
+        assert component.store_watcher is not None  # started on the folder the pointer names
+        assert component.updates is not None  # the classic nucleus serves component updates
+        yield Device(sim, component, v1)
+    finally:
+        component.stop()
+        bus.close()
+
+
+def test_an_update_waits_for_a_slow_request_in_flight(
+    device: Device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = device.component.server.engine
+    run = engine.run
+    slow = threading.Event()
+
+    def slow_run(*args: Any, **kwargs: Any) -> Any:
+        if slow.is_set():
+            slow.clear()
+            time.sleep(2.0)
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "run", slow_run)
+    slow.set()
+    device.send("slow")
+    eventually(lambda: device.component.server.inflight.count == 1, 10, "the slow request in flight")
+    deferrals = device.sim.update_component(STORE, merge={"folder": str(device.v1)})
+    answered = device.answers("slow")  # before the update went ahead
+    assert [a.status for a in answered] == ["ok"]
+    assert deferrals, "the runtime should have deferred the update"
+    assert {(d.component, d.message) for d in deferrals} == {(RUNTIME, "1 requests in flight")}
+    assert all(d.recheck_after_ms > 0 for d in deferrals)
+    eventually(  # the update proceeded: the store installed again
+        lambda: device.sim.history(STORE).count("FINISHED") == 2, 30, "the store installed again"
+    )
+    assert device.ask("after").status == "ok"
+    time.sleep(0.5)  # a second answer, if any, would come now
+    assert len(device.answers("slow")) == 1
+    assert device.component.server.inflight.count == 0
+
+
+def test_a_new_store_version_is_swapped_in_without_a_restart(
+    device: Device, tmp_path: Path, write_tiny_store: Callable[[Path], Path]
+) -> None:
+    assert device.ask("v1").model.version == "0.0.1"  # type: ignore[union-attr]
+    v2 = tiny(tmp_path / "store-v2", write_tiny_store, "0.0.2")
+    server, engine = device.component.server, device.component.server.engine
+    assert device.sim.update_component(STORE, merge={"folder": str(v2)}) == []  # nothing in flight
+    eventually(lambda: device.component.server.engine is not engine, 30, "the new store's engine")
+    assert device.component.args.model_dir == str(v2)
+    versions = [device.ask(f"after-{i}").model.version for i in range(3)]  # type: ignore[union-attr]
+    assert versions == ["0.0.2"] * 3
+    assert device.component.server is server  # the same server, never restarted
