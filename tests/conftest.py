@@ -29,5 +29,23 @@ def model_store() -> Path:
 
 
 @pytest.fixture(scope="session")
+def detector_store() -> Path:
+    """The built default detector (YOLOv3-tiny), `artifacts/models/yolov3-tiny/<version>/`, cached by
+    its inputs like `model_store`. Skipped, saying why, only when its weights cannot be downloaded."""
+    pytest.importorskip("onnxruntime")
+    from edgeinfer.errors import EdgeinferError
+    from edgeinfer.model import darknet
+    from edgeinfer.model.build import BuildOptions, build
+
+    try:
+        darknet.fetch_yolov3_tiny()
+    except EdgeinferError as exc:
+        pytest.skip(f"the YOLOv3-tiny weights cannot be downloaded here: {exc}")
+    manifest = build(BuildOptions(task="detection", artifacts=ROOT / "artifacts"), quiet=True)
+    assert manifest.root is not None
+    return manifest.root
+
+
+@pytest.fixture(scope="session")
 def tiny_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_store(tmp_path_factory.mktemp("tiny-store"))

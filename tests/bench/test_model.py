@@ -4,32 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import onnx
 import pytest
 
-from edgeinfer.model.build import BuildOptions, build
 from edgeinfer_bench.model import run_bench, table
-from tests.helpers.tiny_detector import make_tiny_detector
+from tests.helpers.tiny_detector import build_tiny_detector_store
 
 pytest.importorskip("skimage")
 
 
 @pytest.fixture(scope="module")
 def detector_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("bench-detector")
-    source = folder / "tiny.onnx"
-    onnx.save(make_tiny_detector(), str(source))
-    options = BuildOptions(
-        onnx=source,
-        task="detection",
-        out=folder / "store",
-        calibration_per_photo=2,
-        validation_per_photo=2,
-        min_calibration=4,
-    )
-    manifest = build(options, quiet=True)
-    assert manifest.root is not None
-    return manifest.root
+    return build_tiny_detector_store(tmp_path_factory.mktemp("bench-detector"))
 
 
 def test_bench_model_on_a_detector_store(detector_store: Path) -> None:

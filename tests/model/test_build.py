@@ -383,19 +383,9 @@ def test_the_build_lock_is_the_folder_itself(tmp_path: Path) -> None:
 @pytest.fixture(scope="module", params=["objectness", "anchor_free"])
 def tiny_detector_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A bring-your-own detector in each export layout, built through the whole pipeline."""
-    import onnx
+    from tests.helpers.tiny_detector import build_tiny_detector_store
 
-    from tests.helpers.tiny_detector import make_tiny_detector
-
-    folder = tmp_path_factory.mktemp(f"byo-{request.param}")
-    source = folder / f"tiny-{request.param}.onnx"
-    onnx.save(make_tiny_detector(request.param), str(source))
-    labels = folder / "labels.txt"
-    labels.write_text("square\nround\n")
-    options = BuildOptions(onnx=source, task="detection", labels=labels, out=folder / "store", **FAST)
-    manifest = build(options, quiet=True)
-    assert manifest.root is not None
-    return manifest.root
+    return build_tiny_detector_store(tmp_path_factory.mktemp(f"byo-{request.param}"), request.param)
 
 
 def test_a_bring_your_own_detector_is_built_in_its_layout(tiny_detector_store: Path) -> None:
