@@ -15,7 +15,7 @@ help:
 	@echo "make bench  run the benchmarks and record them under bench/results/"
 	@echo "make test-fast  the tests without the slow ones (no lint, no type-check)"
 	@echo "make test-pythons  the device-side tests on Python 3.10 and 3.12 (part of make test)"
-	@echo "make model  build the INT8 model store only"
+	@echo "make model  build the INT8 model stores only (the classifier and the detector)"
 	@echo "make clean  remove build outputs, the model store and caches (not .venv)"
 	@echo "make setup  the venv with the project and its extras, and mosquitto (what the others need)"
 	@echo "make lint   ruff check and ruff format --check;  make typecheck  mypy"
@@ -61,12 +61,14 @@ test-fast: setup
 
 model: setup
 	$(BIN)/edgeinfer model build
+	$(BIN)/edgeinfer model build --task detection
 
 demo: setup model
 	$(BIN)/edgeinfer demo
 
 bench: setup model
 	$(BIN)/edgeinfer bench model --json bench/results/model.json
+	$(BIN)/edgeinfer bench model --detector --json bench/results/model-detector.json
 	$(BIN)/edgeinfer bench runtime --runs 3 --json bench/results/runtime.json
 	$(BIN)/edgeinfer bench sim --json bench/results/sim.json
 	$(BIN)/edgeinfer bench telemetry --json bench/results/telemetry.json

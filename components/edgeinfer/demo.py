@@ -4,7 +4,9 @@ Builds the bundle (`edgeinfer build`), deploys it on the simulated core with the
 virtual environment standing in for the installer's (so nothing is downloaded), waits for the
 runtime to report RUNNING, then sends the bundled sample photos as requests over local pub/sub and
 over "IoT Core" (the simulator's mosquitto), sends a concurrent burst to show dynamic batching, and
-prints the results, the latencies and one telemetry window.
+prints the results, the latencies and one telemetry window. When the detector store is built
+(`edgeinfer model build --task detection`), the runtime's modelDir is then pointed at it, live, and
+Darknet's test photos (or the samples) are sent for boxes.
 """
 
 from __future__ import annotations
@@ -147,8 +149,67 @@ def run(args: argparse.Namespace) -> int:
                 f"{window.get('window_s')} s, total p50 {total.get('p50')} ms, p99 {total.get('p99')} ms, "
                 f"mean batch {window.get('batch', {}).get('mean_size')}"
             )
+        _detection(console, sim, thing, local, local_results, samples=images)
         console.print("states: " + ", ".join(f"{k}={v}" for k, v in sorted(sim.states().items())))
     return 0
+
+
+def _detection(
+    console: Any, sim: Any, thing: str, local: Any, results: Inbox, *, samples: list[Path]
+) -> None:
+    """The same runtime, its modelDir set live to the detector store: the engine swaps, photos go in,
+    boxes come out."""
+    from rich.table import Table
+
+    from edgeinfer.messages import Result, infer_topic
+    from edgeinfer.model.build import BuildOptions
+    from edgeinfer.model.images import DARKNET_DATA
+    from edgeinfer.model.manifest import Manifest, ManifestError
+
+    store = BuildOptions(task="detection").output_dir().resolve()
+    try:
+        Manifest.load(store)
+    except ManifestError:
+        console.print(f"[yellow]no detector store at {store}: `edgeinfer model build --task detection`[/]")
+        return
+    photos = sorted(DARKNET_DATA.glob("*.jpg")) or samples
+    with console.status("pointing the runtime's modelDir at the detector (a live engine swap)…"):
+        sim.update_configuration(RUNTIME, merge={"modelDir": str(store)})
+        deadline = time.monotonic() + 120
+        while True:  # the old engine answers until the new one is warm
+            before = len(results)
+            local.publish(infer_topic(thing), _request("swap-probe", photos[0]))
+            result = Result.parse(results.wait_for(before + 1, timeout=30)[-1].payload)
+            if result.detections is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    table = Table(title=f"detections on {thing} (boxes in each photo's pixels)")
+    for col in ("image", "objects", "total ms", "infer ms"):
+        table.add_column(col, overflow="fold")
+    ran_on = ""
+    for image in photos:
+        before = len(results)
+        local.publish(infer_topic(thing), _request(f"detect-{image.stem}", image))
+        result = Result.parse(results.wait_for(before + 1, timeout=30)[-1].payload)
+        if result.status != "ok" or result.detections is None:
+            code = result.error.code.value if result.error else "not a detector"
+            table.add_row(image.name, f"[red]{code}[/]", "", "")
+            continue
+        if result.model is not None:
+            ran_on = f"{result.model.name} {result.model.variant} on {result.provider}"
+        objects = ", ".join(
+            f"{d.label} {d.score:.2f} [{b.x_min:.0f},{b.y_min:.0f},{b.x_max:.0f},{b.y_max:.0f}]"
+            for d in result.detections[:6]
+            for b in (d.box,)
+        )
+        table.add_row(
+            image.stem,
+            objects or "-",
+            f"{result.latency_ms.total:.1f}",
+            f"{result.latency_ms.inference:.1f}",
+        )
+    table.caption = ran_on
+    console.print(table)
 
 
 def _first_busy_window(inbox: Inbox, timeout: float) -> dict[str, Any] | None:
