@@ -8,8 +8,9 @@ batching, limits, topics and timings at once; a change of provider, model or eng
 and warms a new engine off the hot path and swaps it in; a source change restarts the source. Where
 the nucleus validates proposed changes (SubscribeToValidateConfigurationUpdates: the classic nucleus)
 a refused change comes back with the reasons; where it does not (nucleus lite), a change that does
-not read is logged and the running configuration kept. SIGTERM stops cleanly, answering what was
-accepted.
+not read is logged and the running configuration kept. A deployment is deferred while requests are
+in flight, and a new ModelStore version is swapped in without a restart (`updates`). SIGTERM stops
+cleanly, answering what was accepted.
 """
 
 from __future__ import annotations
@@ -107,6 +108,8 @@ class Component:
         self._queue_lock = threading.Lock()
         self._update_queued = False
         self._stop = threading.Event()
+        self.store_watcher: Any = None
+        self.updates: Any = None
 
     # ------------------------------------------------------------------------------------------ start
 
@@ -128,10 +131,14 @@ class Component:
         return str(cfg.model_dir or self.args.model_dir or "")
 
     def build_engine(self, cfg: Any) -> Any:
+        return self.build_engine_in(cfg, self.model_dir(cfg))
+
+    def build_engine_in(self, cfg: Any, model_dir: str) -> Any:
+        """A warmed-up engine on the model store in `model_dir`."""
         from edgeinfer.model.manifest import Manifest
         from edgeinfer.runtime.engine import Engine
 
-        manifest = Manifest.load(self.model_dir(cfg))
+        manifest = Manifest.load(model_dir)
         engine = Engine.create(manifest, cfg, self.work_dir)
         warm = engine.warm_up()
         log.info(
@@ -170,6 +177,7 @@ class Component:
         from edgeinfer.runtime.config import COMPONENT
 
         config.subscribe(self.bus, COMPONENT, self.on_update, self.validate)
+        self._follow_model_updates()
         self.bus.update_state("RUNNING")
         log.info(
             "RUNNING %.0f ms after process start: %s %s on %s (variant %s)",
@@ -280,12 +288,77 @@ class Component:
                     old.stop()  # open offloads are served locally or answered
                 self._wire_placement()
 
+    # ------------------------------------------------------------------------------------ model updates
+
+    def _follow_model_updates(self) -> None:
+        """Defer deployments while requests are in flight (where the nucleus serves it) and follow the
+        ModelStore's pointer when the model folder came from it."""
+        from edgeinfer.runtime.config import COMPONENT
+        from edgeinfer.runtime.updates import (
+            DeferPolicy,
+            StoreWatcher,
+            follow_component_updates,
+            read_pointer,
+            store_pointer,
+        )
+
+        pointer = store_pointer(self.work_dir)
+        current = os.path.normpath(self.args.model_dir) if self.args.model_dir else ""
+        if current and read_pointer(pointer) == current:
+            self.store_watcher = StoreWatcher(pointer, current, self._store_changed).start()
+        poke = self.store_watcher.poke if self.store_watcher is not None else (lambda: None)
+        self.updates = follow_component_updates(self.bus, DeferPolicy(self.server.inflight), poke, COMPONENT)
+
+    def _store_changed(self, folder: str) -> None:
+        """A new ModelStore artifact folder: build and warm its engine, then swap it in; batches
+        running now finish on the old engine, released with them."""
+        with self._lock:
+            if self.cfg.model_dir:
+                log.info(
+                    "model store now at %s; modelDir %s is configured and kept", folder, self.cfg.model_dir
+                )
+                return
+            old = self.server.engine.manifest
+            try:
+                engine = self.build_engine_in(self.cfg, folder)
+            except Exception as exc:
+                log.error(
+                    "model store at %s not loaded, still serving %s %s: %s",
+                    folder,
+                    old.name,
+                    old.version,
+                    exc,
+                )
+                return
+            self.server.swap_engine(engine)
+            self.args.model_dir = folder
+            if self.server.offloader is not None:  # new local model names and service-time seed
+                from edgeinfer.runtime.placement import EdgeOnly
+
+                offloader = self.server.offloader
+                self.server.set_placement(EdgeOnly(), None)
+                if hasattr(offloader, "stop"):
+                    offloader.stop()
+                self._wire_placement()
+            log.info(
+                "model store updated: %s %s -> %s %s (%s)",
+                old.name,
+                old.version,
+                engine.manifest.name,
+                engine.manifest.version,
+                folder,
+            )
+
     # ------------------------------------------------------------------------------------------- stop
 
     def wait(self) -> None:
         self._stop.wait()
 
     def stop(self) -> None:
+        if self.store_watcher is not None:
+            self.store_watcher.stop()
+        if self.updates is not None:
+            self.updates.close()
         if self.source is not None:
             self.source.stop()
         if self.server is not None:
