@@ -129,22 +129,32 @@ def test_an_update_waits_for_a_slow_request_in_flight(
 ) -> None:
     engine = device.component.server.engine
     run = engine.run
-    slow = threading.Event()
+    release = threading.Event()
 
-    def slow_run(*args: Any, **kwargs: Any) -> Any:
-        if slow.is_set():
-            slow.clear()
-            time.sleep(2.0)
+    def slow_run(*args: Any, **kwargs: Any) -> Any:  # the request stays in flight until released
+        release.wait(60)
         return run(*args, **kwargs)
 
     monkeypatch.setattr(engine, "run", slow_run)
-    slow.set()
     device.send("slow")
     eventually(lambda: device.component.server.inflight.count == 1, 10, "the slow request in flight")
-    deferrals = device.sim.update_component(STORE, merge={"folder": str(device.v1)})
-    answered = device.answers("slow")  # before the update went ahead
-    assert [a.status for a in answered] == ["ok"]
-    assert deferrals, "the runtime should have deferred the update"
+    outcome: list[Any] = []
+    update = threading.Thread(
+        target=lambda: outcome.append(device.sim.update_component(STORE, merge={"folder": str(device.v1)}))
+    )
+    update.start()
+    try:
+        eventually(lambda: "deferred update" in device.sim.logs(RUNTIME), 30, "a deferral")
+        time.sleep(1.5)  # the nucleus asks again meanwhile: still deferred, nothing updated
+        assert update.is_alive()
+        assert device.sim.history(STORE).count("FINISHED") == 1
+        assert device.answers("slow") == []
+    finally:
+        release.set()
+        update.join(60)
+    assert [a.status for a in device.answers("slow")] == ["ok"]
+    (deferrals,) = outcome
+    assert len(deferrals) >= 2
     assert {(d.component, d.message) for d in deferrals} == {(RUNTIME, "1 requests in flight")}
     assert all(d.recheck_after_ms > 0 for d in deferrals)
     eventually(  # the update proceeded: the store installed again
