@@ -482,3 +482,48 @@ def test_an_unknown_detector_layout_is_refused_in_one_line(
     assert len(err.splitlines()) == 1
     assert "unknown detector output layout" in err
     assert not (tmp_path / "s").exists()
+
+
+def test_a_folder_source_on_a_detector_publishes_boxes_per_frame(
+    tiny_detector_store: Path, tmp_path: Path
+) -> None:
+    from edgeinfer.messages import Result
+    from edgeinfer.runtime.config import RuntimeConfig, SourceConfig
+    from edgeinfer.runtime.engine import Engine
+    from edgeinfer.runtime.server import InferenceServer
+    from edgeinfer.runtime.sources import SourceRunner
+    from edgeinfer.transport import MemoryBus
+    from tests.helpers.images import solid_jpeg
+    from tests.helpers.tiny_detector import expected_boxes
+    from tests.helpers.wait import eventually
+
+    frames = tmp_path / "frames"
+    frames.mkdir()
+    (frames / "a.jpg").write_bytes(solid_jpeg((255, 255, 255), size=(160, 80)))
+    (frames / "b.jpg").write_bytes(solid_jpeg((0, 0, 0), size=(96, 96)))  # square: no grey bands
+    cfg = RuntimeConfig(max_batch_size=2)
+    engine = Engine.create(Manifest.load(tiny_detector_store), cfg, str(tmp_path / "work"))
+    bus = MemoryBus()
+    server = InferenceServer(bus, engine, cfg, "cam1")
+    server.start()
+    runner = SourceRunner(
+        SourceConfig(kind="folder", uri=str(frames), rate_hz=50),
+        server,
+        "cam1",
+        engine.input_size,
+        letterboxed=True,
+    )
+    try:
+        runner.start()
+        eventually(lambda: len(bus.messages_on("edgeinfer/cam1/result")) == 2)
+    finally:
+        runner.stop()
+        server.stop()
+    white, black = (Result.parse(m.payload) for m in bus.messages_on("edgeinfer/cam1/result"))
+    assert white.detections is not None
+    assert len(white.detections) == 4
+    want = expected_boxes(160, 80)
+    for d in white.detections:
+        box = np.array([d.box.x_min, d.box.y_min, d.box.x_max, d.box.y_max])
+        assert np.abs(want - box).max(axis=1).min() <= 6
+    assert black.detections == []

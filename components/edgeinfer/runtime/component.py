@@ -206,6 +206,7 @@ class Component:
             self.thing,
             self.server.engine.input_size,
             record_drop=self.server.timings.record,
+            letterboxed=self.server.engine.detector,
         )
         try:
             runner.start()

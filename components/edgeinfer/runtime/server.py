@@ -75,6 +75,7 @@ from edgeinfer.runtime.placement import (
     PlacementPolicy,
 )
 from edgeinfer.runtime.timings import TimingPublisher
+from edgeinfer.runtime.updates import InFlight
 from edgeinfer.transport import (
     Bus,
     Message,
@@ -124,6 +125,7 @@ class Job:
     discard: bool = False  # a self-test job: the whole path runs, nothing is published
     reply_properties: MqttProperties | None = None  # MQTT 5: the request's correlation data, echoed
     answered: bool = False
+    counted: bool = False  # in the server's in-flight count until answered (what deployments wait for)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def claim(self) -> bool:
@@ -186,6 +188,7 @@ class InferenceServer:
             wall=wall,
         )
         self.stats = Stats()
+        self.inflight = InFlight()
         self._stats_lock = threading.Lock()
         self._decode_pool = self._new_decode_pool(cfg)
         self._replies: queue.SimpleQueue[tuple[Job, Result] | None] = queue.SimpleQueue()
@@ -448,7 +451,9 @@ class InferenceServer:
             arrived=arrived,
             deadline=self._deadline(req, props, arrived),
             reply_properties=reply_props,
+            counted=True,
         )
+        self.inflight.enter()
         if job.deadline is not None and job.deadline <= arrived:
             with self._stats_lock:
                 self.stats.expired_on_arrival += 1
@@ -547,8 +552,10 @@ class InferenceServer:
         target: Target,
         top_k: int,
         on_done: Callable[[], None] | None = None,
+        geometry: Letterbox | None = None,
     ) -> bool:
-        """A decoded frame from a source joins the queue. False when the queue is full."""
+        """A decoded frame from a source joins the queue. False when the queue is full. `geometry`:
+        a detector's letterboxed frame, so its boxes come back in the frame's pixels."""
         req = Request(
             id=frame_id, top_k=top_k, result_format="dlr" if self.cfg.result_format == "dlr" else "edgeinfer"
         )
@@ -559,6 +566,7 @@ class InferenceServer:
             topic,
             now,
             image=image,
+            geometry=geometry,
             decode_start=now,
             decode_end=now,
             source=source,
@@ -735,6 +743,8 @@ class InferenceServer:
         """Finish the latency figures, publish once, record the timing."""
         if not job.claim():
             return
+        if job.counted:
+            self.inflight.leave()
         if job.on_done is not None:
             job.on_done()
         if job.discard:

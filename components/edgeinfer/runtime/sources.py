@@ -15,13 +15,20 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from edgeinfer.messages import Latency, TimingRecord, result_topic
 from edgeinfer.runtime.config import SourceConfig
-from edgeinfer.runtime.decode import DecodeError, decode_image, to_model_input
+from edgeinfer.runtime.decode import (
+    DecodeError,
+    Letterbox,
+    decode_image,
+    decode_letterboxed,
+    letterbox,
+    to_model_input,
+)
 from edgeinfer.transport import Target
 
 log = logging.getLogger(__name__)
@@ -40,12 +47,21 @@ class VideoReader:
     """cv2.VideoCapture on a camera (index or device path) or a video file / stream URL."""
 
     def __init__(
-        self, uri: str, size: int, *, camera: bool, loop: bool, sleep: Callable[[float], None]
+        self,
+        uri: str,
+        size: int,
+        *,
+        camera: bool,
+        loop: bool,
+        sleep: Callable[[float], None],
+        letterboxed: bool = False,
     ) -> None:
         import cv2
 
         self.uri = uri
         self.size = size
+        self.letterboxed = letterboxed  # a detector's input: the whole frame, its geometry kept
+        self.geometry: Letterbox | None = None
         self.camera = camera
         self.loop = loop
         self.sleep = sleep
@@ -70,6 +86,9 @@ class VideoReader:
             ok, frame = self._cap.read()
         if not ok or frame is None:
             return None
+        if self.letterboxed:
+            image, self.geometry = letterbox(frame, self.size, bgr=True)
+            return image
         return to_model_input(frame, self.size, bgr=True)
 
     def close(self) -> None:
@@ -80,12 +99,21 @@ class FolderReader:
     """Every image in a folder, in name order, at `rate_hz`; unreadable files are skipped and logged."""
 
     def __init__(
-        self, folder: str, size: int, *, rate_hz: float, loop: bool, sleep: Callable[[float], None]
+        self,
+        folder: str,
+        size: int,
+        *,
+        rate_hz: float,
+        loop: bool,
+        sleep: Callable[[float], None],
+        letterboxed: bool = False,
     ) -> None:
         if not os.path.isdir(folder):
             raise OSError(f"image folder {folder!r} does not exist")
         self.folder = folder
         self.size = size
+        self.letterboxed = letterboxed
+        self.geometry: Letterbox | None = None
         self.period = 1.0 / rate_hz
         self.loop = loop
         self.sleep = sleep
@@ -116,7 +144,11 @@ class FolderReader:
             self._next = max(self._next + self.period, time.monotonic())
             try:
                 with open(path, "rb") as fh:
-                    return decode_image(fh.read(), self.size)
+                    data = fh.read()
+                if self.letterboxed:
+                    image, self.geometry = decode_letterboxed(data, self.size)
+                    return image
+                return decode_image(data, self.size)
             except (OSError, DecodeError) as exc:
                 log.warning("skipping %s: %s", path, exc)
 
@@ -159,7 +191,9 @@ class SourceRunner:
         record_drop: Callable[[TimingRecord], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        letterboxed: bool = False,
     ) -> None:
+        self.letterboxed = letterboxed  # the engine is a detector: frames letterboxed, boxes mapped back
         self.cfg = cfg
         self.sink = sink
         self.thing = thing
@@ -179,10 +213,20 @@ class SourceRunner:
         kind = self.cfg.kind
         if kind == "folder":
             return FolderReader(
-                self.cfg.uri, self.size, rate_hz=self.cfg.rate_hz, loop=self.cfg.loop, sleep=self.sleep
+                self.cfg.uri,
+                self.size,
+                rate_hz=self.cfg.rate_hz,
+                loop=self.cfg.loop,
+                sleep=self.sleep,
+                letterboxed=self.letterboxed,
             )
         return VideoReader(
-            self.cfg.uri, self.size, camera=kind == "camera", loop=self.cfg.loop, sleep=self.sleep
+            self.cfg.uri,
+            self.size,
+            camera=kind == "camera",
+            loop=self.cfg.loop,
+            sleep=self.sleep,
+            letterboxed=self.letterboxed,
         )
 
     def start(self) -> None:
@@ -199,8 +243,9 @@ class SourceRunner:
             self._thread.join(timeout=5)
             self._thread = None
 
-    def offer(self, frame: np.ndarray) -> bool:
-        """One frame from the reader: serve it, or drop it (stale). Returns True when submitted."""
+    def offer(self, frame: np.ndarray, *, geometry: Letterbox | None = None) -> bool:
+        """One frame from the reader: serve it, or drop it (stale). Returns True when submitted.
+        `geometry`: how a detector's frame was letterboxed (its boxes come back in the frame's pixels)."""
         self.stats.read += 1
         now = self.clock()
         if self._busy.is_set() or now < self._next_tick:
@@ -209,6 +254,7 @@ class SourceRunner:
         self._seq += 1
         self._busy.set()
         topic = self.cfg.result_topic or result_topic(self.thing)
+        extra: dict[str, Any] = {"geometry": geometry} if geometry is not None else {}
         ok = self.sink.submit_frame(
             f"{self.cfg.kind}-{self._seq}",
             frame,
@@ -217,6 +263,7 @@ class SourceRunner:
             target="iot" if self.cfg.publish_to_iot else "local",
             top_k=self.cfg.top_k,
             on_done=self._done,
+            **extra,
         )
         if not ok:
             self._busy.clear()
@@ -242,7 +289,7 @@ class SourceRunner:
                 if frame is None:
                     log.info("source %s ended after %d frames", self.cfg.uri, self.stats.read)
                     break
-                self.offer(frame)
+                self.offer(frame, geometry=getattr(reader, "geometry", None))
         except Exception:
             log.exception("source %s failed", self.cfg.uri)
         finally:
