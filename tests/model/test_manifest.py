@@ -102,3 +102,41 @@ def test_samples_bundled() -> None:
     assert len(images) >= 4
     assert samples.cat_image() in images
     assert all(p.stat().st_size < 200_000 for p in images)
+
+
+def test_the_manifest_names_its_task(tmp_path: Path) -> None:
+    import json
+
+    from edgeinfer.model.manifest import DetectionSpec, Manifest, ManifestError, Preprocessing, TensorSpec
+
+    manifest = Manifest(
+        name="det",
+        version="1",
+        inputs=[TensorSpec("images", "uint8", ["N", "H", "W", 3])],
+        outputs=[
+            TensorSpec("boxes", "float32", ["N", "A", 4]),
+            TensorSpec("scores", "float32", ["N", "A", 2]),
+        ],
+        preprocessing=Preprocessing(resize="letterbox", size=32),
+        labels_file="labels.json",
+        variants=[],
+        task="detection",
+        detection=DetectionSpec(layout="anchor_free", score_threshold=0.3),
+    )
+    manifest.save(tmp_path)
+    loaded = Manifest.load(tmp_path)
+    assert loaded.task == "detection"
+    assert loaded.is_detector
+    assert loaded.detection == DetectionSpec(layout="anchor_free", score_threshold=0.3)
+    assert loaded.preprocessing.resize == "letterbox"
+    doc = json.loads((tmp_path / "manifest.json").read_text())
+    assert doc["task"] == "detection"
+    del doc["task"], doc["detection"]  # a manifest written before tasks: a classifier
+    (tmp_path / "manifest.json").write_text(json.dumps(doc))
+    old = Manifest.load(tmp_path)
+    assert old.task == "classification"
+    assert old.detection is None
+    doc["task"] = "segmentation"
+    (tmp_path / "manifest.json").write_text(json.dumps(doc))
+    with pytest.raises(ManifestError, match="unknown task 'segmentation'"):
+        Manifest.load(tmp_path)
