@@ -527,3 +527,36 @@ def test_a_folder_source_on_a_detector_publishes_boxes_per_frame(
         box = np.array([d.box.x_min, d.box.y_min, d.box.x_max, d.box.y_max])
         assert np.abs(want - box).max(axis=1).min() <= 6
     assert black.detections == []
+
+
+def test_configured_detection_defaults_apply_when_the_request_leaves_them_out(
+    tiny_detector_store: Path, tmp_path: Path
+) -> None:
+    import base64
+
+    from edgeinfer.runtime.config import RuntimeConfig
+    from edgeinfer.runtime.engine import Engine
+    from edgeinfer.runtime.server import InferenceServer
+    from edgeinfer.transport import MemoryBus
+    from tests.helpers.images import solid_jpeg
+    from tests.helpers.wait import eventually
+
+    cfg = RuntimeConfig(max_batch_size=2, max_detections=2)
+    engine = Engine.create(Manifest.load(tiny_detector_store), cfg, str(tmp_path / "work"))
+    bus = MemoryBus()
+    server = InferenceServer(bus, engine, cfg, "det2")
+    server.start()
+    image = base64.b64encode(solid_jpeg((255, 255, 255), size=(64, 64))).decode()
+    try:
+        bus.publish("edgeinfer/det2/infer", json.dumps({"id": "dflt", "image": image}).encode())
+        bus.publish(
+            "edgeinfer/det2/infer", json.dumps({"id": "own", "image": image, "max_detections": 3}).encode()
+        )
+        eventually(lambda: len(bus.messages_on("edgeinfer/det2/result")) == 2)
+    finally:
+        server.stop()
+    got = {
+        json.loads(m.payload)["id"]: json.loads(m.payload) for m in bus.messages_on("edgeinfer/det2/result")
+    }
+    assert len(got["dflt"]["detections"]) == 2
+    assert len(got["own"]["detections"]) == 3

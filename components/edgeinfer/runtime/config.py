@@ -194,6 +194,8 @@ class RuntimeConfig:
     min_image_side: int = 8
     default_deadline_ms: float = 0.0  # 0: no deadline unless the request sets one
     top_k: int = 5
+    max_detections: int = 0  # detectors; 0: the model manifest's default
+    score_threshold: float = 0.0  # detectors; 0: the model manifest's default
     result_format: str = "edgeinfer"
     subscribe_local: bool = True
     subscribe_iot: bool = True
@@ -271,6 +273,10 @@ class RuntimeConfig:
             out.append(("defaultDeadlineMs", "must be 0 (none) or positive"))
         if not 1 <= self.top_k <= 100:
             out.append(("topK", "must be from 1 to 100"))
+        if not 0 <= self.max_detections <= 300:
+            out.append(("maxDetections", "must be 0 (the model's) or from 1 to 300"))
+        if not 0 <= self.score_threshold < 1:
+            out.append(("scoreThreshold", "must be 0 (the model's) or a fraction below 1"))
         if self.result_format not in RESULT_FORMATS:
             out.append(("resultFormat", "must be 'edgeinfer' or 'dlr'"))
         if not 50 <= self.python_switch_interval_us <= 100_000:

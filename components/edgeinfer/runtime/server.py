@@ -394,6 +394,10 @@ class InferenceServer:
             given_top_k = b'"top_k"' in msg.payload
         if cfg.top_k != 5 and not given_top_k:
             req.top_k = cfg.top_k  # the request left it out: the configured default (topK)
+        if req.max_detections is None and cfg.max_detections:
+            req.max_detections = cfg.max_detections  # likewise maxDetections and scoreThreshold
+        if req.score_threshold is None and cfg.score_threshold:
+            req.score_threshold = cfg.score_threshold
         default_topic = result_topic(self.thing)
         if req.reply_to is None and props is not None and props.response_topic is not None:
             if response_topic is None:
