@@ -12,7 +12,7 @@ Set-up, all in one run:
   least the edge's capacity (its own core, a batch that suits small images, `--routers` processes on
   the shared subscription where there are cores for them), and each load reports the *ideal bound*,
   the share an ideal placement could keep in time given the two capacities, min(1, (edge + cloud) /
-  load);
+  load), the cloud counted only when its round trip at capacity plus the network's fits the deadline;
 * open-loop Poisson arrivals at 0.5×, 1×, 1.5× and 2× that throughput (the median of three runs,
   measured once before the first load),
   `deadline_ms` 100, each load with the policy off (the runtime as shipped: everything on the edge)
@@ -473,9 +473,10 @@ def router_capacity(
     image_keep: int,
     seconds: float = 3.0,
     window: int = 16,
-) -> float:
+) -> tuple[float, float]:
     """The routers' saturated throughput: a closed loop of `window` offloads straight to them (no
-    injected RTT), carrying the images as the edge sends them (re-encoded), answers per second."""
+    injected RTT), carrying the images as the edge sends them (re-encoded): answers per second, and
+    the 90th percentile of their round trips (ms) at that load."""
     from edgeinfer.messages import OffloadOrigin, OffloadRequest, Request, offload_result_topic, offload_topic
     from edgeinfer.runtime.placement.wire import reencode
 
@@ -484,9 +485,15 @@ def router_capacity(
     free = threading.Semaphore(window)
     done = itertools.count()
     answered = [0]
+    sent_at: dict[str, float] = {}
+    round_trips: list[float] = []
 
     def on_answer(message: Any) -> None:
         answered[0] = next(done) + 1
+        rid = json.loads(message.payload).get("id")
+        t0 = sent_at.pop(rid, None)
+        if t0 is not None:
+            round_trips.append((time.perf_counter() - t0) * 1000)
         free.release()
 
     sub = client.subscribe(offload_result_topic(thing), on_answer, qos=1)
@@ -505,9 +512,11 @@ def router_capacity(
                 break
             request = Request(id=f"cap-{i}", image=wire[i % len(wire)], top_k=1)
             body = OffloadRequest(request, OffloadOrigin(thing)).to_json()
+            if start:
+                sent_at[request.id] = time.perf_counter()
             client.publish(offload_topic(thing), body, qos=1, wait=False)
         time.sleep(0.5)  # the window's last answers, before the next measurement
-        return (answered[0] - at_start) / (end - start)
+        return (answered[0] - at_start) / (end - start), quantile(round_trips, 0.9)
     finally:
         sub.close()
 
@@ -703,16 +712,28 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         side, keep = edge.engine.input_size, edge.engine.detail
-        cloud_runs = [
-            router_capacity(client, images, image_side=side, image_keep=keep) for _ in range(SAT_RUNS)
+        # A window of twice the router's batch: enough to keep it busy, not so deep that the round
+        # trips measure a queue the edge's adaptive limit would never build.
+        window = 2 * args.router_batch_size * args.routers
+        measured = [
+            router_capacity(client, images, image_side=side, image_keep=keep, window=window)
+            for _ in range(SAT_RUNS)
         ]
+        cloud_runs = [rps for rps, _ in measured]
         cloud_sat = statistics.median(cloud_runs)
+        cloud_p90 = statistics.median(p90 for _, p90 in measured)
+        # What the cloud can add within the deadline: nothing when its round trip at capacity, plus
+        # the injected network RTT, does not fit.
+        cloud_fits = cloud_p90 + sum(rtt) / 2 <= args.deadline_ms
+        cloud_useful = cloud_sat if cloud_fits else 0.0
         print(
             f"bench offload: cloud saturated throughput {cloud_sat:.1f} req/s with {args.routers} router(s)"
             " (median of "
             + ", ".join(f"{x:.1f}" for x in cloud_runs)
             + ")"
-            + ("" if cloud_sat >= sat else ": less than the edge's, the cloud is no cloud here"),
+            + f", p90 round trip {cloud_p90:.0f} ms"
+            + ("" if cloud_sat >= sat else ": less than the edge's, the cloud is no cloud here")
+            + ("" if cloud_fits else f": too slow for a {args.deadline_ms:g} ms deadline over the RTT"),
             file=sys.stderr,
         )
         runs: list[dict[str, Any]] = []
@@ -784,7 +805,7 @@ def _run(args: argparse.Namespace) -> int:
                     + ")",
                     file=sys.stderr,
                 )
-            ideal = min(1.0, (step_sat + cloud_sat) / rate)
+            ideal = min(1.0, (step_sat + cloud_useful) / rate)
             for mode in modes:
                 row: dict[str, Any] = {
                     "load": factor,
@@ -828,6 +849,8 @@ def _run(args: argparse.Namespace) -> int:
             "routers": args.routers,
             "cloud_saturated_rps": round(cloud_sat, 2),
             "cloud_saturated_rps_runs": [round(x, 2) for x in cloud_runs],
+            "cloud_round_trip_ms_p90": round(cloud_p90, 1),
+            "cloud_fits_deadline": cloud_fits,
             # the placement keys each policy ran with, over the recipe's defaults
             "policies": {mode: doc for mode, (_config, doc) in policies.items()},
             "edge_saturated_rps": round(sat, 2),
