@@ -201,8 +201,9 @@ def test_yolov3_tiny_matches_opencv4s_darknet_reader(
     from edgeinfer.model.images import DARKNET_DATA, SAMPLES
 
     photo = DARKNET_DATA / "person.jpg"
-    image = cv2.imread(str(photo if photo.is_file() else SAMPLES / "motorcycle.jpg"))[:, :, ::-1]
-    x = (cv2.resize(image, (size, size)).astype(np.float32) / 255).transpose(2, 0, 1)[None].copy()
+    image = cv2.imread(str(photo if photo.is_file() else SAMPLES / "motorcycle.jpg"))
+    assert image is not None
+    x = (cv2.resize(image[:, :, ::-1], (size, size)).astype(np.float32) / 255).transpose(2, 0, 1)[None].copy()
     np.save(tmp_path / "x.npy", x)
     cfg, weights = str(yolo_folder / darknet.CFG), str(yolo_folder / darknet.WEIGHTS)
     script = (
