@@ -330,6 +330,9 @@ def queries_of(row: Row) -> list[tuple[str, Query]]:
                 out += [(name, Query("versions", (name,), target)) for name in _GPU_EXTRAS[cuda]]
     for requirement in plan.optional:
         out.append((requirement, Query("versions", (requirement,), target, plan.optional_index_urls[0])))
+        # PyPI's own entry (a stub that fetches the wheel from NVIDIA's index when built): the pin
+        # names a release NVIDIA published, whether or not NVIDIA's index answers from here.
+        out.append((f"{requirement} on PyPI", Query("versions", (requirement,), ())))
     return out
 
 
