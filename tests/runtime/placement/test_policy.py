@@ -705,3 +705,25 @@ def test_before_any_feedback_the_work_of_requests_ahead_is_counted_too() -> None
     for i in range(16):  # with feedback, the fit of what requests really took decides
         p.observe_local(10, 40.0 + i % 2)
     assert p.predict_local_ms(10, conservative=False) == pytest.approx(51)
+
+
+def test_an_edge_whose_engine_shares_its_core_is_not_at_light_load_while_requests_queue() -> None:
+    """The engine 40 % busy (decode and the transport take the rest of its one core), yet every
+    arrival finds a full batch ahead: out of capacity, so the cloud, sure to meet it, gets it."""
+    clock = Clock()
+    p = policy(clock, offload_min_utilization=0.7)
+    teach_cloud(p, clock, rtt_ms=30, service_ms=5)
+    for i in range(40):
+        p.observe_local(16, 150.0 if i % 10 == 0 else 90.0)
+    for _ in range(10):
+        busy_for(p, clock, 40, 60)  # 40 % busy
+    first = p.decide(req("few", deadline_ms=100), ahead=16, payload_bytes=1000)
+    assert first.where == "edge"  # one arrival is no load (a burst)
+    assert first.reason.startswith("light load")
+    for i in range(30):  # a sustained queue: arrivals keep finding two batches ahead
+        p.decide(req(f"q{i}", deadline_ms=10_000), ahead=16, payload_bytes=1000)
+        clock.advance(20)
+    share = p.queued_share()
+    assert share is not None
+    assert share > 0.7
+    assert p.decide(req("now", deadline_ms=100), ahead=16, payload_bytes=1000).where == "cloud"

@@ -20,8 +20,12 @@ that, a request that would be rejected anyway is sent as a probe when the verdic
 
 Two rules bound what goes to the cloud for a deadline (not `offload: always`, a missing model, or a
 cascade):
-* **Light load** (engine busy less than `offload_min_utilization` of the last `utilization_window_s`):
-  the edge keeps everything; the cloud is for a device out of capacity, not for its Poisson bursts.
+* **Light load** (engine busy less than `offload_min_utilization` of the last `utilization_window_s`,
+  and fewer than that share of the window's arrivals finding a full batch ahead of them): the edge
+  keeps everything; the cloud is for a device out of capacity, not for its Poisson bursts. The second
+  signal is for an edge whose engine shares its cores with decode and the transport: in `bench
+  offload` on one core the engine was 44-65 % busy at 1.5-2x its capacity, and the first rule alone
+  kept deadline requests on an edge that could not serve them.
 * **An adaptive limit** on offloads in flight (AIMD, like TCP's window): +1/limit for an answer back
   with headroom, ×0.8 for one that missed (once per `cloud_limit_hold_s`). A late offload costs twice —
   the router's time, then the edge's when it is served here after all — so the edge sends only what
@@ -83,6 +87,7 @@ class OffloadPolicy(Generic[T]):
         self._cloud_seen = 0.0  # clock of the last cloud latency sample
         self._cloud_answered = -math.inf  # clock of the last answer from the cloud (any, even late)
         self._busy: deque[tuple[float, float]] = deque(maxlen=4096)  # engine batches (start, end)
+        self._arrivals: deque[tuple[float, bool]] = deque(maxlen=4096)  # (when, a full batch ahead)
         self._batch_start: float | None = None
         self._observed_since: float | None = None  # first batch after a gap longer than the window
         self.cloud_limit = self.config.cloud_limit_initial  # deadline offloads in flight (AIMD)
@@ -167,6 +172,18 @@ class OffloadPolicy(Generic[T]):
             if self._batch_start is not None:
                 busy += now - max(self._batch_start, since)
             return max(0.0, min(1.0, busy / seen))
+
+    def queued_share(self, now: float | None = None, min_arrivals: int = 20) -> float | None:
+        """Share of the last `utilization_window_s`'s arrivals that found a full batch (or more) ahead
+        of them; None with fewer than `min_arrivals` (a burst of a few is not a load)."""
+        now = self.clock() if now is None else now
+        with self._lock:
+            since = now - self.config.utilization_window_s
+            while self._arrivals and self._arrivals[0][0] < since:
+                self._arrivals.popleft()
+            if len(self._arrivals) < min_arrivals:
+                return None
+            return sum(1 for _, full in self._arrivals if full) / len(self._arrivals)
 
     def observe_local(self, ahead: int, latency_ms: float) -> None:
         """A request served here had `ahead` requests in front of it and took `latency_ms` in all."""
@@ -264,6 +281,7 @@ class OffloadPolicy(Generic[T]):
         now = self.clock() if now is None else now
         cfg = self.config
         with self._lock:
+            self._arrivals.append((now, ahead >= max(1, self.max_batch_size)))
             self._forget_stale_cloud(now)
             local_ms = self.predict_local_ms(ahead, now)
             cloud_ms = self.predict_cloud_ms(payload_bytes)
@@ -308,7 +326,12 @@ class OffloadPolicy(Generic[T]):
                 return result("edge", f"local {local_ms:.0f} ms meets the {budget:.0f} ms budget")
             local_exp = self.predict_local_ms(ahead, now, conservative=False)
             utilization = self.utilization(now)
-            if utilization is not None and utilization < cfg.offload_min_utilization:
+            queued = self.queued_share(now)
+            if (
+                utilization is not None
+                and utilization < cfg.offload_min_utilization
+                and (queued is None or queued < cfg.offload_min_utilization)
+            ):
                 # Light load: the device has capacity to spare and keeps its own work; what is in
                 # doubt is a Poisson burst or a jitter spike, over in a moment (bench offload at 0.5x:
                 # 0.5-3 % offloaded without this rule, for a share within the deadline of 99-100 %
