@@ -560,3 +560,31 @@ def test_configured_detection_defaults_apply_when_the_request_leaves_them_out(
     }
     assert len(got["dflt"]["detections"]) == 2
     assert len(got["own"]["detections"]) == 3
+
+
+def test_every_bad_input_the_classifier_answers_with_a_code_a_detector_answers_alike(
+    tiny_detector_store: Path, tmp_path: Path
+) -> None:
+    from edgeinfer.messages import Result
+    from edgeinfer.runtime.config import RuntimeConfig
+    from edgeinfer.runtime.engine import Engine
+    from edgeinfer.runtime.server import InferenceServer
+    from edgeinfer.transport import MemoryBus
+    from tests.helpers.wait import eventually
+    from tests.runtime.test_server import _bad_requests
+
+    cfg = RuntimeConfig(max_batch_size=4, max_queue_size=16, max_payload_bytes=64 * 1024)
+    engine = Engine.create(Manifest.load(tiny_detector_store), cfg, str(tmp_path / "work"))
+    bus = MemoryBus()
+    server = InferenceServer(bus, engine, cfg, "det3")
+    server.start()
+    cases = _bad_requests(tmp_path)
+    try:
+        for payload, _, _ in cases:
+            bus.publish("edgeinfer/det3/infer", payload)
+        eventually(lambda: len(bus.messages_on("edgeinfer/det3/result")) == len(cases))
+    finally:
+        server.stop()
+    results = [Result.parse(m.payload) for m in bus.messages_on("edgeinfer/det3/result")]
+    got = sorted(((r.id or "", r.error.code) for r in results if r.error), key=str)
+    assert got == sorted(((rid or "", code) for _, rid, code in cases), key=str)
