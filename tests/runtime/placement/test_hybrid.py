@@ -338,3 +338,38 @@ def test_no_more_offloads_than_the_nucleus_keeps_in_flight() -> None:
     assert decisions == ["cloud"] * 5 + ["edge"] * 3  # maxInflightPublishes 5, as the nucleus
     assert len(bus.messages_on(offload_topic(THING))) == 5
     assert hybrid.policy.publishing == 5
+
+
+def test_a_cloud_answer_to_a_re_encoded_offload_has_its_boxes_in_the_request_pixels() -> None:
+    from edgeinfer.messages import (
+        Box,
+        Detection,
+        OffloadRequest,
+        Request,
+        offload_result_topic,
+        offload_topic,
+    )
+
+    bus = MemoryBus()
+    hybrid = HybridPlacement(bus, THING, OffloadPolicy(OffloadConfig()), image_side=270).start()
+    replies: list[Result] = []
+    try:
+        hybrid.offload(Request("det", image=_photo(1920, 1080), offload="always"), _ctx([]), replies.append)
+        assert wait_for(lambda: len(bus.messages_on(offload_topic(THING))) == 1, 10)
+        sent = OffloadRequest.parse(bus.messages_on(offload_topic(THING))[0].payload).request
+        answer = Result(
+            sent.id,
+            "ok",
+            "",
+            placement="cloud",
+            detections=[Detection(0, "dog", 0.9, Box(10, 20, 100, 200))],  # in the 480×270 image
+        )
+        bus.publish(offload_result_topic(THING), answer.to_json(), target="iot")
+        assert wait_for(lambda: len(replies) == 1, 10)
+    finally:
+        hybrid.stop()
+    (result,) = replies
+    assert result.id == "det"
+    assert result.detections is not None
+    box = result.detections[0].box
+    assert (box.x_min, box.y_min, box.x_max, box.y_max) == pytest.approx((40, 80, 400, 800))

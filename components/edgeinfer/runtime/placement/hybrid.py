@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from edgeinfer.messages import (
     IOT_CORE_MAX_BYTES,
+    Box,
     ErrorCode,
     OffloadOrigin,
     OffloadRequest,
@@ -58,6 +59,7 @@ log = logging.getLogger(__name__)
 class _Pending:
     reply: Callable[[Result], None]
     local: Callable[[], None] | None
+    scale: float = 1.0  # from the sent (re-encoded) image's pixels to the request's own
 
 
 class HybridPlacement:
@@ -246,13 +248,14 @@ class HybridPlacement:
         self, ticket: Ticket[_Pending], wire: Request, left: float | None, what: str
     ) -> None:
         try:
-            image, _scale = reencode(
+            image, scale = reencode(
                 wire.image or b"",
                 self.image_side,
                 keep=self.image_keep,
                 quality=self.policy.config.offload_jpeg_quality,
             )
             ticket.payload_bytes = len(image)
+            ticket.item.scale = scale
             self._wire_bytes = 0.9 * self._wire_bytes + 0.1 * len(image)
             wire = dataclasses.replace(wire, image=image)
         except Exception:
@@ -321,7 +324,7 @@ class HybridPlacement:
         if outcome.serve_locally or outcome.result is None:
             self._fallback(outcome.ticket, "the cloud could not serve it")
         else:
-            outcome.ticket.item.reply(outcome.result)
+            outcome.ticket.item.reply(_in_request_pixels(outcome.result, outcome.ticket.item.scale))
 
     def _publish_failed(self, ticket: Ticket[_Pending], what: str, exc: Exception | None) -> None:
         """The offload never left (or the nucleus refused it): serve it as the policy says."""
@@ -363,6 +366,21 @@ class HybridPlacement:
                     self._fallback(fallback.ticket, fallback.reason)
                 except Exception:
                     log.exception("falling back on %s failed", fallback.ticket.request_id)
+
+
+def _in_request_pixels(result: Result, scale: float) -> Result:
+    """A cloud result's boxes in the pixels of the image the client sent, not of the smaller one the
+    offload carried."""
+    if scale == 1.0 or not result.detections:
+        return result
+    result.detections = [
+        dataclasses.replace(
+            d,
+            box=Box(d.box.x_min * scale, d.box.y_min * scale, d.box.x_max * scale, d.box.y_max * scale),
+        )
+        for d in result.detections
+    ]
+    return result
 
 
 def create_placement(
