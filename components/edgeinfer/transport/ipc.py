@@ -419,6 +419,34 @@ class GreengrassIpcBus:
             ),
         )
 
+    def on_component_update(self, handler: Callable[[Literal["pre", "post"], str], None]) -> _Sub:
+        """SubscribeToComponentUpdates: `handler("pre" | "post", deployment_id)`. A "pre" must be
+        answered with `defer_component_update` (the classic nucleus waits for it); nucleus lite does
+        not serve the operation (TransportError)."""
+        safe = self._guard(handler, "component update")
+
+        def on_event(event: Any) -> None:
+            if event.pre_update_event is not None:
+                safe("pre", str(event.pre_update_event.deployment_id or ""))
+            elif event.post_update_event is not None:
+                safe("post", str(event.post_update_event.deployment_id or ""))
+
+        return self._stream(
+            "SubscribeToComponentUpdates",
+            lambda: self._client.subscribe_to_component_updates_async(
+                on_stream_event=on_event, on_stream_error=lambda e: self._stream_error("updates", e)
+            ),
+        )
+
+    def defer_component_update(self, deployment_id: str, message: str, recheck_after_ms: int) -> None:
+        """DeferComponentUpdate: 0 lets the deployment proceed, more asks again after that long."""
+        self._call(
+            "DeferComponentUpdate",
+            lambda: self._client.defer_component_update_async(
+                deployment_id=deployment_id, message=message, recheck_after_ms=recheck_after_ms
+            ),
+        )
+
     def update_state(self, state: Literal["RUNNING", "ERRORED"]) -> None:
         self._call(f"UpdateState {state}", lambda: self._client.update_state_async(state=state))
 
