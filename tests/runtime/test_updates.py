@@ -1,5 +1,6 @@
 """Model updates: the defer decision (a clock passed in), the component-update subscription on both
-nuclei, the ModelStore pointer watch, and a store swapped in by the component on a MemoryBus."""
+nuclei, the ModelStore pointer watch, a store swapped in by the component on a MemoryBus, and the
+server's count of accepted requests not yet answered (what the decision reads)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import argparse
 import base64
 import json
 import logging
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,8 @@ import pytest
 
 from edgeinfer.messages import Result
 from edgeinfer.runtime.component import Component
-from edgeinfer.runtime.config import default_recipe_configuration
+from edgeinfer.runtime.config import RuntimeConfig, default_recipe_configuration
+from edgeinfer.runtime.server import InferenceServer
 from edgeinfer.runtime.updates import (
     MAX_DEFER_S,
     RECHECK_MS,
@@ -226,3 +229,35 @@ def test_a_new_store_is_swapped_in_and_a_bad_one_keeps_the_old(
         assert comp.server.inflight.count == 0  # every accepted request answered
     finally:
         comp.stop()
+
+
+def test_the_server_counts_each_accepted_request_until_its_answer(
+    make_engine: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = RuntimeConfig(max_batch_size=4, max_queue_size=16, run_inline_when_idle=False)
+    engine = make_engine(cfg)
+    run, release = engine.run, threading.Event()
+
+    def held_run(*args: Any, **kwargs: Any) -> Any:
+        release.wait(30)
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "run", held_run)
+    bus = MemoryBus()
+    server = InferenceServer(bus, engine, cfg, THING)
+    server.start()
+    try:
+        image = base64.b64encode(solid_jpeg((3, 3, 240))).decode()
+        topic = f"edgeinfer/{THING}/infer"
+        for i in range(3):
+            bus.publish(topic, json.dumps({"id": f"r{i}", "image": image}).encode())
+        bus.publish(topic, b"not json")  # answered BAD_REQUEST at once, never accepted
+        bus.publish(topic, json.dumps({"id": "late", "image": image, "deadline_at": 1.0}).encode())
+        assert server.inflight.count == 3  # the expired one was accepted and answered on arrival
+        release.set()
+        eventually(lambda: server.inflight.count == 0, 30, "every accepted request answered")
+        results = [Result.parse(m.payload) for m in bus.messages_on(f"edgeinfer/{THING}/result")]
+        assert sorted(r.status for r in results if r.id and r.id.startswith("r")) == ["ok"] * 3
+    finally:
+        release.set()
+        server.stop()
