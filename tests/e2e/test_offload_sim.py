@@ -70,6 +70,8 @@ def device(
                     "breakerFailures": 2,
                     "breakerCooldownS": 0.5,
                     "breakerMaxCooldownS": 1.0,
+                    # the bursts below are 6 at once; the nucleus's window of 5 has its own tests
+                    "maxInflightPublishes": 8,
                 }
             },
             TELEMETRY: {"windowSeconds": 2.0},
