@@ -68,3 +68,26 @@ def test_real_proc_knows_this_process() -> None:
     own = procfs.stat("self")
     assert own is not None
     assert own.pgid == os.getpgid(0)
+
+
+# Recorded /proc/cpuinfo lines (one core each): the AMD EPYC this project builds on (AVX2, no VNNI),
+# an Ice Lake Xeon (AVX-512 VNNI), an Alder Lake (AVX-VNNI only) and a Raspberry Pi 4 (aarch64).
+EPYC_AVX2 = (
+    "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B12\n"
+    "flags\t\t: fpu vme sse sse2 ssse3 fma sse4_1 sse4_2 avx f16c avx2 bmi2 sha_ni\n\n"
+    "processor\t: 1\nflags\t\t: fpu sse2 avx2\n"
+)
+XEON_VNNI = "processor\t: 0\nflags\t\t: sse4_2 avx2 avx512f avx512bw avx512vl avx512_vnni\n"
+ALDER_LAKE = "processor\t: 0\nflags\t\t: sse4_2 avx2 avx_vnni\n"
+PI4 = "processor\t: 0\nBogoMIPS\t: 108.00\nFeatures\t: fp asimd evtstrm crc32 cpuid\nCPU part\t: 0xd08\n"
+
+
+def test_cpu_flags_and_the_int8_host_class() -> None:
+    assert procfs.cpu_flags(XEON_VNNI) >= {"avx2", "avx512_vnni"}
+    assert "asimd" in procfs.cpu_flags(PI4)
+    assert procfs.cpu_flags("") == frozenset()
+    assert procfs.int8_saturating_host("x86_64", EPYC_AVX2) == procfs.SATURATING_INT8
+    assert procfs.int8_saturating_host("x86_64", XEON_VNNI) is None
+    assert procfs.int8_saturating_host("AMD64", ALDER_LAKE) is None
+    assert procfs.int8_saturating_host("aarch64", PI4) is None  # ARM's int8 dot products are exact
+    assert procfs.int8_saturating_host("x86_64", None) == procfs.SATURATING_INT8  # unreadable: the worst

@@ -9,18 +9,22 @@ reads as None, never as an error. Field positions are those of proc(5).
 from __future__ import annotations
 
 import os
+import platform
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
     "PROC",
+    "SATURATING_INT8",
     "ProcStat",
     "clock_ticks",
     "cmdline",
     "core_times",
+    "cpu_flags",
     "cpu_times",
     "find_pids",
+    "int8_saturating_host",
     "parse_core_times",
     "parse_cpu_times",
     "parse_meminfo",
@@ -32,6 +36,7 @@ __all__ = [
     "process_cpu_s",
     "process_ticks",
     "read",
+    "saturating_int8_here",
     "stat",
     "uptime_s",
 ]
@@ -108,6 +113,36 @@ def parse_meminfo(text: str) -> dict[str, int]:
             scale = 1024 if len(parts) > 1 and parts[1] == "kB" else 1
             out[name.strip()] = int(parts[0]) * scale
     return out
+
+
+# ------------------------------------------------------------------------------- /proc/cpuinfo
+
+# The host class on which ONNX Runtime's U8S8 integer kernels saturate: x86-64 without VNNI adds
+# pairs of u8 × s8 products in int16 (pmaddubsw). VNNI (AVX-512 or AVX) and ARM's dot products are exact.
+SATURATING_INT8 = "x86_64-without-vnni"
+_VNNI = frozenset({"avx512_vnni", "avx_vnni"})
+
+
+def cpu_flags(cpuinfo_text: str) -> frozenset[str]:
+    """The first core's feature flags (`flags` on x86, `Features` on ARM) of /proc/cpuinfo."""
+    for line in cpuinfo_text.splitlines():
+        name, sep, rest = line.partition(":")
+        if sep and name.strip() in ("flags", "Features"):
+            return frozenset(rest.split())
+    return frozenset()
+
+
+def int8_saturating_host(machine: str, cpuinfo_text: str | None) -> str | None:
+    """SATURATING_INT8 when this host's U8S8 kernels saturate (x86-64 whose /proc/cpuinfo shows no
+    VNNI, or cannot be read), else None. `machine` is platform.machine()."""
+    if machine.lower() not in ("x86_64", "amd64", "x64"):
+        return None
+    return None if cpu_flags(cpuinfo_text or "") & _VNNI else SATURATING_INT8
+
+
+def saturating_int8_here(proc: Path = PROC) -> str | None:
+    """int8_saturating_host for the machine this runs on."""
+    return int8_saturating_host(platform.machine(), read(proc / "cpuinfo"))
 
 
 # ------------------------------------------------------------------------------------ processes

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from edgeinfer import procfs
 from edgeinfer.model.manifest import Manifest
 from edgeinfer.runtime.config import RuntimeConfig
 from edgeinfer.runtime.engine import Engine, EngineError
@@ -28,6 +30,8 @@ from edgeinfer.runtime.providers import (
     trt_cache_key,
 )
 from tests.helpers import PROJECT
+from tests.helpers.tiny_store import write_tiny_store
+from tests.test_procfs import ALDER_LAKE, EPYC_AVX2, PI4, XEON_VNNI
 
 GPU = PlatformInfo("1.20.0", "10.4.0", "NVIDIA H100", (TRT, CUDA, CPU))
 
@@ -294,6 +298,54 @@ def test_variant_follows_the_provider_that_really_loaded(  # noqa: PLR0917
     if provider != TRT:
         assert any(a.provider == TRT and a.outcome != "loaded" for a in engine.attempts)
     assert engine.model_ref.variant == variant
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "machine", "variant"),
+    [
+        (EPYC_AVX2, "x86_64", "fp32"),  # U8S8 saturates here: the next CPU variant
+        (XEON_VNNI, "x86_64", "int8-cpu"),
+        (ALDER_LAKE, "x86_64", "int8-cpu"),
+        (PI4, "aarch64", "int8-cpu"),
+    ],
+)
+def test_cpu_variant_that_saturates_on_this_host_is_skipped(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    cpuinfo: str,
+    machine: str,
+    variant: str,
+) -> None:
+    store = write_tiny_store(tmp_path / "store")
+    doc = json.loads((store / "manifest.json").read_text())
+    for v in doc["variants"]:
+        if v["name"] == "int8-cpu":
+            v["saturates_on"] = [procfs.SATURATING_INT8]
+    (store / "manifest.json").write_text(json.dumps(doc))
+    host = procfs.int8_saturating_host(machine, cpuinfo)
+    calls: list[tuple[str, list[str], list[dict[str, Any]]]] = []
+    cfg = RuntimeConfig()
+    cfg.lanes = 1
+    with caplog.at_level(logging.INFO, "edgeinfer.runtime.engine"):
+        engine = Engine.create(
+            Manifest.load(store),
+            cfg,
+            str(tmp_path),
+            platform=PlatformInfo("1.20.0", int8_host=host),
+            session_factory=factory({CPU}, calls),
+        )
+    assert (engine.provider, engine.variant.name) == (CPU, variant)
+    skipped = [r.getMessage() for r in caplog.records if "skipping model variant" in r.getMessage()]
+    assert len(skipped) == (variant == "fp32")
+    # A manifest without the field (older stores) loads, and its int8-cpu runs everywhere.
+    old = Engine.create(
+        Manifest.load(write_tiny_store(tmp_path / "old")),
+        cfg,
+        str(tmp_path),
+        platform=PlatformInfo("1.20.0", int8_host=procfs.SATURATING_INT8),
+        session_factory=factory({CPU}, calls),
+    )
+    assert old.variant.name == "int8-cpu"
 
 
 @pytest.mark.parametrize(("loads", "lanes"), [({CPU}, 3), ({CUDA, CPU}, 1)])

@@ -151,6 +151,9 @@ class Variant:
     quant_format: str = ""  # "" for float; "QDQ U8S8 per-channel", "QDQ S8S8 symmetric per-channel"
     # Hints for the session options of each provider, keyed by provider (ORT's option names).
     provider_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Host classes (edgeinfer.procfs.SATURATING_INT8) whose integer kernels lose this variant's
+    # accuracy: the runtime takes the next variant for the provider there. Older manifests: none.
+    saturates_on: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -256,10 +259,11 @@ class Manifest:
             raise ValueError("manifest has no root folder (load it with Manifest.load or save it first)")
         return self.root
 
-    def variant_for(self, provider: str) -> Variant:
-        """The first variant that lists `provider` (an ORT execution provider name)."""
+    def variant_for(self, provider: str, host: str | None = None) -> Variant:
+        """The first variant that lists `provider` (an ORT execution provider name) and does not
+        saturate on `host` (a host class such as edgeinfer.procfs.SATURATING_INT8)."""
         for variant in self.variants:
-            if provider in variant.providers:
+            if provider in variant.providers and (host is None or host not in variant.saturates_on):
                 return variant
         raise ManifestError(
             f"model store {self.name} {self.version} has no variant for {provider} "

@@ -112,7 +112,7 @@ class Engine:
         labels = manifest.labels()
         for wanted in order:
             try:
-                variant = manifest.variant_for(wanted)
+                variant = _variant_for(manifest, wanted, platform.int8_host)
             except ManifestError:
                 if wanted != CPU:
                     attempts.append(Attempt(wanted, "the model store has no variant for it"))
@@ -342,6 +342,22 @@ def _softmax_hint(output_name: str) -> bool | None:
 
 def _looks_like_probabilities(out: np.ndarray) -> bool:
     return bool(out.size and out.min() >= 0.0 and np.allclose(out.sum(axis=-1), 1.0, atol=1e-3))
+
+
+def _variant_for(manifest: Manifest, provider: str, host: str | None) -> Variant:
+    """The manifest's variant for `provider`; on the CPU, past one whose integer kernels saturate on
+    this host (U8S8 on x86-64 without VNNI: its gate judged the exact arithmetic ARM and VNNI run)."""
+    first = manifest.variant_for(provider)
+    if provider != CPU or host is None or host not in first.saturates_on:
+        return first
+    chosen = manifest.variant_for(provider, host)
+    log.info(
+        "skipping model variant %s on this %s host (its int8 kernels saturate here); using %s",
+        first.name or first.file,
+        host,
+        chosen.name or chosen.file,
+    )
+    return chosen
 
 
 def load_manifest(model_dir: str | Path) -> Manifest:

@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgeinfer import procfs
 from edgeinfer.runtime.config import RuntimeConfig, normalize_provider
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class PlatformInfo:
     trt_version: str = "none"
     gpu_name: str = "none"
     available: tuple[str, ...] = (CPU,)
+    int8_host: str | None = None  # procfs.SATURATING_INT8 where U8S8 kernels saturate, else None
 
     @classmethod
     def detect(cls) -> PlatformInfo:
@@ -60,7 +62,13 @@ class PlatformInfo:
             gpu = detect_gpu_name()
         if TRT in available:
             trt = detect_trt_version()
-        return cls(ort_version=ort.__version__, trt_version=trt, gpu_name=gpu, available=available)
+        return cls(
+            ort_version=ort.__version__,
+            trt_version=trt,
+            gpu_name=gpu,
+            available=available,
+            int8_host=procfs.saturating_int8_here(),
+        )
 
 
 def detect_trt_version() -> str:
