@@ -9,12 +9,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edgeinfer import __version__
+from edgeinfer import __version__, procfs
 from edgeinfer.cli import main
 from edgeinfer.errors import EdgeinferError, GateFailedError
 from edgeinfer.model.build import BuildOptions, build, build_hash
 from edgeinfer.model.gate import Thresholds
 from edgeinfer.model.manifest import CPU, CUDA, TENSORRT, Manifest
+from tests.test_procfs import EPYC_AVX2, PI4, XEON_VNNI
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("skimage")
@@ -84,6 +85,27 @@ def test_failed_gate_leaves_nothing(tmp_path: Path, tiny_onnx: Path) -> None:
     with pytest.raises(GateFailedError, match=r"mean \|Δlogit\| \d+\.\d+ > 0\.000"):
         build(_options(tiny_onnx, out, thresholds=strict, sensitivity="off"), quiet=True)
     assert _leftovers(tmp_path) == ["tiny.onnx"]
+
+
+@pytest.mark.parametrize(
+    ("machine", "cpuinfo"), [("x86_64", EPYC_AVX2), ("x86_64", XEON_VNNI), ("aarch64", PI4)]
+)
+def test_the_cpu_variant_is_judged_as_the_devices_it_is_meant_for_compute_it(
+    tmp_path: Path, tiny_onnx: Path, monkeypatch: pytest.MonkeyPatch, machine: str, cpuinfo: str
+) -> None:
+    host = procfs.int8_saturating_host(machine, cpuinfo)
+    monkeypatch.setattr(procfs, "saturating_int8_here", lambda proc=procfs.PROC: host)
+    manifest = build(_options(tiny_onnx, tmp_path / "store", sensitivity="off"), quiet=True)
+    report = manifest.validation
+    u8 = report["variants"]["int8-cpu"]
+    assert report["build_host_int8"] == (host or "exact")
+    # on a host whose U8S8 kernels saturate: the unfused QDQ graph in float, and the host's own figures
+    assert ("evaluated_as" in u8, "host_kernels" in u8) == (host is not None, host is not None)
+    if host is not None:
+        assert "unfused" in u8["evaluated_as"]
+    assert "evaluated_as" not in report["variants"]["int8-tensorrt"]  # a classifier's: reported as run
+    assert manifest.variant("int8-cpu").saturates_on == [procfs.SATURATING_INT8]
+    assert manifest.variant("fp32").saturates_on == []
 
 
 def test_calibration_folder_skips_and_counts(tmp_path: Path, tiny_onnx: Path) -> None:

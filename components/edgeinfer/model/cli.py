@@ -257,6 +257,10 @@ def _print_summary(manifest: Any) -> None:
         if "bias_corrected" in entry:
             line += f"  (plain {100 * entry['plain']['top1']:.1f}%)"
         print(line)
+        if "evaluated_as" in entry:
+            print(f"  {'':<14} judged as {entry['evaluated_as']}")
+        if "host_kernels" in entry:
+            print(f"  {'':<14} on this host's int8 kernels: top-1 {100 * entry['host_kernels']['top1']:.1f}%")
 
 
 def _store(path: Path | None, *, detector: bool | None = False) -> Any:

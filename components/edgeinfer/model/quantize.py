@@ -34,11 +34,13 @@ SCHEME_LABEL = {"u8s8": "QDQ U8S8 per-channel", "s8s8": "QDQ S8S8 symmetric per-
 Tick = Callable[[int], None]
 
 
-def _session(model: Any, threads: int = 0) -> Any:
+def _session(model: Any, threads: int = 0, *, unfused: bool = False) -> Any:
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    if unfused:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if threads:
         opts.intra_op_num_threads = threads
     data = model if isinstance(model, bytes) else model.SerializeToString()
