@@ -755,7 +755,9 @@ def _validate(run: _Run) -> None:
                 entry["evaluated_as"] = _EVALUATED_AS[scheme]
             entry["plain"] = _compare(run, _answers(run, dest, tick, simulated=simulated))
             if options.bias_correction:
-                qcore, n_corrected = quantize.bias_correct(run.qref, qcore, run.in_name, bias_data)
+                qcore, n_corrected = quantize.bias_correct(
+                    run.qref, qcore, run.in_name, bias_data, unfused=simulated
+                )
                 _publish_int8(run, scheme, qcore, dest)
                 entry["bias_corrected"] = _compare(run, _answers(run, dest, tick, simulated=simulated))
                 entry["bias_corrected_layers"] = n_corrected
@@ -786,7 +788,10 @@ def _sensitivity(run: _Run) -> None:
     u8 = run.report["variants"]["int8-cpu"]
     if options.sensitivity == "always" or (options.sensitivity == "auto" and _misses(run, u8["final"])):
         with run.progress.step("sensitivity", 3) as tick:
-            ranking = quantize.sensitivity(run.qref, run.finals["u8s8"], run.in_name, run.calib_x[:32])
+            unfused = _simulated(run, "u8s8")
+            ranking = quantize.sensitivity(
+                run.qref, run.finals["u8s8"], run.in_name, run.calib_x[:32], unfused=unfused
+            )
             tick(1)
             worst = [n for n, _ in ranking[: options.max_exclude]]
             path = run.scratch / "core_u8s8_excl.onnx"
@@ -794,12 +799,12 @@ def _sensitivity(run: _Run) -> None:
             tick(1)
             qcore = onnx.load(str(path))
             if options.bias_correction and u8.get("bias_correction_kept"):
-                qcore, _ = quantize.bias_correct(run.qref, qcore, run.in_name, run.calib_x[:64])
+                qcore, _ = quantize.bias_correct(
+                    run.qref, qcore, run.in_name, run.calib_x[:64], unfused=unfused
+                )
             candidate = run.scratch / "int8_excl.onnx"
             _publish_int8(run, "u8s8", qcore, candidate)
-            figures = _compare(
-                run, _answers(run, candidate, lambda _n: None, simulated=_simulated(run, "u8s8"))
-            )
+            figures = _compare(run, _answers(run, candidate, lambda _n: None, simulated=unfused))
             tick(1)
         u8["sensitivity"] = {
             "ranking": [{"node": n, "score": round(s, 6)} for n, s in ranking[:10]],

@@ -149,9 +149,15 @@ def _with_outputs(model: Any, names: Sequence[str]) -> Any:
 
 
 def _run_collect(
-    model: Any, input_name: str, data: np.ndarray, names: Sequence[str], batch: int = 16
+    model: Any,
+    input_name: str,
+    data: np.ndarray,
+    names: Sequence[str],
+    batch: int = 16,
+    *,
+    unfused: bool = False,
 ) -> dict[str, list[np.ndarray]]:
-    sess = _session(_with_outputs(model, names))
+    sess = _session(_with_outputs(model, names), unfused=unfused)
     got: dict[str, list[np.ndarray]] = {n: [] for n in names}
     for start in range(0, len(data), batch):
         outs = sess.run(list(names), {input_name: data[start : start + batch]})
@@ -182,8 +188,12 @@ def _dequant(inits: dict[str, np.ndarray], node: Any) -> np.ndarray | None:
     return np.asarray((q - zero) * scale)
 
 
-def bias_correct(float_core: Any, quant_core: Any, input_name: str, data: np.ndarray) -> tuple[Any, int]:
+def bias_correct(
+    float_core: Any, quant_core: Any, input_name: str, data: np.ndarray, *, unfused: bool = False
+) -> tuple[Any, int]:
     """Empirical bias correction of every quantized Conv/Gemm; returns (model, layers corrected).
+    `unfused`: the quantized network's inputs measured as its QDQ arithmetic in float (see _session),
+    not as this host's integer kernels compute them (which may saturate).
 
     For each layer, E[x] per input channel is measured on the quantized network's own input to that
     layer; the shift its weight quantization adds to the output mean is Σ (W̃ − W)·E[x] (exact for
@@ -224,7 +234,7 @@ def bias_correct(float_core: Any, quant_core: Any, input_name: str, data: np.nda
         return quant_core, 0
     means: dict[str, np.ndarray] = {}
     names = sorted({j[3] for j in jobs})
-    collected = _run_collect(quant_core, input_name, data, names)
+    collected = _run_collect(quant_core, input_name, data, names, unfused=unfused)
     for name, chunks in collected.items():
         x = np.concatenate(chunks).astype(np.float64)
         means[name] = x.mean(axis=(0, 2, 3)) if x.ndim == 4 else x.mean(axis=0)
@@ -256,7 +266,7 @@ def bias_correct(float_core: Any, quant_core: Any, input_name: str, data: np.nda
 
 
 def sensitivity(
-    float_core: Any, quant_core: Any, input_name: str, data: np.ndarray
+    float_core: Any, quant_core: Any, input_name: str, data: np.ndarray, *, unfused: bool = False
 ) -> list[tuple[str, float]]:
     """Rank quantized Conv/Gemm layers by the relative error they add (descending).
 
@@ -285,7 +295,9 @@ def sensitivity(
     if not jobs:
         return []
     f = _run_collect(float_core, input_name, data, sorted({j[2] for j in jobs} | {j[4] for j in jobs}))
-    q = _run_collect(quant_core, input_name, data, sorted({j[1] for j in jobs} | {j[3] for j in jobs}))
+    q = _run_collect(
+        quant_core, input_name, data, sorted({j[1] for j in jobs} | {j[3] for j in jobs}), unfused=unfused
+    )
 
     def rel(fv: np.ndarray, qv: np.ndarray) -> float:
         return float(((fv - qv) ** 2).mean() / max(float((fv**2).mean()), 1e-12))
