@@ -161,7 +161,8 @@ def test_paths_named_in_documents_exist(document: str) -> None:
 
 def test_documents_name_no_old_layout() -> None:
     # The mypy symlink tree's folder is joined here so that a grep of the tree for it finds nothing.
-    old = ["components/runtime/", "setup.py", "/".join(("build", "typing")), "bench/gpu_check.py", "../shared/"]
+    typing_tree = "/".join(("build", "typing"))
+    old = ["components/runtime/", "setup.py", typing_tree, "bench/gpu_check.py", "../shared/"]
     for document in DOCUMENTS:
         text = (PROJECT / document).read_text()
         assert not [word for word in old if word in text], document
