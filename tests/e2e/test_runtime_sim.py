@@ -139,7 +139,7 @@ def test_batching_under_concurrent_load(device: Simulator) -> None:
 
 
 def test_live_configuration_change_takes_effect(device: Simulator) -> None:
-    with pytest.raises(SimError, match="maxBatchSize must be from 1 to 256"):
+    with pytest.raises(SimError, match="maxBatchSize: must be from 1 to 256"):
         device.update_configuration(COMPONENT, merge={"maxBatchSize": 0})
     device.update_configuration(COMPONENT, merge={"maxBatchSize": 2, "topK": 3})
     deadline = time.monotonic() + 30
