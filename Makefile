@@ -29,11 +29,13 @@ $(STAMP): pyproject.toml
 setup: $(STAMP) mosquitto
 
 # The simulated core starts its own broker on a free port; it only needs the binary (and the README's
-# examples use mosquitto_pub / mosquitto_sub).
+# examples use mosquitto_pub / mosquitto_sub). Debian's darknet package brings Darknet's test photos
+# (/usr/share/darknet/data), the detector build's held-out set; nothing reads them at run time.
 mosquitto:
-	@if ! { command -v mosquitto || [ -x /usr/sbin/mosquitto ]; } >/dev/null || ! command -v mosquitto_pub >/dev/null; then \
+	@if ! { command -v mosquitto || [ -x /usr/sbin/mosquitto ]; } >/dev/null || ! command -v mosquitto_pub >/dev/null \
+	    || [ ! -f /usr/share/darknet/data/person.jpg ]; then \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq mosquitto mosquitto-clients >/dev/null; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq mosquitto mosquitto-clients darknet >/dev/null; \
 	fi
 
 lint: $(STAMP)
