@@ -24,10 +24,13 @@ import numpy as np
 from edgeinfer.model.graph import (
     _PRE,
     INPUT_NAME,
+    GraphBuilder,
     ModelInputError,
     _image_input,
     _onnx,
+    bgr_nodes,
     core_input,
+    normalise_nodes,
     splice_input,
 )
 from edgeinfer.model.manifest import LAYOUTS, Preprocessing
@@ -76,29 +79,19 @@ def output_layout(model: Any, layout: str | None = None) -> tuple[str, int]:
     return layout, classes
 
 
-def letterbox_nodes(pre: Preprocessing, *, normalise: bool) -> tuple[list[Any], list[Any], str]:
+def letterbox_nodes(pre: Preprocessing, *, normalise: bool) -> tuple[GraphBuilder, str]:
     """Nodes from INPUT_NAME (uint8 NHWC, any H × W) to the letterboxed NCHW tensor (float normalised,
     or the uint8 pixels for the DequantizeLinear trick); the geometry lands in `_GEOMETRY`'s names."""
     onnx = _onnx()
-    h, nh = onnx.helper, onnx.numpy_helper
     fl, i64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
-    nodes: list[Any] = []
-    inits: list[Any] = []
-
-    def const(name: str, value: np.ndarray) -> str:
-        inits.append(nh.from_array(value, _PRE + name))
-        return _PRE + name
-
-    def node(op: str, inputs: list[str], out: str, **attrs: Any) -> str:
-        nodes.append(h.make_node(op, inputs, [_PRE + out], name=_PRE + out, **attrs))
-        return _PRE + out
-
+    b = GraphBuilder(_PRE)
+    const, node = b.const, b.node
     side = pre.size
     shape = node("Shape", [INPUT_NAME], "shape")
     n = node(
         "Slice", [shape, const("i0", np.array([0], np.int64)), const("i1", np.array([1], np.int64))], "n"
     )
-    hw = node("Slice", [shape, _PRE + "i1", const("i3", np.array([3], np.int64))], "hw")
+    hw = node("Slice", [shape, b.name("i1"), const("i3", np.array([3], np.int64))], "hw")
     hw_f = node("Cast", [hw], "hw_f", to=fl)
     ratio = node("Div", [const("side", np.array([side, side], np.float32)), hw_f], "ratio")
     scale = node("ReduceMin", [ratio], "scale", keepdims=1)  # [1]
@@ -133,7 +126,7 @@ def letterbox_nodes(pre: Preprocessing, *, normalise: bool) -> tuple[list[Any], 
         mode="linear",
         coordinate_transformation_mode="half_pixel",
     )
-    room = node("Sub", [_PRE + "side_i", new], "room")
+    room = node("Sub", [b.name("side_i"), new], "room")
     before = node("Div", [room, const("two", np.array([2], np.int64))], "before")  # [top, left]
     after = node("Sub", [room, before], "after")
     zero2 = const("zero2", np.array([0], np.int64))
@@ -141,50 +134,21 @@ def letterbox_nodes(pre: Preprocessing, *, normalise: bool) -> tuple[list[Any], 
     fill = const("fill", np.array(pre.pad_value, np.uint8))
     padded = node("Pad", [resized, pads, fill], "padded", mode="constant")
     if pre.channel_order.upper() == "BGR":
-        padded = node(
-            "Slice",
-            [
-                padded,
-                const("c_start", np.array([2], np.int64)),
-                const("c_end", np.array([-4], np.int64)),
-                const("c_axis", np.array([3], np.int64)),
-                const("c_step", np.array([-1], np.int64)),
-            ],
-            "bgr",
-        )
+        padded = bgr_nodes(b, padded)
     # geometry for the tail, in (x, y) order: canvas = source · scale + offset
-    nodes.append(h.make_node("Identity", [scale], [_GEOMETRY["scale"]], name=_GEOMETRY["scale"]))
+    node("Identity", [scale], "lb_scale", output=_GEOMETRY["scale"])
     yx_off = node("Cast", [before], "off_yx", to=fl)
     rev = const("rev", np.array([1, 0], np.int64))
-    nodes.append(
-        h.make_node("Gather", [yx_off, rev], [_GEOMETRY["offset"]], name=_GEOMETRY["offset"], axis=0)
-    )
-    nodes.append(h.make_node("Gather", [hw_f, rev], [_GEOMETRY["limit"]], name=_GEOMETRY["limit"], axis=0))
+    node("Gather", [yx_off, rev], "lb_offset", output=_GEOMETRY["offset"], axis=0)
+    node("Gather", [hw_f, rev], "lb_limit", output=_GEOMETRY["limit"], axis=0)
     nchw = node("Transpose", [padded], "nchw", perm=[0, 3, 1, 2])
-    if not normalise:
-        return nodes, inits, nchw
-    as_float = node("Cast", [nchw], "float", to=fl)
-    mean = np.array(pre.mean, np.float32).reshape(1, 3, 1, 1)
-    inv_std = (1.0 / np.array(pre.std, np.float64)).astype(np.float32).reshape(1, 3, 1, 1)
-    centred = node("Sub", [as_float, const("mean", mean)], "centred")
-    return nodes, inits, node("Mul", [centred, const("inv_std", inv_std)], "normalised")
+    return b, normalise_nodes(b, nchw, pre) if normalise else nchw
 
 
-def tail_nodes(raw: str, layout: str, classes: int) -> tuple[list[Any], list[Any]]:
+def tail_nodes(raw: str, layout: str, classes: int) -> GraphBuilder:
     """Nodes from the network's output `raw` to BOXES and SCORES (see the module docstring)."""
-    onnx = _onnx()
-    h, nh = onnx.helper, onnx.numpy_helper
-    nodes: list[Any] = []
-    inits: list[Any] = []
-
-    def const(name: str, value: np.ndarray) -> str:
-        inits.append(nh.from_array(value, _POST + name))
-        return _POST + name
-
-    def node(op: str, inputs: list[str], out: str, **attrs: Any) -> str:
-        nodes.append(h.make_node(op, inputs, [_POST + out], name=_POST + out, **attrs))
-        return _POST + out
-
+    b = GraphBuilder(_POST)
+    const, node = b.const, b.node
     rows = node("Transpose", [raw], "rows", perm=[0, 2, 1]) if layout == "anchor_free" else raw
     axis = const("axis", np.array([2], np.int64))
 
@@ -202,10 +166,9 @@ def tail_nodes(raw: str, layout: str, classes: int) -> tuple[list[Any], list[Any
 
     centre, size = cut(0, 2, "cxcy"), cut(2, 4, "wh")
     if layout == "objectness":
-        node("Mul", [cut(4, 5, "obj"), cut(5, 5 + classes, "cls")], "scores_raw")
+        node("Mul", [cut(4, 5, "obj"), cut(5, 5 + classes, "cls")], "scores_raw", output=SCORES)
     else:
-        node("Identity", [cut(4, 4 + classes, "cls")], "scores_raw")
-    nodes[-1].output[0] = SCORES
+        node("Identity", [cut(4, 4 + classes, "cls")], "scores_raw", output=SCORES)
     half = node("Mul", [size, const("half", np.array(0.5, np.float32))], "half_wh")
     lo = node("Sub", [centre, half], "xy_min")
     hi = node("Add", [centre, half], "xy_max")
@@ -218,10 +181,8 @@ def tail_nodes(raw: str, layout: str, classes: int) -> tuple[list[Any], list[Any
         )
         return node("Min", [node("Max", [source, zero], name + "_lo"), limit], name + "_clip")
 
-    nodes.append(
-        h.make_node("Concat", [back(lo, "min"), back(hi, "max")], [BOXES], name=_POST + "boxes", axis=2)
-    )
-    return nodes, inits
+    node("Concat", [back(lo, "min"), back(hi, "max")], "boxes", output=BOXES, axis=2)
+    return b
 
 
 def compose_detector(
@@ -234,11 +195,11 @@ def compose_detector(
     model.CopyFrom(core)
     graph = model.graph
     raw = graph.output[0].name
-    nodes, inits, pre_out = letterbox_nodes(pre, normalise=not uint8_input)
-    splice_input(model, nodes, inits, pre_out, pre, uint8_input=uint8_input)
-    tail, tail_inits = tail_nodes(raw, layout, classes)
-    graph.node.extend(tail)
-    graph.initializer.extend(tail_inits)
+    front, pre_out = letterbox_nodes(pre, normalise=not uint8_input)
+    splice_input(model, front, pre_out, pre, uint8_input=uint8_input)
+    tail = tail_nodes(raw, layout, classes)
+    graph.node.extend(tail.nodes)
+    graph.initializer.extend(tail.initializers)
     del graph.output[:]
     vi = onnx.helper.make_tensor_value_info
     graph.output.extend(
@@ -256,10 +217,10 @@ def compose_detector(
 def preprocessing_model(pre: Preprocessing, opset: int = 17) -> Any:
     """A model that only letterboxes and normalises: uint8 NHWC → float32 NCHW (calibration data)."""
     onnx = _onnx()
-    nodes, inits, out = letterbox_nodes(pre, normalise=True)
-    nodes.append(onnx.helper.make_node("Identity", [out], ["input"]))
+    b, out = letterbox_nodes(pre, normalise=True)
+    b.nodes.append(onnx.helper.make_node("Identity", [out], ["input"]))
     output = onnx.helper.make_tensor_value_info("input", onnx.TensorProto.FLOAT, ["N", 3, pre.size, pre.size])
-    graph = onnx.helper.make_graph(nodes, "letterbox", [_image_input()], [output], inits)
+    graph = onnx.helper.make_graph(b.nodes, "letterbox", [_image_input()], [output], b.initializers)
     used = {name for node in graph.node for name in node.input}
     for init in [i for i in graph.initializer if i.name not in used]:
         graph.initializer.remove(init)

@@ -74,24 +74,62 @@ def core_input(model: Any) -> tuple[str, list[int | str]]:
     return value.name, dims
 
 
-def preprocessing_nodes(pre: Preprocessing, *, normalise: bool) -> tuple[list[Any], list[Any], str]:
+class GraphBuilder:
+    """Nodes and initializers of a graph fragment, every name under one `prefix` (`pre/`, `post/`).
+
+    A node's name is its output's name unless `output` names the tensor outside the prefix (a
+    graph output such as `boxes`)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.nodes: list[Any] = []
+        self.initializers: list[Any] = []
+
+    def name(self, local: str) -> str:
+        return self.prefix + local
+
+    def const(self, name: str, value: np.ndarray) -> str:
+        self.initializers.append(_onnx().numpy_helper.from_array(value, self.prefix + name))
+        return self.prefix + name
+
+    def node(self, op: str, inputs: list[str], out: str, *, output: str | None = None, **attrs: Any) -> str:
+        tensor = output if output is not None else self.prefix + out
+        self.nodes.append(_onnx().helper.make_node(op, inputs, [tensor], name=self.prefix + out, **attrs))
+        return tensor
+
+
+def normalise_nodes(b: GraphBuilder, nchw: str, pre: Preprocessing) -> str:
+    """float32 (x − mean) / std of the uint8 NCHW tensor `nchw`; returns its name."""
+    as_float = b.node("Cast", [nchw], "float", to=_onnx().TensorProto.FLOAT)
+    mean = np.array(pre.mean, np.float32).reshape(1, 3, 1, 1)
+    inv_std = (1.0 / np.array(pre.std, np.float64)).astype(np.float32).reshape(1, 3, 1, 1)
+    centred = b.node("Sub", [as_float, b.const("mean", mean)], "centred")
+    return b.node("Mul", [centred, b.const("inv_std", inv_std)], "normalised")
+
+
+def bgr_nodes(b: GraphBuilder, nhwc: str) -> str:
+    """The channels of the NHWC tensor `nhwc` reversed (RGB → BGR); returns its name."""
+    return b.node(
+        "Slice",
+        [
+            nhwc,
+            b.const("c_start", np.array([2], np.int64)),
+            b.const("c_end", np.array([-4], np.int64)),
+            b.const("c_axis", np.array([3], np.int64)),
+            b.const("c_step", np.array([-1], np.int64)),
+        ],
+        "bgr",
+    )
+
+
+def preprocessing_nodes(pre: Preprocessing, *, normalise: bool) -> tuple[GraphBuilder, str]:
     """Nodes and initializers from INPUT_NAME (uint8 NHWC) to a NCHW tensor; returns its name.
 
     normalise=True: float32 (x − mean) / std. normalise=False: the uint8 NCHW pixels (for the
     DequantizeLinear trick)."""
-    onnx = _onnx()
-    h, nh = onnx.helper, onnx.numpy_helper
-    nodes: list[Any] = []
-    inits: list[Any] = []
-
-    def const(name: str, value: np.ndarray) -> str:
-        inits.append(nh.from_array(value, _PRE + name))
-        return _PRE + name
-
-    def node(op: str, inputs: list[str], out: str, **attrs: Any) -> str:
-        nodes.append(h.make_node(op, inputs, [_PRE + out], name=_PRE + out, **attrs))
-        return _PRE + out
-
+    fl, i64 = _onnx().TensorProto.FLOAT, _onnx().TensorProto.INT64
+    b = GraphBuilder(_PRE)
+    const, node = b.const, b.node
     shape = node("Shape", [INPUT_NAME], "shape")
     hw = node(
         "Slice", [shape, const("i1", np.array([1], np.int64)), const("i3", np.array([3], np.int64))], "hw"
@@ -100,14 +138,14 @@ def preprocessing_nodes(pre: Preprocessing, *, normalise: bool) -> tuple[list[An
         "Slice", [shape, const("i0", np.array([0], np.int64)), const("i1b", np.array([1], np.int64))], "n"
     )
     short = node("ReduceMin", [hw], "short", keepdims=1)
-    short_f = node("Cast", [short], "short_f", to=onnx.TensorProto.FLOAT)
+    short_f = node("Cast", [short], "short_f", to=fl)
     side_f = node("Mul", [short_f, const("frac", np.array([pre.crop_fraction], np.float32))], "side_f")
     side_r = node(
         "Floor", [node("Add", [side_f, const("half", np.array([0.5], np.float32))], "side_h")], "side_r"
     )
     side = node(
         "Max",
-        [node("Cast", [side_r], "side_i", to=onnx.TensorProto.INT64), const("one", np.array([1], np.int64))],
+        [node("Cast", [side_r], "side_i", to=i64), const("one", np.array([1], np.int64))],
         "side",
     )
     starts = node("Div", [node("Sub", [hw, side], "margin"), const("two", np.array([2], np.int64))], "starts")
@@ -127,25 +165,9 @@ def preprocessing_nodes(pre: Preprocessing, *, normalise: bool) -> tuple[list[An
         coordinate_transformation_mode="half_pixel",
     )
     if pre.channel_order.upper() == "BGR":
-        resized = node(
-            "Slice",
-            [
-                resized,
-                const("c_start", np.array([2], np.int64)),
-                const("c_end", np.array([-4], np.int64)),
-                const("c_axis", np.array([3], np.int64)),
-                const("c_step", np.array([-1], np.int64)),
-            ],
-            "bgr",
-        )
+        resized = bgr_nodes(b, resized)
     nchw = node("Transpose", [resized], "nchw", perm=[0, 3, 1, 2])
-    if not normalise:
-        return nodes, inits, nchw
-    as_float = node("Cast", [nchw], "float", to=onnx.TensorProto.FLOAT)
-    mean = np.array(pre.mean, np.float32).reshape(1, 3, 1, 1)
-    inv_std = (1.0 / np.array(pre.std, np.float64)).astype(np.float32).reshape(1, 3, 1, 1)
-    centred = node("Sub", [as_float, const("mean", mean)], "centred")
-    return nodes, inits, node("Mul", [centred, const("inv_std", inv_std)], "normalised")
+    return b, normalise_nodes(b, nchw, pre) if normalise else nchw
 
 
 def _image_input() -> Any:
@@ -156,10 +178,10 @@ def _image_input() -> Any:
 def preprocessing_model(pre: Preprocessing, opset: int = 17) -> Any:
     """A model that only preprocesses: uint8 NHWC → float32 NCHW (calibration data, tests)."""
     onnx = _onnx()
-    nodes, inits, out = preprocessing_nodes(pre, normalise=True)
-    nodes.append(onnx.helper.make_node("Identity", [out], ["input"]))
+    b, out = preprocessing_nodes(pre, normalise=True)
+    b.nodes.append(onnx.helper.make_node("Identity", [out], ["input"]))
     output = onnx.helper.make_tensor_value_info("input", onnx.TensorProto.FLOAT, ["N", 3, pre.size, pre.size])
-    graph = onnx.helper.make_graph(nodes, "preprocessing", [_image_input()], [output], inits)
+    graph = onnx.helper.make_graph(b.nodes, "preprocessing", [_image_input()], [output], b.initializers)
     return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
 
 
@@ -189,8 +211,8 @@ def compose(core: Any, pre: Preprocessing, *, uint8_input: bool = False) -> Any:
     onnx = _onnx()
     model = onnx.ModelProto()
     model.CopyFrom(core)
-    nodes, inits, pre_out = preprocessing_nodes(pre, normalise=not uint8_input)
-    splice_input(model, nodes, inits, pre_out, pre, uint8_input=uint8_input)
+    b, pre_out = preprocessing_nodes(pre, normalise=not uint8_input)
+    splice_input(model, b, pre_out, pre, uint8_input=uint8_input)
     _rename_output(model)
     out = model.graph.output[0]
     dims = out.type.tensor_type.shape.dim
@@ -199,22 +221,16 @@ def compose(core: Any, pre: Preprocessing, *, uint8_input: bool = False) -> Any:
     return model
 
 
-def splice_input(
-    model: Any, nodes: list[Any], inits: list[Any], pre_out: str, pre: Preprocessing, *, uint8_input: bool
-) -> None:
-    """Put preprocessing `nodes` (INPUT_NAME → `pre_out`) in front of `model`'s float image input, in
+def splice_input(model: Any, b: GraphBuilder, pre_out: str, pre: Preprocessing, *, uint8_input: bool) -> None:
+    """Put the preprocessing in `b` (INPUT_NAME → `pre_out`) in front of `model`'s float image input, in
     place; with `uint8_input`, `pre_out` holds uint8 NCHW pixels that feed the stem's DequantizeLinear."""
-    onnx = _onnx()
-    h, nh = onnx.helper, onnx.numpy_helper
     graph = model.graph
     in_name, _ = core_input(model)
     if uint8_input:
         if not uint8_trick_applies(pre):
             raise ValueError("uint8 input needs one integer mean and one std for all channels")
-        scale = _PRE + "input_scale"
-        zero = _PRE + "input_zero_point"
-        inits.append(nh.from_array(np.array(1.0 / pre.std[0], np.float32), scale))
-        inits.append(nh.from_array(np.array(int(pre.mean[0]), np.uint8), zero))
+        scale = b.const("input_scale", np.array(1.0 / pre.std[0], np.float32))
+        zero = b.const("input_zero_point", np.array(int(pre.mean[0]), np.uint8))
         quants = [n for n in graph.node if n.op_type == "QuantizeLinear" and n.input[0] == in_name]
         others = [n for n in graph.node if in_name in n.input and n.op_type != "QuantizeLinear"]
         deqs = [n for q in quants for n in graph.node if q.output[0] in n.input]
@@ -229,9 +245,7 @@ def splice_input(
             graph.node.remove(quants[0])
         else:
             # The first layer stayed in float: one DequantizeLinear still normalises for free.
-            nodes.append(
-                h.make_node("DequantizeLinear", [pre_out, scale, zero], [in_name], name=_PRE + "dequantize")
-            )
+            b.node("DequantizeLinear", [pre_out, scale, zero], "dequantize", output=in_name)
     else:
         for node in graph.node:
             for i, name in enumerate(node.input):
@@ -239,8 +253,8 @@ def splice_input(
                     node.input[i] = pre_out
     old_nodes = list(graph.node)
     del graph.node[:]
-    graph.node.extend(nodes + old_nodes)
-    graph.initializer.extend(inits)
+    graph.node.extend(b.nodes + old_nodes)
+    graph.initializer.extend(b.initializers)
     old_inputs = [i for i in graph.input if i.name != in_name]
     del graph.input[:]
     graph.input.extend([_image_input(), *old_inputs])
