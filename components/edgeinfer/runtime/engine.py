@@ -1,10 +1,12 @@
 """The ONNX Runtime session: provider selection with fallback detection, warm-up, batched runs, top-k.
 
 `Engine.create` tries the configured providers in order. For each it loads the manifest's variant
-meant for that provider and then reads `session.get_providers()`: when ORT fell back silently (CUDA or
-TensorRT libraries missing), that attempt is discarded and the next provider is tried with *its*
-variant — so the variant that runs is always the one the manifest meant for the provider that really
-loaded. What runs is logged once at start and reported in every result (`provider`, `model.variant`).
+meant for that provider and asks `providers.serving_provider` what really serves it: when ORT fell
+back silently (CUDA or TensorRT libraries missing), or lists TensorRT first although TensorRT built
+no engine (after one run, the engine cache is still empty; its parser took no node and CUDA runs the
+graph), that attempt is discarded and the next provider is tried with *its* variant — so the variant
+that runs is always the one the manifest meant for the provider that really serves. What runs is
+logged once at start and reported in every result (`provider`, `model.variant`).
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ from edgeinfer.runtime.providers import (
     TRT,
     PlatformInfo,
     ProviderPlan,
-    loaded_provider,
+    engine_files,
     plan_for,
     preload_gpu_libraries,
     provider_attempts,
+    serving_provider,
     session_options,
 )
 
@@ -131,17 +134,26 @@ class Engine:
             )
             if plan.cache_dir:
                 os.makedirs(plan.cache_dir, exist_ok=True)
+            before = engine_files(plan.cache_dir)
             try:
                 session = factory(path, session_options(cfg, wanted), plan.providers, plan.provider_options)
             except Exception as exc:  # ORT raises its own Fail/RuntimeException types
                 attempts.append(Attempt(wanted, f"session creation failed: {exc}".splitlines()[0][:300]))
                 continue
-            really, ok = loaded_provider(session.get_providers(), wanted)
+            try:
+                engines = _engines_after_a_run(session, wanted, cfg, plan, before=before, size=size)
+            except Exception as exc:
+                attempts.append(Attempt(wanted, f"its first run failed: {exc}".splitlines()[0][:300]))
+                del session
+                continue
+            really, ok, why = serving_provider(wanted, session.get_providers(), engines)
             if not ok:
-                attempts.append(Attempt(wanted, f"ONNX Runtime fell back to {really}"))
+                attempts.append(Attempt(wanted, why))
                 del session
                 continue
             attempts.append(Attempt(wanted, "loaded"))
+            if why != "loaded":
+                log.info("%s: %s", wanted, why)
             lanes = cfg.cpu_lanes() if really == CPU else 1
             lane_session = None
             if lanes > 1:
@@ -329,6 +341,18 @@ class Engine:
             "gpu_libraries": self.gpu_libraries,
             "fixed_batch": self.fixed_batch,
         }
+
+
+def _engines_after_a_run(
+    session: Any, wanted: str, cfg: RuntimeConfig, plan: ProviderPlan, *, before: dict[str, float], size: int
+) -> tuple[dict[str, float], dict[str, float]] | None:
+    """For a TensorRT session, the engine cache before it was made and after one run (ORT builds an
+    engine at the latest on the first run of a shape); None for other providers, or with the cache off."""
+    if wanted != TRT or not cfg.tensorrt.trt_engine_cache_enable:
+        return None
+    name = session.get_inputs()[0].name
+    session.run(None, {name: np.zeros((1, size, size, 3), dtype=np.uint8)})
+    return before, engine_files(plan.cache_dir)
 
 
 def _softmax_hint(output_name: str) -> bool | None:

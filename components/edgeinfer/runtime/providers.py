@@ -7,9 +7,10 @@ Pure functions over plain values so every decision is unit-tested without a GPU:
 - `trt_cache_key` — the TensorRT engine/timing cache key: model hash, ORT and TensorRT versions, GPU
   and profile shapes (an engine built for another of these is invalid, and TRT would rebuild it at
   every start without a stable cache folder);
-- `loaded_provider` — what really runs: ORT falls back silently when CUDA/TensorRT libraries fail to
-  load, so the session's own `get_providers()` is the first truth; for TensorRT `tensorrt_backed`
-  asks more (an engine in the cache), since ORT lists TensorRT even when it took no node;
+- `serving_provider` — what really runs, the one rule the runtime and the installer's verify step
+  share: ORT falls back silently when CUDA/TensorRT libraries fail to load, so the session's own
+  `get_providers()` is the first truth (`loaded_provider`); for TensorRT `tensorrt_backed` asks more
+  (an engine in the cache), since ORT lists TensorRT even when it took no node;
 - `preload_gpu_libraries` — loads the CUDA and cuDNN of the `nvidia-*` wheels before the first GPU
   session, since nothing else points ORT's pip build at them (and TensorRT's, from its wheel).
 
@@ -402,3 +403,28 @@ def tensorrt_backed(
     if built:
         return True, f"engine built: {', '.join(built)}"
     return True, f"engine reused from the cache: {', '.join(sorted(after))}"
+
+
+def serving_provider(
+    wanted: str,
+    session_providers: Sequence[str],
+    engines: tuple[dict[str, float], dict[str, float]] | None = None,
+) -> tuple[str, bool, str]:
+    """(the provider that really serves a session made for `wanted`, whether it is `wanted`, why).
+
+    For TensorRT, `engines` is the engine cache (`engine_files`) before the session was made and
+    after it ran once: TensorRT serves only when `tensorrt_backed` says so, else the provider listed
+    after it (CUDA) runs the graph. `engines` None: the engine cache is off, so nothing can show an
+    engine and the listing is all there is (said in `why`)."""
+    first, ok = loaded_provider(session_providers, wanted)
+    if not ok:
+        return first, False, f"ONNX Runtime fell back to {first}"
+    if wanted != TRT:
+        return first, True, "loaded"
+    if engines is None:
+        return TRT, True, "loaded (engine cache off: whether TensorRT built an engine is not checked)"
+    backed, why = tensorrt_backed(session_providers, *engines)
+    if backed:
+        return TRT, True, f"loaded ({why})"
+    behind = [p for p in session_providers if p != TRT]
+    return behind[0] if behind else CPU, False, why
