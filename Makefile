@@ -75,6 +75,7 @@ bench: setup model
 	$(BIN)/edgeinfer bench sim --json bench/results/sim.json
 	$(BIN)/edgeinfer bench telemetry --json bench/results/telemetry.json
 	$(BIN)/edgeinfer bench offload --json bench/results/offload.json
+	$(BIN)/edgeinfer bench iot --json bench/results/iot.json
 
 clean:
 	rm -rf build artifacts greengrass-build .edgeinfer .pytest_cache .mypy_cache .ruff_cache

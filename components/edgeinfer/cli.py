@@ -38,6 +38,7 @@ _BENCHES = (
     "edgeinfer_bench.compare",  # bench compare
     "edgeinfer_bench.telemetry",  # bench telemetry
     "edgeinfer_bench.offload",  # bench offload
+    "edgeinfer_bench.iot",  # bench iot
 )
 
 _EPILOG = """\

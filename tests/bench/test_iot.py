@@ -1,0 +1,102 @@
+"""`edgeinfer bench iot`: its exactly-once bookkeeping, and one short real run on the tiny model (slow)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from edgeinfer.cli import main
+from edgeinfer.errors import EdgeinferError
+from edgeinfer.messages import ErrorCode, Request, Result, error_result, parse_request
+from edgeinfer_bench.iot import PROCESSES, Template, summarize, targets, templates
+
+
+def test_a_template_sends_the_contracts_request_with_its_id_and_sent_at() -> None:
+    (part,) = templates([b"\xff\xd8not really a jpeg"], deadline_ms=100.0)
+    request = parse_request(part.body("r100-7", 1_800_000_000.25))
+    assert isinstance(request, Request)
+    assert request.id == "r100-7"
+    assert request.image == b"\xff\xd8not really a jpeg"
+    assert request.deadline_ms == 100.0
+    assert request.sent_at == pytest.approx(1_800_000_000.25, abs=1e-3)
+    with pytest.raises(EdgeinferError):
+        Template.from_request(b'{"id": "no slots"}')
+
+
+def test_summarize_counts_each_request_once_and_places_late_answers() -> None:
+    sent = [("a", 100.0), ("b", 100.0), ("c", 100.0), ("d", 100.0), ("e", 100.0)]
+    ok = Result("a", "ok", "")
+    answers = {
+        "a": [(100.05, ok)],  # ok in time
+        "b": [(100.2, Result("b", "ok", "")), (100.3, Result("b", "ok", ""))],  # ok late, and a duplicate
+        "c": [(100.01, error_result("c", ErrorCode.DEADLINE_EXCEEDED, "x", timestamp=""))],
+        "e": [(200.0, ok)],  # after the 30 s window: lost
+    }
+    out = summarize(sent, answers, load_end=101.0, deadline_ms=100.0)
+    assert out["sent"] == 5
+    assert out["answered"] == 3
+    assert out["lost"] == 2
+    assert out["answered_after_window"] == 1
+    assert out["duplicates"] == 1
+    assert not out["exactly_once"]
+    assert out["ok_in_time"] == 1
+    assert out["ok_late"] == 1
+    assert out["codes"] == {"DEADLINE_EXCEEDED": 1}
+    assert out["last_answer_after_load_s"] == pytest.approx(-0.8)
+    assert summarize([], {}, load_end=0.0, deadline_ms=100.0)["ok_p50_ms"] is None
+
+
+def test_targets_follow_the_done_means() -> None:
+    rss = {name: {"rss_peak_mb": 100.0, "rss_last_mb": 90.0, "cpu_cores": 0.5} for name in PROCESSES}
+    load = {
+        "label": "flood",
+        "sent": 1000,
+        "exactly_once": True,
+        "fresh_request_ok_after_s": 6.0,
+        "ok_late": 10,
+        "processes": rss,
+    }
+    assert targets([load], rss_limit_mb=1024) == {
+        "flood_exactly_once_within_30s": True,
+        "flood_fresh_request_ok_within_5s": False,
+        "flood_ok_late_at_most_1pct": True,
+        "flood_rss_peak_under_1024mb": True,
+    }
+    # never recovered, one ok-late answer too many, memory over the limit
+    worse = targets([{**load, "fresh_request_ok_after_s": None, "ok_late": 11}], rss_limit_mb=50)
+    assert worse == {
+        "flood_exactly_once_within_30s": True,
+        "flood_fresh_request_ok_within_5s": False,
+        "flood_ok_late_at_most_1pct": False,
+        "flood_rss_peak_under_50mb": False,
+    }
+
+
+@pytest.mark.slow
+def test_a_short_run_answers_every_request_exactly_once(tmp_path: Path) -> None:
+    pytest.importorskip("onnx")
+    from tests.helpers.tiny_store import write_tiny_store
+
+    store = write_tiny_store(tmp_path / "store")
+    out = tmp_path / "iot.json"
+    argv = ["bench", "iot", "--store", str(store), "--rates", "20,50", "--seconds", "1", "--flood", "100"]
+    assert main([*argv, "--gap", "0.2", "--recovery-timeout", "20", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["scenario"] == "iot"
+    assert [r["label"] for r in report["loads"]] == ["r20", "r50", "flood"]
+    assert len(report["machine"]["loadavg_start"]) == 3
+    for r in report["loads"]:
+        assert r["sent"] > 0
+        assert r["answered"] == r["sent"]
+        assert r["lost"] == 0
+        assert r["duplicates"] == 0
+        assert r["exactly_once"]
+        assert r["ok_in_time"] + r["ok_late"] + sum(r["codes"].values()) == r["sent"]
+        assert r["probes"]["answered"] == r["probes"]["sent"] >= 1
+        assert r["probes"]["duplicates"] == 0
+        for name in PROCESSES:
+            assert r["processes"][name]["rss_peak_mb"] > 0
+    assert report["runtime_restarts"] == 0
+    assert set(report["targets"]) >= {"r20_exactly_once_within_30s", "flood_fresh_request_ok_within_5s"}
