@@ -3,10 +3,13 @@ on the real awsiotsdk IPC client, a ModelStore whose install step writes its art
 `artifacts-path` as the real one does (the folder taken from its configuration, so a deployment can
 point it at another store), and `Simulator.update_component` running the nucleus's defer protocol.
 
-- a deployment that arrives while a slow request is in flight is deferred until the request is
-  answered ok, then proceeds;
+- a deployment that arrives while a slow request is in flight waits until the request is answered
+  ok, then proceeds: deferred, when the request runs on an engine thread; on the default
+  configuration, where a request that finds the runtime idle runs on the IPC client's thread
+  (`runInlineWhenIdle`), the PreComponentUpdateEvent itself waits behind it;
 - a new store version is swapped in without restarting the runtime, and later requests report it
-  (on lite too, which serves no component-update events: the runtime polls the pointer).
+  (on lite too, which serves no component-update events: the runtime polls the pointer), on the
+  default configuration and with every request queued to the engine threads.
 """
 
 from __future__ import annotations
@@ -82,11 +85,20 @@ def nucleus() -> str:
 
 
 @pytest.fixture
+def queued() -> bool:
+    """True: `runInlineWhenIdle` off, every request runs on an engine thread. False: the recipe's
+    default configuration (a request that finds the runtime idle runs on its arrival thread). A test
+    may parametrize it."""
+    return False
+
+
+@pytest.fixture
 def device(
     simulator: Callable[..., Simulator],
     tmp_path: Path,
     write_tiny_store: Callable[[Path], Path],
     nucleus: str,
+    queued: bool,
 ) -> Iterator[Device]:
     v1 = tiny(tmp_path / "store-v1", write_tiny_store, "0.0.1")
     recipes = tmp_path / "recipes"
@@ -105,13 +117,11 @@ def device(
             "executionProviders": ["CPUExecutionProvider"],
             "maxBatchSize": 4,
             "subscribeIot": False,
-            # A request that finds the runtime idle would run on the IPC client's event-loop thread,
-            # which then delivers no PreComponentUpdateEvent until it is answered: off, the slow
-            # request runs on an engine thread, as under load.
-            "runInlineWhenIdle": False,
             "accessControl": access,
         }
     )
+    if queued:
+        config["runInlineWhenIdle"] = False
     runtime = recipe(RUNTIME, {"install": "true"}, config)  # the process is this test's
     for doc in (store, runtime):
         (recipes / f"{doc['ComponentName']}.yaml").write_text(yaml.safe_dump(doc))
@@ -134,14 +144,21 @@ def device(
         bus.close()
 
 
+@pytest.mark.parametrize("queued", [True, False], ids=["queued", "default"])
 def test_an_update_waits_for_a_slow_request_in_flight(
-    device: Device, monkeypatch: pytest.MonkeyPatch
+    device: Device, monkeypatch: pytest.MonkeyPatch, queued: bool
 ) -> None:
+    """Queued (`runInlineWhenIdle` off), the slow request runs on an engine thread and the runtime
+    defers the update. Inline (the default), it runs on the IPC client's event-loop thread, which
+    delivers no PreComponentUpdateEvent until the request is answered: nothing defers, and the
+    update still waits for the answer (the nucleus's policy timeout, 60 s, is far off)."""
     engine = device.component.server.engine
     run = engine.run
     release = threading.Event()
+    ran_on: list[str] = []
 
     def slow_run(*args: Any, **kwargs: Any) -> Any:  # the request stays in flight until released
+        ran_on.append(threading.current_thread().name)
         release.wait(60)
         return run(*args, **kwargs)
 
@@ -154,7 +171,8 @@ def test_an_update_waits_for_a_slow_request_in_flight(
     )
     update.start()
     try:
-        eventually(lambda: "deferred update" in device.sim.logs(RUNTIME), 30, "a deferral")
+        if queued:
+            eventually(lambda: "deferred update" in device.sim.logs(RUNTIME), 30, "a deferral")
         time.sleep(1.5)  # the nucleus asks again meanwhile: still deferred, nothing updated
         assert update.is_alive()
         assert device.sim.history(STORE).count("FINISHED") == 1
@@ -163,10 +181,15 @@ def test_an_update_waits_for_a_slow_request_in_flight(
         release.set()
         update.join(60)
     assert [a.status for a in device.answers("slow")] == ["ok"]
+    assert ran_on[0].startswith("edgeinfer-engine-") == queued  # inline: the IPC client's thread
     (deferrals,) = outcome
-    assert len(deferrals) >= 2
-    assert {(d.component, d.message) for d in deferrals} == {(RUNTIME, "1 requests in flight")}
-    assert all(d.recheck_after_ms > 0 for d in deferrals)
+    if queued:
+        assert len(deferrals) >= 2
+        assert {(d.component, d.message) for d in deferrals} == {(RUNTIME, "1 requests in flight")}
+        assert all(d.recheck_after_ms > 0 for d in deferrals)
+    else:
+        assert deferrals == []
+        assert "deferred update" not in device.sim.logs(RUNTIME)
     eventually(  # the update proceeded: the store installed again
         lambda: device.sim.history(STORE).count("FINISHED") == 2, 30, "the store installed again"
     )
@@ -176,12 +199,14 @@ def test_an_update_waits_for_a_slow_request_in_flight(
     assert device.component.server.inflight.count == 0
 
 
+@pytest.mark.parametrize("queued", [False, True], ids=["default", "queued"])
 @pytest.mark.parametrize("nucleus", ["classic", "lite"])
 def test_a_new_store_version_is_swapped_in_without_a_restart(
-    device: Device, tmp_path: Path, write_tiny_store: Callable[[Path], Path], nucleus: str
+    device: Device, tmp_path: Path, write_tiny_store: Callable[[Path], Path], nucleus: str, queued: bool
 ) -> None:
     """Classic looks at the pointer on its PostComponentUpdateEvent; lite sends none, so the pointer's
-    poll finds the new folder."""
+    poll finds the new folder. The version arrives while the runtime is idle: on the default
+    configuration the requests before and after it run inline on the IPC client's thread."""
     assert device.ask("v1").model.version == "0.0.1"  # type: ignore[union-attr]
     v2 = tiny(tmp_path / "store-v2", write_tiny_store, "0.0.2")
     server, engine = device.component.server, device.component.server.engine
