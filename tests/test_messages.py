@@ -5,11 +5,13 @@ from __future__ import annotations
 import base64
 import json
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from edgeinfer import messages
 from edgeinfer.messages import (
     ErrorCode,
     Latency,
@@ -31,6 +33,7 @@ from edgeinfer.messages import (
     offload_result_topic,
     parse_iso_utc,
     parse_request,
+    read_request,
 )
 
 # The machines are shared: generation speed is not what these tests check.
@@ -296,3 +299,79 @@ def test_raw_request_reads_its_parameters_from_user_properties() -> None:
     assert info.value.code is ErrorCode.BAD_IMAGE
     with pytest.raises(MessageError):
         parse_raw_request(b"x", {})  # no id and no correlation data
+
+
+def _outcome(payload: bytes, **kw: Any) -> tuple[object, ...]:
+    """What parsing `payload` comes to: the request, or the error's code and id."""
+    try:
+        return ("ok", parse_request(payload, **kw))
+    except MessageError as exc:
+        return ("error", exc.code, exc.request_id)
+
+
+def _whole(payload: bytes, **kw: Any) -> tuple[object, ...]:
+    """`_outcome` with the image never cut out: every byte through the JSON parser."""
+    with mock.patch.object(messages, "_cut_image", return_value=None):
+        return _outcome(payload, **kw)
+
+
+_TRICKY = [
+    b'{"id":"a","image":"' + IMG.encode() + b'","top_k":2}',
+    b'{ "image" :\n "' + IMG.encode() + b'" , "id" : 7 }',
+    b'{"id":"a","image":"' + IMG.replace("/", "\\/").encode() + b'"}',  # JSON may escape '/'
+    b'{"id":"image","image_path":"/x"}',  # "image" as a value, not a key
+    b'{"id":"a","meta":{"image":"' + IMG.encode() + b'"},"image_path":"/x"}',  # a nested key
+    b'{"id":"a","image":"' + IMG.encode() + b'","image":"AAAA"}',  # the last duplicate wins
+    b'{"id":"a","image":"' + IMG.encode() + b'","\\u0069mage":"AAAA"}',  # … however it is spelled
+    b'{"id":"a","image":"ab\ncd"}',  # a control character: not JSON, so BAD_REQUEST, not BAD_IMAGE
+    b'{"id":"a","image":"\xff\xfe"}',  # not UTF-8
+    b'{"id":"a","image":"!!!!"}',  # JSON, not base64
+    b'{"id":"a","image":""}',
+    b'{"id":"a","image":"' + IMG.encode() + b'"',  # truncated
+    b'{"image":"' + IMG.encode() + b'"}',  # no id
+    b'{"id":"a","image":"' + IMG.encode() + b'","top_k":0}',
+    b'["image", {"id": "a"}]',
+]
+
+
+@pytest.mark.parametrize("payload", _TRICKY)
+def test_cutting_the_image_out_never_changes_the_outcome(payload: bytes) -> None:
+    assert _outcome(payload) == _whole(payload)
+    assert _outcome(payload, max_bytes=40) == _whole(payload, max_bytes=40)
+
+
+def test_a_request_head_is_checked_but_its_image_decoded_only_on_demand() -> None:
+    head = read_request(b'{"id":"a","image":"!!!!","top_k":3,"sent_at":"2026-11-29T14:52:13.123Z"}')
+    assert head.request.image is None
+    assert head.given == {"id", "image", "top_k", "sent_at"}
+    assert head.request.expires_at() is None
+    assert head.request.sent_at is not None
+    with pytest.raises(MessageError) as bad:
+        head.decode()
+    assert (bad.value.code, bad.value.request_id) == (ErrorCode.BAD_IMAGE, "a")
+    good = read_request(Request("b", image=b"\xff\xd8jpeg").to_json())
+    assert good.decode().image == b"\xff\xd8jpeg"
+    assert good.decode().image == b"\xff\xd8jpeg"  # a second call decodes nothing
+
+
+@_relaxed
+@given(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "id": _json,
+            "image": st.one_of(_json, st.just(IMG), st.just(IMG.replace("/", "\\/"))),
+            "image_path": _json,
+            "top_k": _json,
+            "deadline_ms": _json,
+            "meta": st.fixed_dictionaries({"image": st.just(IMG)}),
+        },
+    ),
+    st.sampled_from([(",", ":"), (", ", ": "), (" ,\n", " :\t")]),
+    st.booleans(),
+)
+def test_generated_payloads_cut_or_whole_come_to_the_same(
+    doc: dict[str, Any], separators: tuple[str, str], ascii_only: bool
+) -> None:
+    payload = json.dumps(doc, separators=separators, ensure_ascii=ascii_only).encode()
+    assert _outcome(payload) == _whole(payload)

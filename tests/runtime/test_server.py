@@ -828,3 +828,48 @@ def test_a_result_over_iot_cores_limit_is_answered_too_large(
     assert iot.error is not None
     assert iot.error.code is ErrorCode.TOO_LARGE
     assert len(by_target["local"].payload) > IOT_CORE_MAX_BYTES  # local pub/sub takes 16 MiB
+
+
+def test_shed_requests_cost_no_base64_decode_and_a_bad_one_taken_on_is_bad_image(
+    make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edgeinfer import codec
+    from edgeinfer.messages import iso_utc
+
+    decoded: list[int] = []
+    real = codec.b64decode
+
+    def counting(data: Any, validate: bool = False) -> bytes:
+        decoded.append(len(data))
+        return real(data, validate=validate)
+
+    monkeypatch.setattr(codec, "b64decode", counting)
+    cfg = RuntimeConfig(max_batch_size=4, max_queue_size=2, decode_threads=1, run_inline_when_idle=False)
+    cfg.lanes = 1
+    gate = Gate(make_engine(cfg))
+    with serving(gate, cfg) as (bus, server):
+        img = b64(solid_jpeg((250, 1, 1), (640, 480)))
+        stale = iso_utc(time.time() - 5)
+        # Past its deadline on arrival, and its image is not even base64: the deadline answers it.
+        doc = {"id": "stale", "image": "!!", "deadline_ms": 50, "sent_at": stale}
+        bus.publish(INFER, json.dumps(doc).encode())
+        bus.publish(INFER, json.dumps({"id": "run", "image": img}).encode())
+        assert gate.entered.wait(30)  # "run" holds the engine
+        for i in range(cfg.max_queue_size):
+            bus.publish(INFER, json.dumps({"id": f"q{i}", "image": img}).encode())
+        eventually(lambda: server.batcher.incoming == 0)
+        before = len(decoded)
+        for i in range(5):
+            bus.publish(INFER, json.dumps({"id": f"over{i}", "image": img}).encode())
+        assert len(decoded) == before  # the full queue answered them on their header alone
+        gate.release.set()
+        eventually(lambda: server.batcher.idle)
+        bus.publish(INFER, json.dumps({"id": "bad", "image": "!!"}).encode())
+        eventually(lambda: len({r.id for r in _answers(bus)}) == 1 + 1 + cfg.max_queue_size + 5 + 1)
+        results = {r.id: r for r in _answers(bus)}
+        assert len(_answers(bus)) == len(results)  # each answered once
+        codes = {rid: r.error.code if r.error else "ok" for rid, r in results.items()}
+        assert codes["stale"] is ErrorCode.DEADLINE_EXCEEDED
+        assert codes["bad"] is ErrorCode.BAD_IMAGE
+        assert {codes[f"over{i}"] for i in range(5)} == {ErrorCode.OVERLOADED}
+        assert {codes["run"], *(codes[f"q{i}"] for i in range(cfg.max_queue_size))} == {"ok"}

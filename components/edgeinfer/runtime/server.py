@@ -47,6 +47,7 @@ from edgeinfer.messages import (
     Latency,
     MessageError,
     Request,
+    RequestHead,
     Result,
     TimingRecord,
     error_result,
@@ -55,6 +56,7 @@ from edgeinfer.messages import (
     iso_utc,
     parse_raw_request,
     parse_request,
+    read_request,
     result_topic,
 )
 from edgeinfer.runtime.batcher import BatchPoll, DynamicBatcher, Queued
@@ -124,6 +126,7 @@ class Job:
     on_done: Callable[[], None] | None = None
     discard: bool = False  # a self-test job: the whole path runs, nothing is published
     reply_properties: MqttProperties | None = None  # MQTT 5: the request's correlation data, echoed
+    head: RequestHead | None = None  # the image's base64 not yet decoded (done once it is taken on)
     answered: bool = False
     counted: bool = False  # in the server's in-flight count until answered (what deployments wait for)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -364,6 +367,7 @@ class InferenceServer:
         response_topic = props.response_topic if props is not None else None
         if response_topic is not None and not self._reply_allowed(response_topic):
             response_topic = None  # answered on the default topic (BAD_REQUEST below if no reply_to)
+        head: RequestHead | None = None
         try:
             if raw:
                 assert props is not None
@@ -374,9 +378,12 @@ class InferenceServer:
                     max_bytes=cfg.max_payload_bytes,
                 )
             else:
-                req = parse_request(
+                # Everything but the image's base64, which waits until the request is taken on: a
+                # request answered on its deadline or a full queue costs no decode.
+                head = read_request(
                     msg.payload, max_bytes=cfg.max_payload_bytes, allow_image_path=msg.target == "local"
                 )
+                req = head.request
         except MessageError as exc:
             self._publish_error(
                 exc.request_id,
@@ -391,7 +398,7 @@ class InferenceServer:
         if raw and props is not None:
             given_top_k = props.user("top_k") is not None
         else:
-            given_top_k = b'"top_k"' in msg.payload
+            given_top_k = head is not None and "top_k" in head.given
         if cfg.top_k != 5 and not given_top_k:
             req.top_k = cfg.top_k  # the request left it out: the configured default (topK)
         if req.max_detections is None and cfg.max_detections:
@@ -455,6 +462,7 @@ class InferenceServer:
             arrived=arrived,
             deadline=self._deadline(req, props, arrived),
             reply_properties=reply_props,
+            head=head if head is not None and head.image_b64 is not None else None,
             counted=True,
         )
         self.inflight.enter()
@@ -466,6 +474,15 @@ class InferenceServer:
                 job, ErrorCode.DEADLINE_EXCEEDED, f"the deadline passed {waited_ms:.0f} ms before it arrived"
             )
             return
+        if job.head is not None and not isinstance(self.placement, EdgeOnly):
+            # A policy weighs (and an offload carries) the image: decode it now. Edge-only, it is
+            # decoded after admission, with the JPEG (a full queue answers OVERLOADED without it).
+            head, job.head = job.head, None
+            try:
+                head.decode()
+            except MessageError as exc:
+                self._fail(job, exc.code, exc.message)
+                return
         decision = self._decide(job)
         if decision.where == "reject":
             self._fail(job, decision.code or ErrorCode.OVERLOADED, decision.reason or "refused by placement")
@@ -589,6 +606,9 @@ class InferenceServer:
                 self.batcher.release()
                 self._fail(job, ErrorCode.DEADLINE_EXCEEDED, "deadline passed before decode")
                 return
+            if job.head is not None:
+                head, job.head = job.head, None
+                head.decode()  # its base64 (MessageError below)
             data = job.request.image
             if data is None:
                 data = self._read_path(job.request.image_path or "")
