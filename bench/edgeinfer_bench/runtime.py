@@ -12,6 +12,10 @@ In one run, on the same 640×480 JPEGs and the same model variant:
   without decode or inference (`edgeinfer_bench.echo`): the transport's floor, interleaved with
   the closed loop. Raw + echo is the best p50 ratio any runtime could reach through this transport.
 
+A detector store (`--detector`: the built YOLOv3-tiny; or a `--model-dir` whose manifest says
+`detection`) runs the same way; its raw side decodes letterboxed and ends with the detections (the
+post step, NMS included), as the runtime does.
+
 Every figure is a ratio measured side by side; bench/results/README.md has the recorded runs. Over
 500 lines because the raw pipeline, the echo, the load generator and the report are the parts of one
 side-by-side run, which `bench compare` and `bench telemetry` reuse from here.
@@ -172,31 +176,40 @@ class RawPipeline:
         self.engine = Engine.create(Manifest.load(store_dir), cfg, str(work_dir))
         self.engine.warm_up()
 
-    def once(self, i: int) -> float:
-        """One image, batch 1: milliseconds from encoded bytes to top-5."""
-        from edgeinfer.runtime.decode import decode_image
+    def decode(self, i: int) -> tuple[Any, Any]:
+        """Image `i` as the runtime decodes it for this engine: (pixels, a detector's letterbox)."""
+        from edgeinfer.runtime.decode import decode_image, decode_letterboxed
 
-        e = self.engine
+        e, data = self.engine, self.images[i % len(self.images)]
+        if e.detector:
+            return decode_letterboxed(data, e.input_size, detail=e.detail)
+        return decode_image(data, e.input_size, detail=e.detail), None
+
+    def post(self, row: Any, geometry: Any) -> None:
+        """The runtime's post step: top-5, or a detector's detections (NMS and all)."""
+        if self.engine.detector:
+            self.engine.detect(row, geometry=geometry)
+        else:
+            self.engine.top_k(row, 5)
+
+    def once(self, i: int) -> float:
+        """One image, batch 1: milliseconds from encoded bytes to top-5 (or detections)."""
         t = time.perf_counter()
-        probs = e.run(decode_image(self.images[i % len(self.images)], e.input_size, detail=e.detail)[None])
-        e.top_k(probs[0], 5)
+        image, geometry = self.decode(i)
+        self.post(self.engine.run(image[None])[0], geometry)
         return (time.perf_counter() - t) * 1000
 
     def batched(self, rounds: int) -> tuple[float, float]:
         """A plain batched loop (decode a batch serially, run it): images/s and CPU ms per image."""
         import numpy as np
 
-        from edgeinfer.runtime.decode import decode_image
-
         e, b = self.engine, self.batch
         t, cpu0 = time.perf_counter(), time.process_time()
         for r in range(rounds):
-            batch = [
-                decode_image(self.images[(r * b + j) % len(self.images)], e.input_size, detail=e.detail)
-                for j in range(b)
-            ]
-            for row in e.run(np.stack(batch)):
-                e.top_k(row, 5)
+            decoded = [self.decode(r * b + j) for j in range(b)]
+            rows = e.run(np.stack([image for image, _ in decoded]))
+            for row, (_, geometry) in zip(rows, decoded, strict=True):
+                self.post(row, geometry)
         done = rounds * b
         return done / (time.perf_counter() - t), (time.process_time() - cpu0) / done * 1000
 
@@ -370,15 +383,33 @@ def connect_client(sim: Any, payloads: list[bytes]) -> tuple[Any, Driver]:
 # --------------------------------------------------------------------------------------------- bench
 
 
-def run_bench(args: argparse.Namespace) -> dict[str, Any]:
+def store_for(model_dir: str, *, detector: bool = False) -> tuple[Path, Any]:
+    """The store to bench and its manifest: `model_dir`, else the built classifier, or with
+    `detector` the built detector; one-line EdgeinferError when it is missing or not a detector."""
     from edgeinfer.model.manifest import Manifest, ManifestError, default_store_dir
-    from edgeinfer.runtime.config import RuntimeConfig
 
-    store_dir = Path(args.model_dir) if args.model_dir else default_store_dir()
+    if model_dir:
+        store_dir = Path(model_dir)
+    elif detector:
+        from edgeinfer.model.build import BuildOptions
+
+        store_dir = BuildOptions(task="detection").output_dir()
+    else:
+        store_dir = default_store_dir()
     try:
         manifest = Manifest.load(store_dir)
     except ManifestError as exc:
-        raise EdgeinferError(str(exc)) from None
+        build = "edgeinfer model build" + (" --task detection" if detector else "")
+        raise EdgeinferError(f"{exc} (build it: {build})") from None
+    if detector and not manifest.is_detector:
+        raise EdgeinferError(f"--detector: the store at {store_dir} is a {manifest.task} model")
+    return store_dir, manifest
+
+
+def run_bench(args: argparse.Namespace) -> dict[str, Any]:
+    from edgeinfer.runtime.config import RuntimeConfig
+
+    store_dir, manifest = store_for(args.model_dir, detector=getattr(args, "detector", False))
     images = bench_images()
     # The raw pipeline runs on the provider the runtime is given (`--config '{"executionProviders": …}'`).
     providers = args.config.get("executionProviders", runtime_config(1, {})["executionProviders"])
@@ -419,7 +450,10 @@ def _measure(
     # with `--starts 0` they come from the measured core, echo and all (one core start less).
     echo_recipes, echo_artifacts = prepare_device(root / "device-echo", store_dir, echo=True)
     runtime_cfg = runtime_config(args.max_batch_size, getattr(args, "config", {}))
-    out: dict[str, Any] = {"raw": raw, "model": {"name": manifest.name, "version": manifest.version}}
+    out: dict[str, Any] = {
+        "raw": raw,
+        "model": {"name": manifest.name, "version": manifest.version, "task": manifest.task},
+    }
     print("simulated core: starting the runtime", file=sys.stderr)
 
     def connect(sim: Any) -> tuple[Any, Any]:
@@ -721,8 +755,11 @@ def table_lines(out: dict[str, Any]) -> list[str]:
             f"{ratios['first_over_warm_p50']:.2f}× warm p50 (≤ 1.5)",
         ),
     ]
+    model = out.get("model", {})
+    named = f"{model['name']} {model['version']}, " if model.get("name") else ""
     lines = [
-        f"bench runtime — {rt['provider']} / {rt['variant']} (raw: {raw['provider']} / {raw['variant']})"
+        f"bench runtime — {named}{rt['provider']} / {rt['variant']}"
+        f" (raw: {raw['provider']} / {raw['variant']})"
     ]
     width = max(len(r[0]) for r in rows)
     lines += [f"  {name:<{width}}  {value:<40} {note}".rstrip() for name, value, note in rows]
@@ -791,6 +828,12 @@ def register_bench(subparsers: Any) -> None:
     )
     p.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     p.add_argument("--model-dir", default="", help="model store folder (default: the built one)")
+    p.add_argument(
+        "--detector",
+        action="store_true",
+        help="bench the built detector store (artifacts/models/yolov3-tiny/<version>; a --model-dir "
+        "must then be a detector)",
+    )
     p.add_argument("--requests", type=int, default=300, help="closed-loop requests (default 300)")
     p.add_argument(
         "--duration", type=float, default=15.0, help="seconds at 70 %% load, in 3 segments (default 15)"

@@ -15,12 +15,14 @@ from edgeinfer_bench.runtime import (
     CLIENT,
     COMPONENT,
     ECHO,
+    RawPipeline,
     bench_images,
     combine_runs,
     floor_ratios,
     median_segment,
     prepare_device,
     running_ms_from_log,
+    store_for,
     summary_lines,
     table_lines,
     verdict,
@@ -150,3 +152,48 @@ def test_runs_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert main(["bench", "runtime", "--runs", "0"]) == 2
     assert capsys.readouterr().err.strip() == "edgeinfer: error: --runs must be at least 1, not 0"
+
+
+def test_the_detector_store_is_chosen_and_checked(tiny_store: Path, tmp_path: Path) -> None:
+    from edgeinfer.errors import EdgeinferError
+    from edgeinfer.model.build import BuildOptions
+
+    args = build_parser().parse_args(["bench", "runtime", "--detector"])
+    assert args.detector
+    assert not build_parser().parse_args(["bench", "runtime"]).detector
+    with pytest.raises(EdgeinferError, match="is a classification model"):
+        store_for(str(tiny_store), detector=True)
+    assert store_for(str(tiny_store))[0] == tiny_store
+    with pytest.raises(EdgeinferError) as err:
+        store_for(str(tmp_path / "absent"), detector=True)
+    assert "\n" not in str(err.value)
+    assert str(err.value).endswith("(build it: edgeinfer model build --task detection)")
+    assert BuildOptions(task="detection").output_dir().parts[-3:-1] == ("models", "yolov3-tiny")
+
+
+def test_the_raw_side_of_a_detector_letterboxes_and_finds_detections(tmp_path: Path) -> None:
+    from edgeinfer.runtime.config import RuntimeConfig
+    from tests.helpers.tiny_detector import build_tiny_detector_store
+
+    store = build_tiny_detector_store(tmp_path / "det")
+    cfg = RuntimeConfig(execution_providers=["CPUExecutionProvider"], max_batch_size=2)
+    raw = RawPipeline(store, bench_images(3), cfg, tmp_path / "work")
+    assert raw.engine.detector
+    image, geometry = raw.decode(1)
+    assert image.shape == (raw.engine.input_size, raw.engine.input_size, 3)
+    assert geometry is not None  # 640×480 into a square: letterboxed, boxes mapped back with it
+    assert raw.once(0) > 0
+    rps, cpu_ms = raw.batched(2)
+    assert rps > 0
+    assert cpu_ms > 0
+
+
+def test_the_raw_side_of_a_classifier_crops_and_ranks(tiny_store: Path, tmp_path: Path) -> None:
+    from edgeinfer.runtime.config import RuntimeConfig
+
+    cfg = RuntimeConfig(execution_providers=["CPUExecutionProvider"], max_batch_size=2)
+    raw = RawPipeline(tiny_store, bench_images(2), cfg, tmp_path / "work")
+    image, geometry = raw.decode(0)
+    assert (image.shape, geometry) == ((raw.engine.input_size, raw.engine.input_size, 3), None)
+    assert raw.once(1) > 0
+    assert raw.batched(1)[0] > 0
