@@ -93,3 +93,28 @@ def test_fold_pads_into_convs() -> None:
     assert graph.fold_pads_into_convs(model) == 1
     assert [n.op_type for n in model.graph.node] == ["Conv"]
     assert np.allclose(_run(model, {"x": x}), before)
+
+
+def test_graph_builder_names_everything_under_its_prefix() -> None:
+    b = graph.GraphBuilder("pre/")
+    two = b.const("two", np.array([2], np.int64))
+    assert two == b.name("two") == "pre/two"
+    doubled = b.node("Mul", ["x", two], "doubled")
+    out = b.node("Identity", [doubled], "copy", output="y")  # a graph output keeps its own name
+    assert (doubled, out) == ("pre/doubled", "y")
+    assert [(n.name, list(n.input), list(n.output)) for n in b.nodes] == [
+        ("pre/doubled", ["x", "pre/two"], ["pre/doubled"]),
+        ("pre/copy", ["pre/doubled"], ["y"]),
+    ]
+    assert [i.name for i in b.initializers] == ["pre/two"]
+    model = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            b.nodes,
+            "g",
+            [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.INT64, [1])],
+            [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.INT64, [1])],
+            b.initializers,
+        ),
+        opset_imports=[onnx.helper.make_opsetid("", 17)],
+    )
+    assert _run(model, {"x": np.array([21], np.int64)}).tolist() == [42]
