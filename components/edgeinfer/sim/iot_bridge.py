@@ -1,22 +1,24 @@
 """The simulated core's connection to "IoT Core" (the local mosquitto), with the nucleus's limits.
 
-One `edgeinfer.transport.mqtt.MqttPubSub` carries everything. Publishes are checked as the classic
-nucleus's `MqttClient.publish` checks them, then queued in a spooler like its in-memory `Spool`
+Two `edgeinfer.transport.mqtt.MqttPubSub` connections, each on its own CRT event-loop thread: one
+publishes (client id `client_id`), one carries the subscriptions (`client_id#2`, the name the classic
+nucleus gives its second connection). Publishes are checked as the classic nucleus's
+`MqttClient.publish` checks them, then queued in a spooler like its in-memory `Spool`
 (`mqtt.spooler.maxSizeInBytes`, 2.5 MiB: a full spool first drops queued QoS 0 messages, then refuses)
 and sent in order with at most `maxInFlightPublishes` (5) unacknowledged. The publish is accepted once
 spooled, as on the nucleus; offline, QoS 1 messages wait in the spool and QoS 0 ones are refused. A
 profile without a spooler (nucleus lite) publishes directly and answers when the broker has.
 
 Messages from IoT Core reach the nucleus's event loop through `LoopHandoff`, which holds at most
-`limit` undelivered callbacks and makes the MQTT client's dispatcher wait beyond that; the client
-acknowledges a QoS 1 message only once it is handed over, and MQTT 5 flow control (`RECEIVE_MAXIMUM`)
-keeps the broker from sending more unacknowledged ones, so a flood from the cloud waits in the broker
-instead of growing the core's memory. (mosquitto 2.0.11 holds to that only until acknowledgements
-flow: then the MQTT client's inbox holds what it sent ahead. Holding the client's thread instead
-would bound it, but the PUBACKs of the bridge's own publishes wait behind it too: measured, results
-piled up in the spool until it refused them.) Each
-event is written to the subscriber's IPC connection only once that has room
-(`Stream.send_event_drained`).
+`limit` undelivered events (and `max_bytes` of them) and makes the MQTT client's dispatcher wait
+beyond that; the client acknowledges a QoS 1 message only once it is handed over, and MQTT 5 flow
+control (`RECEIVE_MAXIMUM`) asks the broker to send no more unacknowledged ones. mosquitto 2.0.11
+holds to that only until acknowledgements flow, so the receiving connection's inbox is bounded too
+(`INBOX_MAX_MESSAGES`, `INBOX_MAX_BYTES`): when it is full, its CRT thread waits and reads no more
+from the socket, and the broker holds the rest. That thread reads nothing else the nucleus needs:
+the PUBACKs of the nucleus's own publishes arrive on the other connection, whose thread is never
+held. Each event is written to the subscriber's IPC connection only once that has room
+(`Stream.send_frame_when_writable`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,11 @@ __all__ = ["IotBridge", "LoopHandoff", "PublishRefusedError"]
 RECEIVE_MAXIMUM = 64
 PING_TIMEOUT_MS = 300_000
 KEEP_ALIVE_S = 600  # the CRT holds the ping timeout under the keep-alive interval
+# What the receiving connection holds between its socket and the dispatcher (payload bytes).
+INBOX_MAX_MESSAGES = 1024
+INBOX_MAX_BYTES = 32 * 1024 * 1024
+# A subscribe's SUBACK waits, on the held receiving connection, behind what the socket holds.
+SUBSCRIBE_TIMEOUT_S = 60.0
 MAX_PUBLISH_RETRY = 100  # mqtt.maxPublishRetry: a spooled message is dropped after this many failures
 _REQUEST_EXCEPTION = "com.aws.greengrass.mqttclient.MqttRequestException"
 _SPOOLER_EXCEPTION = "com.aws.greengrass.mqttclient.spool.SpoolerStoreException"
@@ -73,42 +80,124 @@ class _Sub:
 
 
 class LoopHandoff:
-    """Runs callbacks on an asyncio loop from other threads, with at most `limit` waiting to run."""
+    """Runs callbacks on an asyncio loop from other threads, with at most `limit` of them (and
+    `max_bytes` of what they carry) waiting to run or still in progress; callers wait beyond that.
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int = 1024) -> None:
+    Callbacks queued while the loop is busy run together, in order, on one wake-up of the loop."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, limit: int = 1024, max_bytes: int | None = None
+    ) -> None:
         self.loop = loop
-        self._slots = threading.BoundedSemaphore(limit)
+        self.limit = limit
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)
+        self._held = 0
+        self._bytes = 0
+        self._waiting = 0
+        self._queue: collections.deque[tuple[Callable[[], None], int]] = collections.deque()
+        self._scheduled = False
+        self.peak = 0  # the most held at once
+        self.peak_bytes = 0
+
+    def held(self) -> tuple[int, int]:
+        """(callbacks, bytes) waiting to run or in progress."""
+        with self._lock:
+            return self._held, self._bytes
 
     def call(self, fn: Callable[..., None], *args: Any) -> None:
         """Queue `fn(*args)` on the loop; blocks while `limit` earlier ones have not run yet."""
-        self._slots.acquire()
 
         def run() -> None:
             try:
                 fn(*args)
             finally:
-                self._slots.release()
+                self._release(0)
 
-        try:
-            self.loop.call_soon_threadsafe(run)
-        except RuntimeError:  # the loop is closed: the core is stopping
-            self._slots.release()
+        if self._acquire(0, stop_when_loop_stops=False):
+            self._enqueue(run, 0)
 
     def submit(self, fn: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:
         """`call` for a coroutine: its slot is held until it has finished, so what it waits for (an
         IPC client reading its events) holds up the caller too. Gives up once the loop has stopped."""
-        while not self._slots.acquire(timeout=0.5):
-            if self.loop.is_closed() or not self.loop.is_running():
-                return
 
         def run() -> None:
             task = asyncio.ensure_future(fn(*args))
-            task.add_done_callback(lambda _t: self._slots.release())
+            task.add_done_callback(lambda _t: self._release(0))
 
+        if self._acquire(0, stop_when_loop_stops=True):
+            self._enqueue(run, 0)
+
+    def hold(self, fn: Callable[..., None], *args: Any, size: int = 0) -> None:
+        """`fn(*args, done)` on the loop, its slot (and `size` bytes) held until it calls `done()`
+        (once): `submit` without a task per call, for a callback that usually finishes at once."""
+        released = False
+
+        def done() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._release(size)
+
+        def run() -> None:
+            try:
+                fn(*args, done)
+            except BaseException:
+                done()
+                raise
+
+        if self._acquire(size, stop_when_loop_stops=True):
+            self._enqueue(run, size)
+
+    def _acquire(self, size: int, *, stop_when_loop_stops: bool) -> bool:
+        with self._lock:
+            while self._held and (self._held >= self.limit or self._over_bytes(size)):
+                if self.loop.is_closed() or (stop_when_loop_stops and not self.loop.is_running()):
+                    return False
+                self._waiting += 1
+                self._room.wait(0.5)
+                self._waiting -= 1
+            self._held += 1
+            self._bytes += size
+            self.peak = max(self.peak, self._held)
+            self.peak_bytes = max(self.peak_bytes, self._bytes)
+        return True
+
+    def _over_bytes(self, size: int) -> bool:
+        return self.max_bytes is not None and self._bytes + size > self.max_bytes
+
+    def _release(self, size: int) -> None:
+        with self._lock:
+            self._held -= 1
+            self._bytes -= size
+            if self._waiting:
+                self._room.notify()
+
+    def _enqueue(self, run: Callable[[], None], size: int) -> None:
+        with self._lock:
+            self._queue.append((run, size))
+            if self._scheduled:
+                return
+            self._scheduled = True
         try:
-            self.loop.call_soon_threadsafe(run)
-        except RuntimeError:
-            self._slots.release()
+            self.loop.call_soon_threadsafe(self._pump)
+        except RuntimeError:  # the loop is closed: the core is stopping
+            with self._lock:
+                dropped, self._queue = list(self._queue), collections.deque()
+                self._scheduled = False
+            for _run, held in dropped:
+                self._release(held)
+
+    def _pump(self) -> None:
+        with self._lock:
+            batch, self._queue = self._queue, collections.deque()
+            self._scheduled = False
+        for run, _size in batch:
+            try:
+                run()
+            except Exception:
+                log.exception("callback handed to the event loop failed")
 
 
 class IotBridge:
@@ -127,31 +216,55 @@ class IotBridge:
         self._offline = False
         self._closed = False
         self._subs: list[_Sub] = []
-        self._client: MqttPubSub | None = self._connect()
+        self._client: MqttPubSub | None = None  # publishes
+        self._inbound: MqttPubSub | None = None  # subscriptions
+        self._client, self._inbound = self._connect()
         self._sender: threading.Thread | None = None
         if profile.spooler_bytes is not None:
             self._sender = threading.Thread(target=self._send_loop, name="ggsim-spooler", daemon=True)
             self._sender.start()
 
-    def _connect(self) -> MqttPubSub:
-        return MqttPubSub.connect_tcp(
-            self.host,
-            self.port,
-            client_id=self.client_id,
-            timeout_s=self.timeout_s,
-            receive_maximum=RECEIVE_MAXIMUM,
-            # Under a flood the keep-alive's answer waits in the socket behind the backlog: a
-            # disconnect there would lose what the broker had handed over (a clean session).
-            ping_timeout_ms=PING_TIMEOUT_MS,
-            keep_alive_interval_sec=KEEP_ALIVE_S,
+    def _connect(self) -> tuple[MqttPubSub, MqttPubSub]:
+        publisher = MqttPubSub.connect_tcp(
+            self.host, self.port, client_id=self.client_id, timeout_s=self.timeout_s, own_event_loop=True
         )
+        try:
+            inbound = MqttPubSub.connect_tcp(
+                self.host,
+                self.port,
+                client_id=f"{self.client_id}#2",
+                timeout_s=self.timeout_s,
+                receive_maximum=RECEIVE_MAXIMUM,
+                inbox_max_messages=INBOX_MAX_MESSAGES,
+                inbox_max_bytes=INBOX_MAX_BYTES,
+                operation_timeout_s=SUBSCRIBE_TIMEOUT_S,
+                # Held by a full inbox, this connection answers no keep-alive: a disconnect there
+                # would lose what the broker had handed over (a clean session).
+                ping_timeout_ms=PING_TIMEOUT_MS,
+                keep_alive_interval_sec=KEEP_ALIVE_S,
+            )
+        except BaseException:
+            publisher.close()
+            raise
+        return publisher, inbound
 
     # ------------------------------------------------------------------------------ state
 
     @property
     def online(self) -> bool:
-        client = self._client
-        return not self._offline and client is not None and client.is_connected
+        client, inbound = self._client, self._inbound
+        return (
+            not self._offline
+            and client is not None
+            and client.is_connected
+            and inbound is not None
+            and inbound.is_connected
+        )
+
+    def inbox_stats(self) -> dict[str, int]:
+        """The receiving connection's inbox: held now, the most held, how many waited for room."""
+        inbound = self._inbound
+        return inbound.inbox_stats() if inbound is not None else {}
 
     def pending(self) -> tuple[int, int]:
         """(messages, payload bytes) spooled and not yet acknowledged."""
@@ -168,23 +281,25 @@ class IotBridge:
         with self._cond:
             self._offline = True
             client, self._client = self._client, None
+            inbound, self._inbound = self._inbound, None
             for item in [m for m in self._spool if m.qos == 0]:
                 self._spool.remove(item)
                 self._forget(item, PublishRefusedError("Device is offline. Dropping QoS 0 message."))
             for sub in self._subs:
                 sub.live = None
-        if client is not None:
-            client.close()
+        for conn in (inbound, client):
+            if conn is not None:
+                conn.close()
 
     def go_online(self) -> None:
         """Connect again, subscribe again to every filter, and send what the spool holds."""
-        client = self._connect()
+        client, inbound = self._connect()
         with self._cond:
             subs = list(self._subs)
         for sub in subs:
-            sub.live = client.subscribe(sub.topic_filter, sub.handler, qos=sub.qos)
+            sub.live = inbound.subscribe(sub.topic_filter, sub.handler, qos=sub.qos)
         with self._cond:
-            self._client = client
+            self._client, self._inbound = client, inbound
             self._offline = False
             self._cond.notify_all()
 
@@ -192,9 +307,11 @@ class IotBridge:
         with self._cond:
             self._closed = True
             client, self._client = self._client, None
+            inbound, self._inbound = self._inbound, None
             self._cond.notify_all()
-        if client is not None:
-            client.close()
+        for conn in (inbound, client):
+            if conn is not None:
+                conn.close()
         if self._sender is not None:
             self._sender.join(5)
 
@@ -322,10 +439,10 @@ class IotBridge:
         sub = _Sub(topic_filter, handler, min(qos, 1))
         with self._cond:
             self._subs.append(sub)
-            client = None if self._offline else self._client
-        if client is not None:
+            inbound = None if self._offline else self._inbound
+        if inbound is not None:
             try:
-                sub.live = client.subscribe(topic_filter, handler, qos=sub.qos)
+                sub.live = inbound.subscribe(topic_filter, handler, qos=sub.qos)
             except TransportError:
                 with self._cond:
                     self._subs.remove(sub)

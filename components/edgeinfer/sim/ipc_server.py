@@ -11,6 +11,7 @@ error that carries no model type.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -95,16 +96,27 @@ class Stream:
     def send_raw(self, model_name: str, payload: bytes) -> None:
         if self.closed:
             return
-        self.conn.send(
-            {
-                ":message-type": es.APPLICATION_MESSAGE,
-                ":message-flags": 0,
-                ":stream-id": self.stream_id,
-                ":content-type": "application/json",
-                "service-model-type": model_name,
-            },
-            payload,
-        )
+        self.conn.send(self._event_headers(model_name), payload)
+
+    def _event_headers(self, model_name: str) -> dict[str, Any]:
+        return {
+            ":message-type": es.APPLICATION_MESSAGE,
+            ":message-flags": 0,
+            ":stream-id": self.stream_id,
+            ":content-type": "application/json",
+            "service-model-type": model_name,
+        }
+
+    def event_frame(self, model_name: str, payload: bytes) -> bytes:
+        """The frame `send_raw` writes, built on any thread (so that the loop only writes it)."""
+        return es.encode(self._event_headers(model_name), payload)
+
+    def send_frame_when_writable(self, frame: bytes, done: Callable[[], None]) -> None:
+        """Write `frame` (from `event_frame`) after the frames queued before it, once the
+        connection's write buffer is below its high-water mark; `done()` once it is written, or
+        dropped because the stream or the connection closed. Loop thread only; in the common case
+        (room in the buffer) it writes at once, with no task."""
+        self.conn.write_when_writable(self, frame, done)
 
     def close(self) -> None:
         if self.closed:
@@ -134,6 +146,9 @@ class Connection:
         self.streams: dict[int, Stream] = {}
         self.closed = False
         self._writable = asyncio.Lock()
+        # Frames waiting for room in the write buffer, in order, and the task that writes them.
+        self._pending: collections.deque[tuple[Stream, bytes, Callable[[], None]]] = collections.deque()
+        self._flusher: asyncio.Task[None] | None = None
         # Room for a few dozen image-sized events: with asyncio's 64 KiB default every 80 KB event
         # waited for the client to read the one before, and a busy client's scheduling gaps became
         # the sender's (p50 0.1-0.5 s at 100 req/s on a loaded machine).
@@ -144,6 +159,43 @@ class Connection:
         if self.closed or self.writer.is_closing():
             return
         self.writer.write(es.encode(headers, payload))
+
+    def _has_room(self) -> bool:
+        return self.writer.transport.get_write_buffer_size() < WRITE_BUFFER_HIGH
+
+    def write_when_writable(self, stream: Stream, frame: bytes, done: Callable[[], None]) -> None:
+        """See `Stream.send_frame_when_writable`."""
+        if self.closed or self.writer.is_closing():
+            done()
+            return
+        if not self._pending and self._has_room():
+            if not stream.closed:
+                self.writer.write(frame)
+            done()
+            return
+        self._pending.append((stream, frame, done))
+        if self._flusher is None:
+            self._flusher = asyncio.ensure_future(self._flush())
+
+    async def _flush(self) -> None:
+        try:
+            while self._pending and not self.closed:
+                await self.writable()
+                while self._pending and not self.closed and not self.writer.is_closing() and self._has_room():
+                    stream, frame, done = self._pending.popleft()
+                    if not stream.closed:
+                        self.writer.write(frame)
+                    done()
+                if self.writer.is_closing():
+                    break
+        finally:
+            self._flusher = None
+            self._drop_pending()
+
+    def _drop_pending(self) -> None:
+        while self._pending:
+            _stream, _frame, done = self._pending.popleft()
+            done()
 
     async def writable(self) -> None:
         """Wait until the write buffer is below its high-water mark, one waiter at a time (so the
@@ -173,6 +225,7 @@ class Connection:
             pass
         finally:
             self.closed = True
+            self._drop_pending()
             for stream in list(self.streams.values()):
                 stream.close()
             self.streams.clear()

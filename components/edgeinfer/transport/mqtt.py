@@ -19,6 +19,12 @@ client therefore sets TCP_NODELAY on its own connection after every (re)connect 
 
 Received messages are handed to handlers on one dispatcher thread per client, never on the CRT's
 event-loop thread: a handler may publish (and wait for the PUBACK) without deadlocking the client.
+The hand-off (the client's inbox) is unbounded unless `connect_tcp(inbox_max_messages=...,
+inbox_max_bytes=...)` bounds it: then, while it is full, the CRT's callback waits for the dispatcher,
+so the client stops reading its socket and the broker holds the rest (TCP backpressure, whatever the
+broker makes of MQTT 5 flow control). That also holds up everything else on the same event-loop
+thread, the PUBACKs of the client's own publishes included, so such a client is for receiving only
+and gets its own event-loop thread (`own_event_loop=True`, or implied by the bound).
 Handlers should still return quickly; long work belongs on the caller's own workers. A handler
 subscribed with `inline=True` runs on the event-loop thread itself (no hand-off) and must not wait
 on the client. The client
@@ -32,11 +38,11 @@ hand-off from the CRT's threads all act on one connection's state.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import logging
 import os
-import queue
 import socket
 import threading
 import time
@@ -65,6 +71,7 @@ ConnectionHandler = Callable[[bool], None]
 """Called with True when the client (re)connects and False when it loses the connection."""
 
 _SUBACK_ERROR_MIN = 0x80
+INBOX_WAIT_LOG_S = 30.0  # a publish callback held this long by a full inbox says so, once
 _NOT_AUTHORIZED = 0x87
 _CLOSE_SENTINEL: Any = object()
 _ids = itertools.count(1)
@@ -113,6 +120,7 @@ class _Entry:
     qos: int
     handler: MessageHandler
     inline: bool = False
+    active: bool = True  # False once unsubscribed: what the inbox still holds for it is not run
 
 
 def _run(message: Message, handlers: list[MessageHandler]) -> None:
@@ -121,6 +129,101 @@ def _run(message: Message, handlers: list[MessageHandler]) -> None:
             handler(message)
         except Exception:
             log.exception("handler for %s failed", message.topic)
+
+
+class _Inbox:
+    """The CRT threads' hand-off to the dispatcher: FIFO, optionally bounded by messages and bytes.
+
+    `put` (a message) waits while the inbox is full; `put_control` (connection events, the close
+    sentinel) never waits and is not counted. `close()` releases the waiting producers: what they
+    held is dropped (unacknowledged, so a broker that keeps the session sends it again)."""
+
+    def __init__(self, max_messages: int | None = None, max_bytes: int | None = None) -> None:
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self._items: collections.deque[tuple[Any, int]] = collections.deque()
+        self._lock = threading.Lock()
+        self._readable = threading.Condition(self._lock)
+        self._room = threading.Condition(self._lock)
+        self._consumer_waiting = False
+        self._producers_waiting = 0
+        self._closed = False
+        self.messages = 0  # held now
+        self.bytes = 0
+        self.peak_messages = 0
+        self.peak_bytes = 0
+        self.waits = 0  # puts that found the inbox full
+
+    def _full(self, size: int) -> bool:
+        if self.messages == 0:
+            return False  # one message always fits, however large
+        if self.max_messages is not None and self.messages >= self.max_messages:
+            return True
+        return self.max_bytes is not None and self.bytes + size > self.max_bytes
+
+    def put(self, item: Any, size: int, describe: str = "") -> bool:
+        """Append `item`; False when the inbox was closed instead (the item is dropped)."""
+        with self._lock:
+            if self._full(size) and not self._closed:
+                self.waits += 1
+                self._producers_waiting += 1
+                waited = 0.0
+                logged = False
+                try:
+                    while self._full(size) and not self._closed:
+                        self._room.wait(1.0)
+                        waited += 1.0
+                        if waited >= INBOX_WAIT_LOG_S and not logged:
+                            logged = True
+                            log.warning(
+                                "%s: inbox full (%d messages, %d bytes) for %.0f s: its handlers are "
+                                "not draining it; the broker holds what follows",
+                                describe,
+                                self.messages,
+                                self.bytes,
+                                waited,
+                            )
+                finally:
+                    self._producers_waiting -= 1
+            if self._closed:
+                return False
+            self._items.append((item, size))
+            self.messages += 1
+            self.bytes += size
+            self.peak_messages = max(self.peak_messages, self.messages)
+            self.peak_bytes = max(self.peak_bytes, self.bytes)
+            if self._consumer_waiting:
+                self._readable.notify()
+        return True
+
+    def put_control(self, item: Any) -> None:
+        with self._lock:
+            self._items.append((item, -1))
+            if self._consumer_waiting:
+                self._readable.notify()
+
+    def get(self) -> Any:
+        with self._lock:
+            while not self._items:
+                self._consumer_waiting = True
+                self._readable.wait()
+                self._consumer_waiting = False
+            item, size = self._items.popleft()
+            if size >= 0:
+                self.messages -= 1
+                self.bytes -= size
+                if self._producers_waiting:
+                    self._room.notify()
+            return item
+
+    def qsize(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._room.notify_all()
 
 
 class MqttSubscription:
@@ -153,6 +256,8 @@ class MqttPubSub:
         operation_timeout_s: float = 10.0,
         peer: tuple[str, int] | None = None,
         tcp_nodelay: bool = True,
+        inbox_max_messages: int | None = None,
+        inbox_max_bytes: int | None = None,
     ) -> None:
         """Low-level: `build_client(callbacks)` returns an unstarted `awscrt.mqtt5.Client` wired to
         the callbacks given. Use the `connect_*` class methods instead."""
@@ -170,7 +275,8 @@ class MqttPubSub:
         self._sub_ids_available = False
         self._connection_handlers: list[ConnectionHandler] = []
         self._ack_when_handled = False  # see `connect_tcp(receive_maximum=...)`
-        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._bootstrap: Any = None  # the client's own event loop, when it has one
+        self._inbox = _Inbox(inbox_max_messages, inbox_max_bytes)
         self._dispatcher = threading.Thread(
             target=self._dispatch_loop, name=f"mqtt-dispatch-{client_id}", daemon=True
         )
@@ -202,6 +308,10 @@ class MqttPubSub:
         tcp_nodelay: bool = True,
         receive_maximum: int | None = None,
         ping_timeout_ms: int | None = None,
+        inbox_max_messages: int | None = None,
+        inbox_max_bytes: int | None = None,
+        own_event_loop: bool = False,
+        operation_timeout_s: float = 10.0,
     ) -> MqttPubSub:
         """Plain TCP to a local broker (the simulated core's mosquitto). No TLS: loopback/LAN only.
 
@@ -211,15 +321,26 @@ class MqttPubSub:
         the broker, while the client's own thread stays free for keep-alives (and for the PUBACKs of
         its own publishes). A broker may ignore it: mosquitto 2.0.11 holds to it only until
         acknowledgements flow, and then sends several hundred more. `ping_timeout_ms`: how long a
-        keep-alive's answer may take (it waits in the socket behind whatever the broker sent first)."""
-        from awscrt import mqtt5
+        keep-alive's answer may take (it waits in the socket behind whatever the broker sent first).
+
+        `inbox_max_messages` / `inbox_max_bytes` bound what the client holds between its socket and
+        its handlers (see the module's docstring): beyond it the broker holds the rest. Either bound
+        gives the client its own CRT event-loop thread, as `own_event_loop=True` does, so that a
+        held inbox holds up no other connection of this process. `operation_timeout_s`: how long a
+        subscribe waits for its SUBACK (which, on a held connection, waits behind the backlog)."""
+        from awscrt import io, mqtt5
 
         cid = client_id or _default_client_id()
+        bootstrap = None
+        if own_event_loop or inbox_max_messages is not None or inbox_max_bytes is not None:
+            group = io.EventLoopGroup(1)
+            bootstrap = io.ClientBootstrap(group, io.DefaultHostResolver(group))
 
         def build(cb: dict[str, Any]) -> Any:
             options = mqtt5.ClientOptions(
                 host_name=host,
                 port=int(port),
+                bootstrap=bootstrap,
                 connect_options=mqtt5.ConnectPacket(
                     client_id=cid,
                     keep_alive_interval_sec=keep_alive_interval_sec,
@@ -246,8 +367,16 @@ class MqttPubSub:
             return mqtt5.Client(options)
 
         self = cls(
-            build, client_id=cid, describe=f"mqtt://{host}:{port}", peer=(host, port), tcp_nodelay=tcp_nodelay
+            build,
+            client_id=cid,
+            describe=f"mqtt://{host}:{port}",
+            peer=(host, port),
+            tcp_nodelay=tcp_nodelay,
+            operation_timeout_s=operation_timeout_s,
+            inbox_max_messages=inbox_max_messages,
+            inbox_max_bytes=inbox_max_bytes,
         )
+        self._bootstrap = bootstrap  # the client's event loop lives as long as the client
         self._ack_when_handled = receive_maximum is not None
         self.start(timeout_s)
         return self
@@ -343,6 +472,18 @@ class MqttPubSub:
             if self._connected.wait(step):
                 return True
         return False
+
+    def inbox_stats(self) -> dict[str, int]:
+        """What the inbox holds now and at most so far (messages, payload bytes), and how many
+        received messages had to wait for room."""
+        box = self._inbox
+        return {
+            "messages": box.messages,
+            "bytes": box.bytes,
+            "peak_messages": box.peak_messages,
+            "peak_bytes": box.peak_bytes,
+            "waits": box.waits,
+        }
 
     def on_connection_change(self, handler: ConnectionHandler) -> None:
         """`handler(True)` on every (re)connect, `handler(False)` on every loss (dispatcher thread)."""
@@ -476,13 +617,14 @@ class MqttPubSub:
 
     def _shutdown(self, timeout_s: float) -> None:
         self._closed = True
+        self._inbox.close()  # a callback held by a full inbox lets go, so that the client can stop
         try:
             self._client.stop()
         except Exception as exc:
             log.debug("stop failed: %s", exc)
         self._stopped.wait(timeout_s)
         self._connected.clear()
-        self._inbox.put(_CLOSE_SENTINEL)
+        self._inbox.put_control(_CLOSE_SENTINEL)
         if threading.current_thread() is not self._dispatcher:
             self._dispatcher.join(timeout_s)
 
@@ -531,6 +673,7 @@ class MqttPubSub:
     def _unsubscribe(self, entry: _Entry) -> None:
         from awscrt import mqtt5
 
+        entry.active = False
         with self._lock:
             if entry in self._entries:
                 self._entries.remove(entry)
@@ -555,13 +698,17 @@ class MqttPubSub:
         ids = tuple(packet.subscription_identifiers or ())
         message = Message(packet.topic, bytes(payload or b""), "iot", _properties(packet))
         entries = self._matching(message, ids)
-        _run(message, [e.handler for e in entries if e.inline])
-        if any(not e.inline for e in entries):
+        queued = [e for e in entries if not e.inline]
+        if len(queued) < len(entries):
+            _run(message, [e.handler for e in entries if e.inline])
+        if queued:
             ack = None
-            take = getattr(data, "acquire_publish_acknowledgement_control", None)
-            if self._ack_when_handled and take is not None:
-                ack = take()  # sent by the dispatcher once the handlers have run
-            self._inbox.put((message, ids, ack))
+            if self._ack_when_handled:
+                take = getattr(data, "acquire_publish_acknowledgement_control", None)
+                if take is not None:
+                    ack = take()  # sent by the dispatcher once the handlers have run
+            # Waits while the inbox is full (when bounded): this thread then reads no more.
+            self._inbox.put((message, queued, ack), len(message.payload), self.client_id)
 
     def _on_connection_success(self, data: Any) -> None:
         session_present = bool(getattr(getattr(data, "connack_packet", None), "session_present", False))
@@ -579,7 +726,7 @@ class MqttPubSub:
                     self._send_subscribe(topic_filter, qos, wait=False)
                 except TransportError as exc:
                     log.warning("%s", exc)
-        self._inbox.put(True)
+        self._inbox.put_control(True)
 
     def _on_connection_failure(self, data: Any) -> None:
         self._last_error = str(getattr(data, "exception", None) or "connection refused")
@@ -591,7 +738,7 @@ class MqttPubSub:
         self._last_error = str(getattr(data, "exception", None) or "disconnected")
         if was and not self._closed:
             log.warning("lost the connection to %s: %s", self.describe, self._last_error)
-            self._inbox.put(False)
+            self._inbox.put_control(False)
 
     def _on_stopped(self, data: Any) -> None:
         self._connected.clear()
@@ -609,8 +756,8 @@ class MqttPubSub:
                     except Exception:
                         log.exception("connection handler failed")
                 continue
-            message, ids, ack = item
-            _run(message, [e.handler for e in self._matching(message, ids) if not e.inline])
+            message, entries, ack = item
+            _run(message, [e.handler for e in entries if e.active])
             if ack is not None:
                 try:
                     self._client.invoke_publish_acknowledgement(ack)
