@@ -181,81 +181,88 @@ def sender_main(conn: Connection, spec: LoadSpec) -> None:
     """The load: its own process and MQTT 5 connection. Says `ready`, waits for `go`, sends open loop
     (request i due at start + i / rate), says `ended` at its last hand-off, then `done` with every
     request id and its `sent_at` once the broker acknowledged them all (or ACK_TIMEOUT_S passed)."""
-    from concurrent.futures import Future
-
-    from edgeinfer.transport import TransportError
     from edgeinfer.transport.mqtt import MqttPubSub
 
     client = MqttPubSub.connect_tcp(*spec.address, client_id=f"bench-iot-sender-{spec.label}-{os.getpid()}")
     try:
-        # The first publish and the first body cost this process ~0.1 s (lazy set-up): spent here,
-        # not in request 0's latency.
-        client.publish("bench-iot/warm-up", spec.parts[0].body("warm-up", time.time()), qos=1)
-        conn.send(("ready", None))
-        if not conn.poll(120) or conn.recv()[0] != "go":
-            return
-        acked: list[float] = []
-        failed: list[float] = []
-        lock = threading.Lock()
-
-        def on_ack(fut: Future[None]) -> None:
-            now = time.time()
-            with lock:
-                if fut.exception() is not None:
-                    failed.append(now)
-                acked.append(now)
-
-        sent: list[tuple[str, float]] = []
-        not_sent = 0
-        most_behind = 0.0
-        rate, seconds, parts = spec.rate, spec.seconds, spec.parts
-        target = round(rate * seconds)
-        gc.disable()  # a collection's pause would send a burst behind it
-        t0 = time.monotonic()
-        start_wall = time.time()
-        for i in range(target):
-            due = t0 + i / rate
-            now = time.monotonic()
-            if not spec.all_requests and now >= t0 + seconds:
-                break
-            if due > now:
-                time.sleep(due - now)
-            else:
-                most_behind = max(most_behind, now - due)
-            rid = f"{spec.label}-{i}"
-            sent_at = time.time()
-            try:
-                fut = client.publish_future(spec.topic, parts[i % len(parts)].body(rid, sent_at), qos=1)
-            except TransportError:
-                not_sent += 1  # never handed to the client: not counted as sent
-                continue
-            sent.append((rid, sent_at))
-            fut.add_done_callback(on_ack)
-        end_wall = time.time()
-        gc.enable()
-        conn.send(("ended", end_wall))
-        limit = time.monotonic() + ACK_TIMEOUT_S
-        while time.monotonic() < limit:
-            with lock:
-                if len(acked) >= len(sent):
-                    break
-            time.sleep(0.05)
-        with lock:
-            report = {
-                "sent": sent,
-                "start": start_wall,
-                "end": end_wall,
-                "target": target,
-                "not_sent": not_sent,
-                "puback_failed": len(failed),
-                "puback_missing": len(sent) - len(acked),
-                "last_puback": max(acked, default=end_wall),
-                "most_behind_s": most_behind,
-            }
-        conn.send(("done", report))
+        _send_load(conn, client, spec)
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole group: the parent reports it
+        pass
     finally:
         client.close()
         conn.close()
+
+
+def _send_load(conn: Connection, client: Any, spec: LoadSpec) -> None:
+    from concurrent.futures import Future
+
+    from edgeinfer.transport import TransportError
+
+    # The first publish and the first body cost this process ~0.1 s (lazy set-up): spent here,
+    # not in request 0's latency.
+    client.publish("bench-iot/warm-up", spec.parts[0].body("warm-up", time.time()), qos=1)
+    conn.send(("ready", None))
+    if not conn.poll(120) or conn.recv()[0] != "go":
+        return
+    acked: list[float] = []
+    failed: list[float] = []
+    lock = threading.Lock()
+
+    def on_ack(fut: Future[None]) -> None:
+        now = time.time()
+        with lock:
+            if fut.exception() is not None:
+                failed.append(now)
+            acked.append(now)
+
+    sent: list[tuple[str, float]] = []
+    not_sent = 0
+    most_behind = 0.0
+    rate, seconds, parts = spec.rate, spec.seconds, spec.parts
+    target = round(rate * seconds)
+    gc.disable()  # a collection's pause would send a burst behind it
+    t0 = time.monotonic()
+    start_wall = time.time()
+    for i in range(target):
+        due = t0 + i / rate
+        now = time.monotonic()
+        if not spec.all_requests and now >= t0 + seconds:
+            break
+        if due > now:
+            time.sleep(due - now)
+        else:
+            most_behind = max(most_behind, now - due)
+        rid = f"{spec.label}-{i}"
+        sent_at = time.time()
+        try:
+            fut = client.publish_future(spec.topic, parts[i % len(parts)].body(rid, sent_at), qos=1)
+        except TransportError:
+            not_sent += 1  # never handed to the client: not counted as sent
+            continue
+        sent.append((rid, sent_at))
+        fut.add_done_callback(on_ack)
+    end_wall = time.time()
+    gc.enable()
+    conn.send(("ended", end_wall))
+    limit = time.monotonic() + ACK_TIMEOUT_S
+    while time.monotonic() < limit:
+        with lock:
+            if len(acked) >= len(sent):
+                break
+        time.sleep(0.05)
+    with lock:
+        report = {
+            "sent": sent,
+            "start": start_wall,
+            "end": end_wall,
+            "target": target,
+            "not_sent": not_sent,
+            "puback_failed": len(failed),
+            "puback_missing": len(sent) - len(acked),
+            "last_puback": max(acked, default=end_wall),
+            "most_behind_s": most_behind,
+        }
+    conn.send(("done", report))
 
 
 class Sender:
@@ -295,8 +302,11 @@ class Sender:
         self._conn.send(("go", None))
         return float(self._expect("ended", self.limit))
 
-    def report(self) -> dict[str, Any]:
-        report: dict[str, Any] = self._expect("done", ACK_TIMEOUT_S + 30)
+    def report(self, timeout: float = 0.0) -> dict[str, Any] | None:
+        """The sender's figures once it has them (its PUBACKs are in), else None."""
+        if not self._conn.poll(timeout):
+            return None
+        report: dict[str, Any] = self._expect("done", 0)
         return report
 
     def close(self) -> None:
@@ -560,10 +570,15 @@ class Core:
         return " | ".join(text[-chars:].strip().splitlines()[-5:])
 
     def check(self) -> None:
+        """EdgeinferError once the nucleus or the broker is gone: the figures would mean nothing."""
         if self.proc is not None and self.proc.poll() is not None:
             raise EdgeinferError(
                 f"`edgeinfer sim up` exited ({self.proc.returncode}): {self.log_tail('sim')}"
             )
+        if self.broker_pid:
+            state = procfs.stat(self.broker_pid)
+            if state is None or state.state in ("Z", "X"):
+                raise EdgeinferError("mosquitto exited during the run")
 
     @property
     def pid(self) -> int:
@@ -637,18 +652,24 @@ def run_load(
         start = time.time()
         load_end = sender.go()
         prober = Prober(client, topic, parts[0], answers, args.deadline_ms)
-        report = sender.report()
-        ids = [rid for rid, _ in report["sent"]]
+        report: dict[str, Any] | None = None
+        ids: list[str] = []
         # Until every request is answered (or its window is over) and a probe came back ok in time
-        # (or the recovery timeout): probing all the while.
+        # (or the recovery timeout): probing from the load's end on, while the sender still waits
+        # for its PUBACKs (it names the requests it sent once they are in).
         next_line = time.time() + 5
         while True:
             core.check()
             now = time.time()
+            if report is None:
+                report = sender.report()
+                if report is None and now > load_end + ACK_TIMEOUT_S + 30:
+                    raise EdgeinferError("the sender process did not report its requests")
+                ids = [rid for rid, _ in report["sent"]] if report is not None else []
             if prober.recovered_at is None and now < load_end + args.recovery_timeout:
                 prober.step(label)
             got = answers.count(ids)
-            drained = got >= len(ids) or now >= load_end + ANSWER_WINDOW_S
+            drained = report is not None and (got >= len(ids) or now >= load_end + ANSWER_WINDOW_S)
             if drained and (prober.recovered_at is not None or now >= load_end + args.recovery_timeout):
                 break
             if now >= next_line:
@@ -662,6 +683,7 @@ def run_load(
         settled = time.time()
     finally:
         sender.close()
+    assert report is not None  # the loop ends only once the sender reported
     snapshot = answers.snapshot()
     summary = summarize(report["sent"], snapshot, load_end, args.deadline_ms)
     probes = summarize(prober.sent, snapshot, load_end, args.deadline_ms)
