@@ -152,3 +152,49 @@ def test_mqtt5_properties_pass_through_both_ways(
     assert wait_for(lambda: len(got) == 1)
     assert got[0].message.content_type == "image/jpeg"
     assert got[0].message.correlation_data == b"c-2"
+
+
+def test_a_flood_into_a_held_subscriber_waits_in_the_broker_while_publishes_are_acknowledged(
+    broker: MosquittoBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from edgeinfer.sim import iot_bridge
+    from edgeinfer.sim.broker import CloudClient
+
+    monkeypatch.setattr(iot_bridge, "INBOX_MAX_MESSAGES", 32)
+    monkeypatch.setattr(iot_bridge, "INBOX_MAX_BYTES", 64 * 1024)
+    flood, size = 2000, 1024  # 2 MB: far above the inbox's 32 messages / 64 KiB
+    bridge = IotBridge(broker.host, broker.port, client_id="bridge-flood", profile=CLASSIC)
+    gate = threading.Event()
+    got: list[int] = []
+
+    def held(message: Any) -> None:
+        got.append(int.from_bytes(message.payload[:4], "big"))
+        gate.wait(60)
+
+    try:
+        bridge.subscribe("down", held, 1)
+        with CloudClient(broker.host, broker.port) as cloud:
+            up = cloud.subscribe("up")
+            body = b"x" * (size - 4)
+            for i in range(flood):
+                cloud.pubsub.publish("down", i.to_bytes(4, "big") + body, qos=1, wait=False)
+            assert wait_for(lambda: bridge.inbox_stats()["waits"] >= 1, timeout=30)
+            # Held inbound, the other connection still gets its PUBACKs: the spool drains.
+            for i in range(20):
+                bridge.publish("up", str(i).encode(), 1)
+            assert [int(m.payload) for m in up.wait_for(20, timeout=30)] == list(range(20))
+            assert wait_for(lambda: bridge.pending() == (0, 0))
+            assert len(got) == 1
+            stats = bridge.inbox_stats()
+            assert stats["peak_messages"] <= 32
+            assert stats["peak_bytes"] <= 64 * 1024
+            gate.set()
+            assert wait_for(lambda: len(got) >= flood, timeout=60)
+            time.sleep(0.3)  # room for a duplicate to show
+        assert got == list(range(flood))
+        assert bridge.inbox_stats()["peak_messages"] <= 32
+    finally:
+        gate.set()
+        bridge.close()

@@ -291,3 +291,75 @@ def test_receive_maximum_keeps_a_slow_handlers_backlog_in_the_broker(
     while len(seen) < 100 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert seen == [str(i).encode() for i in range(100)]
+
+
+def test_a_bounded_inbox_holds_a_flood_in_the_broker_and_delivers_each_message_once(
+    tmp_path: Any,
+) -> None:
+    import threading
+
+    from edgeinfer.sim import MosquittoBroker
+
+    # The simulator's broker: it keeps every queued QoS 1 message (the fixture's keeps 1,000). The
+    # receive maximum lets 64 through unacknowledged; the inbox takes 16 (8 KiB): the socket waits.
+    with MosquittoBroker(work_dir=tmp_path / "broker") as keeper:
+        slow = MqttPubSub.connect_tcp(
+            keeper.host, keeper.port, receive_maximum=64, inbox_max_messages=16, inbox_max_bytes=8 * 1024
+        )
+        fast = MqttPubSub.connect_tcp(keeper.host, keeper.port)
+        gate = threading.Event()
+        seen: list[int] = []
+
+        def handler(message: Message) -> None:
+            seen.append(int.from_bytes(message.payload[:4], "big"))
+            gate.wait(60)
+
+        try:
+            slow.subscribe("bound/t", handler, qos=1)
+            body = b"b" * 1020
+            for i in range(3000):  # 3 MB
+                fast.publish("bound/t", i.to_bytes(4, "big") + body, qos=1, wait=False)
+            assert wait_for(lambda: slow.inbox_stats()["waits"] >= 1, timeout=30)
+            stats = slow.inbox_stats()
+            assert stats["peak_messages"] <= 16
+            assert stats["peak_bytes"] <= 8 * 1024
+            assert len(seen) == 1
+            gate.set()
+            assert wait_for(lambda: len(seen) >= 3000, timeout=60)
+            time.sleep(0.3)
+            assert seen == list(range(3000))
+            assert slow.inbox_stats()["peak_messages"] <= 16
+        finally:
+            gate.set()
+            slow.close()
+            fast.close()
+
+
+def test_a_full_inbox_holds_the_producer_until_a_get_or_close() -> None:
+    import threading
+
+    from edgeinfer.transport.mqtt import _Inbox
+
+    box = _Inbox(max_messages=2, max_bytes=100)
+    assert box.put("a", 60)
+    assert box.put("b", 30)  # 2 messages, 90 bytes
+    box.put_control(True)  # connection events are not counted and never wait
+    results: list[bool] = []
+    producer = threading.Thread(target=lambda: results.append(box.put("c", 20)))
+    producer.start()
+    producer.join(0.2)
+    assert producer.is_alive()  # full by count
+    assert box.get() == "a"
+    producer.join(10)
+    assert results == [True]
+    assert (box.messages, box.bytes, box.peak_messages, box.waits) == (2, 50, 2, 1)
+    big = threading.Thread(target=lambda: results.append(box.put("d", 60)))
+    big.start()
+    big.join(0.2)
+    assert big.is_alive()  # full by bytes (50 + 60 > 100)
+    box.close()
+    big.join(10)
+    assert results == [True, False]  # dropped, unacknowledged
+    assert [box.get(), box.get(), box.get()] == ["b", True, "c"]
+    lone = _Inbox(max_messages=1, max_bytes=10)
+    assert lone.put("huge", 1000)  # one message always fits

@@ -7,13 +7,13 @@ format) pass through both ways, converted by the same functions as the component
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from awsiot.greengrasscoreipc import model
 
+from edgeinfer import codec
 from edgeinfer.sim import ipc_server as ipc
 from edgeinfer.sim.iot_bridge import LoopHandoff, PublishRefusedError
 from edgeinfer.transport.base import Message
@@ -101,7 +101,7 @@ def iot_core_message_json(message: Message) -> bytes:
     """The JSON of the `IoTCoreMessage` event for `message`, as the awsiotsdk model writes it
     (`json.dumps(model.IoTCoreMessage(...)._to_payload())`), built without running the JSON encoder
     over the base64 payload: that scan was a quarter of the nucleus's time per image-sized message."""
-    payload = base64.b64encode(message.payload)
+    payload = codec.b64encode(message.payload)
     if message.properties is None:
         head = '{"message": {"topicName": ' + json.dumps(message.topic)
     else:
