@@ -60,6 +60,7 @@ RSS_LIMIT_MB = 1024.0
 PROBE_INTERVAL_S = 0.1
 SAMPLE_INTERVAL_S = 0.2
 START_TIMEOUT_S = 180.0
+FINAL_WAIT_S = 30.0  # at the run's end, for whatever is still unanswered
 ACK_TIMEOUT_S = 60.0  # the sender waits this long for its last PUBACKs
 EPOCH_SLOT = "1970-01-01T00:00:00.000Z"  # `sent_at` of the templates, replaced per request
 PROCESSES = ("nucleus", "runtime", "broker")
@@ -674,6 +675,8 @@ def run_load(
                 break
             if now >= next_line:
                 state = "recovered" if prober.recovered_at is not None else "not yet recovered"
+                if report is None:
+                    state += ", the sender still waits for PUBACKs"
                 _progress(
                     f"{label}: {got} of {len(ids)} answered {now - load_end:.0f} s after the load, {state}"
                 )
@@ -686,7 +689,7 @@ def run_load(
     assert report is not None  # the loop ends only once the sender reported
     snapshot = answers.snapshot()
     summary = summarize(report["sent"], snapshot, load_end, args.deadline_ms)
-    probes = summarize(prober.sent, snapshot, load_end, args.deadline_ms)
+    probes = summarize(prober.sent, snapshot, load_end, args.deadline_ms, window_s=math.inf)
     duration = max(1e-9, report["end"] - report["start"])
     out = {
         "label": label,
@@ -703,17 +706,33 @@ def run_load(
         "fresh_request_ok_after_s": _round(prober.recovered_at - load_end)
         if prober.recovered_at is not None
         else None,
-        "probes": {k: probes[k] for k in ("sent", "answered", "lost", "duplicates", "ok_in_time", "codes")},
+        # answered: by the time the load was settled (the last probes may still be on their way)
+        "probes": {k: probes[k] for k in ("sent", "answered", "duplicates", "ok_in_time", "codes")},
         "processes": sampler.between(start, settled),
         "loadavg_before": load_avg_before,
         "loadavg_after": _loadavg(),
     }
+    out["_ids"] = [rid for rid, _ in report["sent"]] + [rid for rid, _ in prober.sent]
     _progress(
         f"{label}: {out['answered']}/{out['sent']} answered, {out['duplicates']} duplicates, "
         f"{out['ok_in_time']} ok in time, {out['ok_late']} ok late, fresh ok after "
         f"{_seconds(out['fresh_request_ok_after_s'])}"
     )
     return out
+
+
+def final_accounting(loads: list[dict[str, Any]], answers: Answers) -> dict[str, int]:
+    """Requests and probes with no answer at all, per load, after waiting up to FINAL_WAIT_S more for
+    them: `lost` counts an answer later than the window too; this tells the two apart."""
+    ids: dict[str, list[str]] = {r["label"]: r.pop("_ids") for r in loads}
+
+    def missing() -> dict[str, int]:
+        return {label: len(v) - answers.count(v) for label, v in ids.items()}
+
+    limit = time.monotonic() + FINAL_WAIT_S
+    while time.monotonic() < limit and any(missing().values()):
+        time.sleep(0.2)
+    return missing()
 
 
 def _loadavg() -> list[float]:
@@ -743,8 +762,11 @@ def targets(loads: list[dict[str, Any]], rss_limit_mb: float) -> dict[str, bool]
         out[f"{name}_ok_late_at_most_{100 * OK_LATE_SHARE:g}pct"] = r["ok_late"] <= OK_LATE_SHARE * max(
             1, r["sent"]
         )
-        peaks = [p["rss_peak_mb"] for p in r["processes"].values() if p["rss_peak_mb"] is not None]
-        out[f"{name}_rss_peak_under_{rss_limit_mb:g}mb"] = bool(peaks) and max(peaks) <= rss_limit_mb
+        for what, names in (("device", ("nucleus", "runtime")), ("broker", ("broker",))):
+            peaks = [r["processes"][n]["rss_peak_mb"] for n in names]
+            out[f"{name}_{what}_rss_peak_under_{rss_limit_mb:g}mb"] = (
+                None not in peaks and max(peaks) <= rss_limit_mb
+            )
     return out
 
 
@@ -875,6 +897,7 @@ def run(args: argparse.Namespace) -> int:
                 )
             )
             time.sleep(args.gap)
+        never = final_accounting(results, answers)
         end = sampler.between(time.time() - 1.0, time.time())
         report: dict[str, Any] = {
             "scenario": "iot",
@@ -898,6 +921,7 @@ def run(args: argparse.Namespace) -> int:
             "loads": results,
             "processes_idle": idle,
             "processes_end": end,
+            "never_answered": never,
             "runtime_restarts": len(sampler.runtime_pids) - 1,
             "unreadable_answers": answers.unreadable,
             "target_values": {
