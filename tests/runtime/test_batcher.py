@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from edgeinfer.runtime.batcher import DynamicBatcher
 
 
@@ -331,3 +333,24 @@ def test_expired_items_do_not_count_against_a_batch_with_every_lane() -> None:
     assert len(poll.batch) == 8  # nine queued, one expired: one full batch with every lane
     assert poll.alone
     assert b.outstanding == 0
+
+
+def test_the_wait_floor_counts_full_batches_ahead_that_will_still_run() -> None:
+    b, clock = make(max_queue_size=16)
+    assert b.wait_floor_s(0.010) == 0.0  # nothing ahead
+    for i in range(3):
+        put(b, f"q{i}")
+    assert b.wait_floor_s(0.010) == 0.0  # not one full batch ahead: its own batch may hold them
+    put(b, "q3")
+    assert b.wait_floor_s(0.010) == 0.010
+    for i in range(4):  # two more full batches' worth, due in 15 ms: the first four run in time,
+        put(b, f"due{i}", deadline=clock() + 0.015)  # the next four only start 10 ms in: they do too
+    for i in range(4):
+        put(b, f"soon{i}", deadline=clock() + 0.005)  # … these start 20 ms in: they expire, never run
+    assert b.wait_floor_s(0.010) == pytest.approx(0.020)
+    assert b.admit()  # one being decoded counts too (it will queue), …
+    for _ in range(3):
+        assert b.admit()
+    assert b.wait_floor_s(0.010) == pytest.approx(0.030)
+    b.configure(lanes=2, lane_batch_size=4)  # … and lanes run batches side by side: 8 a round
+    assert b.wait_floor_s(0.010) == pytest.approx(0.010)

@@ -873,3 +873,74 @@ def test_shed_requests_cost_no_base64_decode_and_a_bad_one_taken_on_is_bad_image
         assert codes["bad"] is ErrorCode.BAD_IMAGE
         assert {codes[f"over{i}"] for i in range(5)} == {ErrorCode.OVERLOADED}
         assert {codes["run"], *(codes[f"q{i}"] for i in range(cfg.max_queue_size))} == {"ok"}
+
+
+class LagRecorder:
+    """A placement policy that keeps everything on the edge and notes the lag it is shown."""
+
+    def __init__(self) -> None:
+        self.ages: list[float | None] = []
+        self.late: list[tuple[float | None, float]] = []
+
+    def decide(self, request: Request, ctx: PlacementContext) -> Decision:
+        self.ages.append(ctx.age_ms)
+        return Decision()
+
+    def on_late_arrival(self, age_ms: float | None, left_ms: float) -> None:
+        self.late.append((age_ms, left_ms))
+
+
+def test_placement_sees_the_lag_of_every_request_that_says_when_it_was_sent(harness: Harness) -> None:
+    from edgeinfer.messages import iso_utc
+
+    recorder = LagRecorder()
+    harness.server.set_placement(recorder)
+    img = b64(solid_jpeg((250, 5, 5)))
+    now = time.time()
+    harness.send({"id": "old", "image": img, "deadline_ms": 100, "sent_at": iso_utc(now - 5)})
+    harness.send({"id": "due", "image": img, "deadline_at": iso_utc(now - 1)})
+    harness.send({"id": "new", "image": img, "deadline_ms": 60_000, "sent_at": iso_utc(now - 0.5)})
+    harness.send({"id": "plain", "image": img})
+    results = {r.id: r for r in harness.wait_results(4)}
+    statuses = {rid: r.status for rid, r in results.items()}
+    assert statuses == {"old": "error", "due": "error", "new": "ok", "plain": "ok"}
+    (old_age, old_left), (due_age, due_left) = recorder.late  # the two answered on arrival
+    assert old_age is not None
+    assert old_age >= 5000
+    assert old_left <= -4900
+    assert due_age is None  # it did not say when it was sent
+    assert due_left <= -1000
+    new_age, plain_age = recorder.ages  # the two decided on
+    assert new_age is not None
+    assert new_age >= 500
+    assert plain_age is None
+
+
+def test_admission_refuses_what_the_batches_ahead_cannot_leave_time_for(
+    make_engine: Callable[..., Engine],
+) -> None:
+    cfg = RuntimeConfig(max_batch_size=4, max_queue_size=16, decode_threads=1, run_inline_when_idle=False)
+    cfg.lanes = 1
+    gate = Gate(make_engine(cfg))
+    with serving(gate, cfg) as (bus, server):
+        img = b64(solid_jpeg((250, 1, 1)))
+        bus.publish(INFER, json.dumps({"id": "run", "image": img}).encode())
+        assert gate.entered.wait(30)  # "run" holds the engine; eight more queue behind it
+        for i in range(8):
+            bus.publish(INFER, json.dumps({"id": f"q{i}", "image": img}).encode())
+        eventually(lambda: server.batcher.incoming == 0)
+        server._engine_ms = 50.0  # as if batches took 50 ms: two full ones ahead take 100 ms
+        bus.publish(INFER, json.dumps({"id": "tight", "image": img, "deadline_ms": 80}).encode())
+        bus.publish(INFER, json.dumps({"id": "roomy", "image": img, "deadline_ms": 30_000}).encode())
+        server.cfg.admit_by_deadline = False  # off: admitted, to expire in the queue
+        bus.publish(INFER, json.dumps({"id": "off", "image": img, "deadline_ms": 80}).encode())
+        (tight,) = [r for r in _answers(bus) if r.id == "tight"]  # answered at once
+        assert tight.error is not None
+        assert tight.error.code is ErrorCode.DEADLINE_EXCEEDED
+        assert "the batches ahead take at least 100 ms" in tight.error.message
+        assert server.batcher.outstanding == 8 + 2
+        gate.release.set()
+        eventually(lambda: len(_answers(bus)) == 1 + 8 + 3)
+        codes = {r.id: r.error.code if r.error else "ok" for r in _answers(bus)}
+        assert codes["roomy"] == "ok"
+        assert len(_answers(bus)) == len(codes)  # each answered once

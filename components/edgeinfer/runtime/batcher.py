@@ -122,6 +122,22 @@ class DynamicBatcher(Generic[T]):
         busy = self._admitted > 0 or self._running > 0
         self.contention += ((1.0 if busy else 0.0) - self.contention) / CONTENTION_WINDOW
 
+    def wait_floor_s(self, batch_s: float, now: float | None = None) -> float:
+        """The least a request admitted now waits for its batch to start: the full batches ahead of
+        it, `lanes` side by side, `batch_s` each — of the queued requests those that will still be
+        in time when their batch starts (the rest leave as expired, never run), then those being
+        decoded. The batch running now and the request's own are not counted: a floor."""
+        batch_s = max(0.0, batch_s)
+        with self._cond:
+            now = self.clock() if now is None else now
+            per_round = max(1, self.lane_batch_size) * self.lanes
+            ahead = 0
+            for q in self._queue:
+                if q.deadline is None or q.deadline > now + (ahead // per_round) * batch_s:
+                    ahead += 1
+            ahead += max(0, self._incoming)
+            return (ahead // per_round) * batch_s
+
     def release(self) -> None:
         """An admitted request left before reaching the queue (bad image, deadline during decode)."""
         with self._cond:

@@ -183,6 +183,10 @@ class RuntimeConfig:
     max_batch_size: int = 8
     max_queue_delay_us: int = 2000
     max_queue_size: int = 64
+    # Admission answers DEADLINE_EXCEEDED at once to a request with less time left than the full
+    # batches admitted ahead of it take (at the engine's recent batch time): decoded, it would only
+    # expire in the queue, after taking a decode worker's time from those that can still make it.
+    admit_by_deadline: bool = True
     decode_threads: int = 2
     # Niceness of the decode workers (Linux, 0-19): with cores shared, a preempted ORT thread stalls
     # its partners at every layer; decode at a lower priority fills the gaps instead.

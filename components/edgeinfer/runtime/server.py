@@ -473,6 +473,8 @@ class InferenceServer:
             self._fail(
                 job, ErrorCode.DEADLINE_EXCEEDED, f"the deadline passed {waited_ms:.0f} ms before it arrived"
             )
+            # What placement never decides on is the plainest sign of a backlog in front of it.
+            self._placement_hook("on_late_arrival", self._age_ms(req), -waited_ms)
             return
         if job.head is not None and not isinstance(self.placement, EdgeOnly):
             # A policy weighs (and an offload carries) the image: decode it now. Edge-only, it is
@@ -530,6 +532,15 @@ class InferenceServer:
             return
         if fallback:
             job.deadline = None
+        if job.deadline is not None and self.cfg.admit_by_deadline and self._engine_ms > 0:
+            floor_s = self.batcher.wait_floor_s(self._engine_ms / 1000)
+            left_s = job.deadline - self.clock()
+            if floor_s > 0 and left_s <= floor_s:
+                # Its deadline counts from its sending: time spent upstream is spent here too.
+                ahead_ms = 1000 * floor_s
+                why = f"{1000 * left_s:.0f} ms left, and the batches ahead take at least {ahead_ms:.0f} ms"
+                self._fail(job, ErrorCode.DEADLINE_EXCEEDED, why)
+                return
         if not self.batcher.admit():
             self._fail(job, ErrorCode.OVERLOADED, f"the queue is full ({self.cfg.max_queue_size} requests)")
             return
@@ -957,8 +968,12 @@ class InferenceServer:
             mean_batch_size=self._mean_batch,
             deadline_left_ms=None if job.deadline is None else (job.deadline - self.clock()) * 1000,
             provider=self.engine.provider,
-            age_ms=None if job.request.sent_at is None else (self.wall() - job.request.sent_at) * 1000,
+            age_ms=self._age_ms(job.request),
         )
+
+    def _age_ms(self, req: Request) -> float | None:
+        """How long ago the request was sent, when it says (on the sender's clock: see docs)."""
+        return None if req.sent_at is None else (self.wall() - req.sent_at) * 1000
 
     def _reply_allowed(self, topic: str) -> bool:
         if topic == result_topic(self.thing):

@@ -373,3 +373,38 @@ def test_a_cloud_answer_to_a_re_encoded_offload_has_its_boxes_in_the_request_pix
     assert result.detections is not None
     box = result.detections[0].box
     assert (box.x_min, box.y_min, box.x_max, box.y_max) == pytest.approx((40, 80, 400, 800))
+
+
+def test_the_lag_upstream_reaches_the_policy_and_counts_in_a_cascades_budget() -> None:
+    from edgeinfer.messages import Latency, Prediction, Request
+    from edgeinfer.runtime.placement import PlacementContext
+    from tests.helpers.clock import FakeClock
+
+    clock, wall = FakeClock(), FakeClock(1_800_000_000.0)
+    config = OffloadConfig(cascade_threshold=0.5)
+    hybrid = HybridPlacement(
+        MemoryBus(), THING, OffloadPolicy(config, local_models=["tiny"], clock=clock), clock=clock, wall=wall
+    )
+
+    def ctx(age: float | None, left: float) -> PlacementContext:
+        return PlacementContext(THING, "iot", 0, 0, 64, 8, 0.0, 0.0, left, "cpu", age_ms=age)
+
+    for i in range(3):  # the time a request spent on the way is the policy's lag
+        clock.advance(0.01)
+        hybrid.decide(Request(f"d{i}", image=b"jpg", deadline_ms=100), ctx(age=70, left=30))
+    assert hybrid.policy.behind() is not None
+    other = HybridPlacement(MemoryBus(), THING, OffloadPolicy(config, clock=clock), clock=clock)
+    for _ in range(3):  # answered DEADLINE_EXCEEDED on arrival: never asked to `decide`
+        other.on_late_arrival(None, -5.0)
+    assert other.policy.behind() == "an arrival past its deadline"
+
+    unsure = Result("c", "ok", "", [Prediction(1, "x", 0.2)], latency_ms=Latency(queue=1, inference=4))
+    replies: list[Result] = []
+    fresh = Request("c", image=b"jpg", deadline_ms=100)
+    assert hybrid.cascade(fresh, unsure, replies.append)  # 95 ms left: time for the cloud's ~60
+    stale = Request("s", image=b"jpg", deadline_ms=100, sent_at=wall() - 0.090)
+    assert not hybrid.cascade(stale, unsure, replies.append)  # 90 of its 100 ms spent upstream
+    due = Request("t", image=b"jpg", deadline_at=wall() + 0.010)
+    assert not hybrid.cascade(due, unsure, replies.append)  # its absolute deadline bounds it too
+    hybrid.stop()
+    assert replies == [unsure]  # the cascade's held edge answer, once

@@ -17,6 +17,7 @@ from edgeinfer.runtime.placement import (
     OffloadPolicy,
     ServiceTimeModel,
 )
+from tests.helpers.clock import FakeClock
 
 
 class Clock:
@@ -727,3 +728,115 @@ def test_an_edge_whose_engine_shares_its_core_is_not_at_light_load_while_request
     assert share is not None
     assert share > 0.7
     assert p.decide(req("now", deadline_ms=100), ahead=16, payload_bytes=1000).where == "cloud"
+
+
+# ------------------------------------------------------------------------------ behind a backlog
+
+
+def _light_load(**cfg: object) -> tuple[OffloadPolicy[str], FakeClock]:
+    """A policy at light load (engine 20 % busy) with a measured cloud of 30 ms round trips."""
+    clock = FakeClock()
+    config = OffloadConfig(offload_min_utilization=0.7, **cfg)  # type: ignore[arg-type]
+    p: OffloadPolicy[str] = OffloadPolicy(config, max_batch_size=8, local_models=["lite0"], clock=clock)
+    for n in (1, 2, 4, 8):
+        p.batch_finished(n, 4 * n + 2)
+    p.observe_overhead(1.0)
+    for i in range(8):
+        r = req(f"teach-{i}", deadline_ms=None, offload="always")
+        assert p.decide(r, ahead=0, payload_bytes=1000).where == "cloud"
+        t = p.begin_offload(r, r.id, payload_bytes=1000)
+        clock.advance(0.030)
+        assert p.on_cloud_result(ok(t.wire_id, 5.0)) is not None
+    for _ in range(10):
+        p.batch_started(8)
+        clock.advance(0.020)
+        p.batch_finished(8, 34)
+        clock.advance(0.080)
+    return p, clock
+
+
+def _arrive(p: OffloadPolicy[str], clock: FakeClock, rid: str, lag_ms: float, ahead: int = 4) -> str:
+    """A request with `deadline_ms` 100 counted from its sending, arriving `lag_ms` after it."""
+    clock.advance(0.010)
+    d = p.decide_left(req(rid), ahead=ahead, payload_bytes=1000, deadline_left_ms=100 - lag_ms, lag_ms=lag_ms)
+    return d.where
+
+
+def test_requests_arriving_most_of_their_deadline_old_put_the_device_behind_and_the_cloud_takes_them() -> (
+    None
+):
+    p, clock = _light_load()
+    assert _arrive(p, clock, "fresh", lag_ms=2) == "edge"  # light load: the edge keeps it
+    assert p.behind() is None
+    # Sixty of its 100 ms spent on the way: one such arrival is a hiccup, three in a row a backlog.
+    assert [_arrive(p, clock, f"late{i}", lag_ms=60) for i in range(3)] == ["edge", "edge", "cloud"]
+    why = p.behind()
+    assert why is not None
+    assert "60 % of its deadline" in why
+    # Behind, the cloud takes what it meets though the edge would meet it too (its own queue does not
+    # show the backlog), but not what it cannot make: 15 ms left stays here.
+    assert _arrive(p, clock, "empty", lag_ms=55, ahead=0) == "cloud"
+    assert _arrive(p, clock, "tight", lag_ms=85, ahead=0) == "edge"
+    assert p.counters["behind"] == 2
+    # Fresh arrivals again: behind lapses `backlogHoldS` after the last late one.
+    clock.advance(p.config.backlog_hold_s)
+    assert _arrive(p, clock, "again", lag_ms=2) == "edge"
+    assert p.behind() is None
+
+
+def test_a_growing_lag_is_a_backlog_and_a_constant_one_is_a_clock_offset() -> None:
+    p, clock = _light_load(backlog_growth_ms=20.0, backlog_lag_share=0.9)  # (the share rule aside)
+    # The sender's clock 20 ms behind this one's: every request looks 20 ms late, none later.
+    for i in range(40):
+        assert _arrive(p, clock, f"skewed{i}", lag_ms=20 + (i % 3)) == "edge"
+    assert p.behind() is None
+    # Then a queue builds upstream: each arrival 6 ms later than the one before.
+    wheres = [_arrive(p, clock, f"growing{i}", lag_ms=20 + 6 * i) for i in range(1, 8)]
+    assert wheres == ["edge"] * 5 + ["cloud"] * 2  # up 24, 30, 36 ms: the third sign in a row
+    why = p.behind()
+    assert why is not None
+    assert why.startswith("arrival lag 62 ms, up 42 ms")
+
+
+def test_arrivals_past_their_deadline_count_though_no_decision_sees_them() -> None:
+    p, clock = _light_load()
+    for _ in range(3):  # answered DEADLINE_EXCEEDED on arrival, one with no `sent_at`
+        clock.advance(0.001)
+        p.observe_lag(None, -30.0)
+    assert p.behind() == "an arrival past its deadline"
+    assert _arrive(p, clock, "next", lag_ms=10, ahead=0) == "cloud"
+    # Requests that say nothing of their way here change nothing; one with a deadline left does not
+    # count either (nothing is known of its lag).
+    p.observe_lag(None, None)
+    p.observe_lag(None, 50.0)
+    assert p.behind() is not None
+
+
+def test_behind_needs_room_in_the_cloud_and_is_off_when_configured_so() -> None:
+    p, clock = _light_load(backlog_lag_share=0.0, backlog_growth_ms=0.0)
+    for i in range(5):
+        assert _arrive(p, clock, f"late{i}", lag_ms=60) == "edge"  # off: the light-load rule holds
+    assert p.behind() is None
+    q, clock = _light_load()
+    for i in range(3):
+        _arrive(q, clock, f"late{i}", lag_ms=60)
+    assert q.behind() is not None
+    assert _arrive(q, clock, "room", lag_ms=60, ahead=0) == "cloud"
+    while q.inflight < q.cloud_limit:  # as many offloads in flight as the adaptive limit allows
+        q.begin_offload(req(f"held{q.inflight}"), "held", payload_bytes=1000)
+    assert _arrive(q, clock, "full", lag_ms=60, ahead=0) == "edge"  # no room: served here after all
+
+
+def test_decide_counts_the_lag_against_the_budget() -> None:
+    p, _ = _light_load()
+    d = p.decide(req("old", deadline_ms=100), ahead=0, payload_bytes=1000, lag_ms=90)
+    assert d.budget_ms == pytest.approx(100 - 90 - p.config.deadline_margin_ms)
+
+
+def test_backlog_keys_from_the_recipe_are_checked() -> None:
+    cfg = OffloadConfig.from_recipe({"backlogLagShare": 0.6, "backlogArrivals": 2, "backlogHoldS": 1.5})
+    assert (cfg.backlog_lag_share, cfg.backlog_arrivals, cfg.backlog_hold_s) == (0.6, 2, 1.5)
+    assert OffloadConfig(backlog_lag_share=1.5, backlog_arrivals=0).check() == [
+        ("backlogLagShare", "must be from 0 to 1"),
+        ("backlogArrivals", "must be at least 1"),
+    ]

@@ -163,6 +163,7 @@ class HybridPlacement:
             ahead=int(ctx.outstanding),
             payload_bytes=self._payload_estimate(request.image),
             deadline_left_ms=ctx.deadline_left_ms,
+            lag_ms=ctx.age_ms,
         )
         if decision.where == "edge":
             with self._ahead_lock:
@@ -195,11 +196,12 @@ class HybridPlacement:
         if request.image is None or result.status != "ok" or not result.predictions:
             return False
         top1 = max(p.score for p in result.predictions)
-        if not self.policy.wants_cascade(request, top1, payload_bytes=len(request.image)):
+        left = self._left_after(request, result)
+        asked = request if left is None else dataclasses.replace(request, deadline_ms=max(0.0, left))
+        if not self.policy.wants_cascade(asked, top1, payload_bytes=len(request.image)):
             return False
         now = self.clock()
-        spent_ms = result.latency_ms.queue + result.latency_ms.decode + result.latency_ms.inference
-        left = None if request.deadline_ms is None else request.deadline_ms - spent_ms
+        left = self._left_after(request, result)
         shadow = request if left is None else dataclasses.replace(request, deadline_ms=max(0.0, left))
         ticket = self.policy.begin_offload(
             shadow,
@@ -218,6 +220,22 @@ class HybridPlacement:
         )
         self._dispatch(ticket, wire, left, "cascade")
         return True
+
+    def _left_after(self, request: Request, result: Result) -> float | None:
+        """What is left of `request`'s deadline after the edge's answer `result` (None: no deadline):
+        counted from its sending when it says when (the time upstream is spent too), else from its
+        arrival here; `deadline_at` bounds it either way."""
+        ends: list[float] = []
+        wall_ms = self.wall() * 1000.0
+        if request.deadline_ms is not None:
+            if request.sent_at is not None:
+                ends.append(request.sent_at * 1000.0 + request.deadline_ms - wall_ms)
+            else:
+                lat = result.latency_ms
+                ends.append(request.deadline_ms - (lat.queue + lat.decode + lat.inference))
+        if request.deadline_at is not None:
+            ends.append(request.deadline_at * 1000.0 - wall_ms)
+        return min(ends, default=None)
 
     def _payload_estimate(self, image: bytes | None) -> int:
         """The bytes an offload of `image` will carry (what the cloud latency model is fitted on)."""
@@ -293,6 +311,10 @@ class HybridPlacement:
         self._publish_failed(ticket, what, exc)
 
     # ------------------------------------------------------------------------------ engine hooks
+
+    def on_late_arrival(self, age_ms: float | None, left_ms: float) -> None:
+        """A request answered DEADLINE_EXCEEDED on arrival: a sign of a backlog upstream."""
+        self.policy.observe_lag(age_ms, left_ms)
 
     def on_batch_start(self, batch_size: int) -> None:
         self.policy.batch_started(batch_size)

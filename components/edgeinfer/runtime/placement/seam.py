@@ -12,8 +12,11 @@ work is spent on it, and acts on the `Decision`:
 - `reject`: answered at once with `decision.code` (e.g. OVERLOADED) and `decision.reason`.
 
 A policy may also define `on_batch_start(batch_size)` and `on_batch_end(batch_size, compute_ms)`,
-which the engine thread calls around every batch, and `on_result(request_id, result)`, called with
-every result the server publishes (they must be quick and must not raise). With an offloader set,
+which the engine thread calls around every batch, `on_result(request_id, result)`, called with
+every result the server publishes, and `on_late_arrival(age_ms, left_ms)`, called for a request
+answered DEADLINE_EXCEEDED on arrival, before any decision (`age_ms`: since its sending, None when it
+did not say; `left_ms`: 0 or less) — what `decide` never sees of a backlog upstream. They must be
+quick and must not raise. With an offloader set,
 `cascade(request, edge_result, reply) -> bool` is asked about every edge answer: True means the policy
 holds that answer, asks the cloud, and calls `reply` exactly once (with the cloud's or the held one).
 
@@ -75,7 +78,7 @@ class PlacementContext:
     mean_batch_size: float  # of recent batches
     deadline_left_ms: float | None  # None: no deadline; counted from when it was sent, when known
     provider: str
-    age_ms: float | None = None  # since the client sent it (its `sent_at`), when it says
+    age_ms: float | None = None  # since the client sent it (its `sent_at`), when it says: the lag upstream
     # Given to `Offloader.offload` only: serve the request on the edge after all (a late or failed
     # offload); its result then goes out through the normal edge path, still exactly once.
     local: Callable[[], None] | None = None
