@@ -6,7 +6,8 @@
 nucleus up), publishes N QoS 1 messages of BYTES each from an MQTT 5 client as fast as the broker
 takes them, and reports as JSON: messages the sink received, distinct, duplicates, messages/s
 through the nucleus (first to last receipt), the nucleus's CPU seconds per 1,000 messages, and its
-peak resident memory (VmHWM). `--delay-ms` makes the sink slow (that long per message).
+peak resident memory (sampled every 50 ms during the flood). `--delay-ms` makes the sink slow
+(that long per message).
 
 Timings on a shared machine are noisy: compare runs made side by side.
 """
@@ -95,12 +96,25 @@ def _read(path: Path) -> dict[str, Any]:
         return {}
 
 
-def _peak_rss_mb(pid: int) -> float:
-    text = procfs.read(Path(f"/proc/{pid}/status")) or ""
-    for line in text.splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+class _PeakRss:
+    """The most resident memory a process had, sampled every 50 ms (`procfs`) until `stop()`."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.05):
+            rss = procfs.parse_status_rss(procfs.read(procfs.PROC / str(self.pid) / "status") or "")
+            self.peak = max(self.peak, rss or 0)
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return self.peak / 2**20
 
 
 def flood(messages: int, size: int, delay_ms: float, timeout_s: float) -> dict[str, Any]:
@@ -124,6 +138,7 @@ def flood(messages: int, size: int, delay_ms: float, timeout_s: float) -> dict[s
             if not out.exists():
                 raise SystemExit("the sink did not subscribe within 60 s")
             cpu0 = procfs.process_cpu_s(pid)
+            rss = _PeakRss(pid)
             sender = MqttPubSub.connect_tcp(broker.host, broker.port, client_id="flood-sender")
             body = os.urandom(size - 8)
             window = threading.BoundedSemaphore(256)
@@ -139,6 +154,7 @@ def flood(messages: int, size: int, delay_ms: float, timeout_s: float) -> dict[s
             time.sleep(1.0)  # room for a late duplicate
             got = _read(out)
             cpu_s = procfs.process_cpu_s(pid) - cpu0
+            peak_mb = rss.stop()
             sender.close()
             span = (got.get("last") or 0) - (got.get("first") or 0)
             return {
@@ -151,7 +167,7 @@ def flood(messages: int, size: int, delay_ms: float, timeout_s: float) -> dict[s
                 "duplicates": got.get("dups", 0),
                 "through_nucleus_per_s": round(got.get("count", 0) / span, 1) if span > 0 else None,
                 "nucleus_cpu_s_per_1000": round(cpu_s / max(1, got.get("count", 0)) * 1000, 2),
-                "nucleus_peak_rss_mb": round(_peak_rss_mb(pid), 1),
+                "nucleus_peak_rss_mb": round(peak_mb, 1),
                 "load_avg_1m": os.getloadavg()[0],
             }
         finally:

@@ -86,13 +86,6 @@ class Stream:
         """Send a stream event (loop thread only)."""
         self.send_raw(shape._model_name(), json.dumps(shape._to_payload()).encode())
 
-    async def send_event_drained(self, shape: Any) -> None:
-        """`send_event` once the client has read what was written before (the connection's write
-        buffer below its high-water mark): a client slower than the sender holds the sender up
-        instead of growing the buffer without bound."""
-        await self.conn.writable()
-        self.send_event(shape)
-
     def send_raw(self, model_name: str, payload: bytes) -> None:
         if self.closed:
             return
