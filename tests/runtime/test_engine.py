@@ -25,10 +25,16 @@ GPU = PlatformInfo("1.20.0", "10.4.0", "NVIDIA H100", (TRT, CUDA, CPU))
 NO_ENGINE = "no-engine"  # in `loads`: TensorRT is listed first, but its parser took no node
 
 
+# What ORT's TensorRT provider names an engine in its cache folder: its fused node's name (graph,
+# model hash, subgraph), the precision and the GPU's compute capability.
+ENGINE = "TensorrtExecutionProvider_TRTKernel_graph_main_1234567890_0_0_fp16_sm90.engine"
+
+
 class FakeSession:
     """Stands in for an ORT session on a GPU machine: `loads` says which providers really load; a
-    TensorRT session writes an engine into its cache folder on its first run, as ORT's provider does,
-    unless `loads` holds NO_ENGINE (the fallback ORT does not report)."""
+    TensorRT session writes an engine (and its .profile) into its cache folder as ORT's provider
+    does — while the session is made when every dynamic input has profile shapes, else on its first
+    run — unless `loads` holds NO_ENGINE (the fallback ORT does not report)."""
 
     def __init__(
         self, path: str, providers: list[str], loads: set[str], options: list[dict[str, Any]] | None = None
@@ -38,6 +44,14 @@ class FakeSession:
         self.options = options or [{}]
         self.builds = NO_ENGINE not in loads
         self.first_runs: list[tuple[int, ...]] = []
+        if "trt_profile_min_shapes" in self.options[0]:
+            self._build()
+
+    def _build(self) -> None:
+        cache = self.options[0].get("trt_engine_cache_path")
+        if self.providers[0] == TRT and self.builds and cache and not (Path(cache) / ENGINE).exists():
+            (Path(cache) / ENGINE).write_bytes(b"engine")
+            (Path(cache) / ENGINE.replace(".engine", ".profile")).write_bytes(b"profile")
 
     def get_providers(self) -> list[str]:
         return self.providers
@@ -46,9 +60,7 @@ class FakeSession:
         import numpy as np
 
         self.first_runs.append(next(iter(feed.values())).shape)
-        cache = self.options[0].get("trt_engine_cache_path")
-        if self.providers[0] == TRT and self.builds and cache:
-            (Path(cache) / "TRTKernel_graph_main_0.engine").write_bytes(b"engine")
+        self._build()
         return [np.zeros((1, 10), np.float32)]
 
     def get_inputs(self) -> list[Any]:
@@ -386,8 +398,8 @@ def test_tensorrt_is_accepted_on_an_engine_built_now_or_reused_from_the_cache(
     assert [s.first_runs for s in sessions] == [[(1, size, size, 3)]] * 2  # one run each, to look
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"{TRT}: loaded")]
     assert said == [
-        f"{TRT}: loaded (engine built: TRTKernel_graph_main_0.engine)",
-        f"{TRT}: loaded (engine reused from the cache: TRTKernel_graph_main_0.engine)",
+        f"{TRT}: loaded (engine built: {ENGINE})",
+        f"{TRT}: loaded (engine reused from the cache: {ENGINE})",
     ]
 
 
@@ -430,3 +442,62 @@ def test_a_tensorrt_session_whose_first_run_fails_gives_way_to_the_next_provider
     assert engine.describe()["attempts"][0] == (
         f"{TRT}: its first run failed: TensorRT EP execution context enqueue failed"
     )
+
+
+def test_a_tensorrt_session_that_came_up_without_tensorrt_is_not_run_to_look(
+    tiny_store: Path, tmp_path: Path
+) -> None:
+    # libnvinfer missing: ORT registers CUDA and the CPU only. Nothing of that session will serve.
+    sessions: list[FakeSession] = []
+
+    def make(path: str, so: Any, providers: list[str], options: list[dict[str, Any]]) -> Any:
+        sessions.append(FakeSession(path, providers, {CUDA, CPU}, options))
+        return sessions[-1]
+
+    cfg = RuntimeConfig()
+    cfg.lanes = 1
+    engine = Engine.create(Manifest.load(tiny_store), cfg, str(tmp_path), platform=GPU, session_factory=make)
+    assert engine.provider == CUDA
+    assert [s.providers[0] for s in sessions] == [CUDA, CUDA]  # the TensorRT attempt's, then CUDA's
+    assert sessions[0].first_runs == []
+    assert engine.describe()["attempts"][0] == f"{TRT}: ONNX Runtime fell back to {CUDA}"
+
+
+def test_failures_without_a_message_are_one_line_too(
+    tiny_store: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    def make(path: str, so: Any, providers: list[str], options: list[dict[str, Any]]) -> Any:
+        if providers[0] == TRT:
+            raise RuntimeError("\n")
+        if so.intra_op_num_threads == 1:  # the CPU lanes' one-thread session
+            raise RuntimeError()
+        return FakeSession(path, providers, {CPU}, options)
+
+    cfg = RuntimeConfig(execution_providers=[TRT, CPU])
+    cfg.lanes = 2
+    cfg.cpu.intra_op_num_threads = 2
+    with caplog.at_level(logging.WARNING, "edgeinfer.runtime.engine"):
+        engine = Engine.create(
+            Manifest.load(tiny_store), cfg, str(tmp_path), platform=GPU, session_factory=make
+        )
+    assert (engine.provider, engine.lanes) == (CPU, 1)
+    assert engine.describe()["attempts"][0] == f"{TRT}: session creation failed: RuntimeError"
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["no CPU lanes (one-thread session failed: RuntimeError)"]
+
+
+def test_real_sessions_leave_falling_back_to_the_engine(tiny_store: Path) -> None:
+    import numpy as np
+
+    from edgeinfer.runtime.engine import _ort_session
+    from edgeinfer.runtime.providers import session_options
+
+    manifest = Manifest.load(tiny_store)
+    cfg = RuntimeConfig()
+    session = _ort_session(str(manifest.path(manifest.fp32)), session_options(cfg, CPU), [CPU], [{}])
+    # ORT's Python layer would remake a session whose run raises EPFail on its fallback providers
+    # (a TensorRT variant on CUDA, with CUDA's default options): off, the error reaches the engine.
+    assert session._enable_fallback is False
+    size = int(manifest.preprocessing.preferred_input[0])
+    out = session.run(None, {session.get_inputs()[0].name: np.zeros((1, size, size, 3), np.uint8)})
+    assert out[0].shape[0] == 1

@@ -15,6 +15,7 @@ from edgeinfer.runtime.providers import (
     TRT,
     PlatformInfo,
     engine_files,
+    first_line,
     loaded_provider,
     plan_for,
     preload_gpu_libraries,
@@ -180,9 +181,38 @@ def test_serving_provider_is_the_listing_and_for_tensorrt_an_engine() -> None:
 def test_engine_files_are_the_engines_only(tmp_path: Path) -> None:
     assert engine_files(None) == {}
     assert engine_files(str(tmp_path / "absent")) == {}
-    for name in ("TRTKernel_graph_1.engine", "TRTKernel_graph_1.profile", "timing.cache"):
+    # What ORT's TensorRT provider writes into trt_engine_cache_path / trt_timing_cache_path: per
+    # fused subgraph an engine and its profile shapes, per GPU architecture one timing cache; a
+    # weight-stripped engine (trt_weight_stripped_engine_enable) is an engine too.
+    stem = "TensorrtExecutionProvider_TRTKernel_graph_main_1234567890_0_0"
+    for name in (
+        f"{stem}_fp16_sm90.engine",
+        f"{stem}_fp16_sm90.profile",
+        f"{stem}_int8_sm87.stripped.engine",
+        "TensorrtExecutionProvider_cache_sm90.timing",
+    ):
         (tmp_path / name).write_bytes(b"x")
-    assert list(engine_files(str(tmp_path))) == ["TRTKernel_graph_1.engine"]
+    (tmp_path / "old.engine").mkdir()  # not a file
+    assert sorted(engine_files(str(tmp_path))) == [
+        f"{stem}_fp16_sm90.engine",
+        f"{stem}_int8_sm87.stripped.engine",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("exc", "line"),
+    [
+        (RuntimeError("[ONNXRuntimeError] : 11 : EP_FAIL : no profile\nPlease note that ..."), None),
+        (RuntimeError("\n  [ONNXRuntimeError] : 1 : FAIL : late first line"), None),
+        (RuntimeError(), "RuntimeError"),
+        (RuntimeError("\n"), "RuntimeError"),
+    ],
+)
+def test_first_line_is_one_line_whatever_the_message(exc: Exception, line: str | None) -> None:
+    said = first_line(exc)
+    assert "\n" not in said
+    assert said == (line or str(exc).strip().splitlines()[0])
+    assert len(first_line(RuntimeError("x" * 500), 300)) == 300
 
 
 class FakeOrt:

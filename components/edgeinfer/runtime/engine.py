@@ -7,6 +7,11 @@ no engine (after one run, the engine cache is still empty; its parser took no no
 graph), that attempt is discarded and the next provider is tried with *its* variant — so the variant
 that runs is always the one the manifest meant for the provider that really serves. What runs is
 logged once at start and reported in every result (`provider`, `model.variant`).
+
+ONNX Runtime's Python layer has a fallback of its own: a TensorRT session whose creation or run
+raises is quietly remade on CUDA (the TensorRT variant, default CUDA options), and any other on the
+CPU, with a banner on stdout. It is switched off for every session made here, so a failure is one
+line in `attempts` and the next provider is tried as configured.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from edgeinfer.runtime.providers import (
     PlatformInfo,
     ProviderPlan,
     engine_files,
+    first_line,
     plan_for,
     preload_gpu_libraries,
     provider_attempts,
@@ -52,9 +58,16 @@ class EngineError(Exception):
 
 
 def _ort_session(path: str, so: Any, providers: list[str], options: list[dict[str, Any]]) -> Any:
+    """An ORT session without ORT's own fallback (see the module docstring): `enable_fallback=0`
+    makes a failed creation raise (a release without the keyword ignores it, and `get_providers()`
+    then shows the remade session), `disable_fallback()` makes a failed run raise."""
     import onnxruntime as ort
 
-    return ort.InferenceSession(path, sess_options=so, providers=providers, provider_options=options)
+    session = ort.InferenceSession(
+        path, sess_options=so, providers=providers, provider_options=options, enable_fallback=0
+    )
+    session.disable_fallback()
+    return session
 
 
 @dataclass
@@ -138,12 +151,12 @@ class Engine:
             try:
                 session = factory(path, session_options(cfg, wanted), plan.providers, plan.provider_options)
             except Exception as exc:  # ORT raises its own Fail/RuntimeException types
-                attempts.append(Attempt(wanted, f"session creation failed: {exc}".splitlines()[0][:300]))
+                attempts.append(Attempt(wanted, f"session creation failed: {first_line(exc, 300)}"))
                 continue
             try:
                 engines = _engines_after_a_run(session, wanted, cfg, plan, before=before, size=size)
             except Exception as exc:
-                attempts.append(Attempt(wanted, f"its first run failed: {exc}".splitlines()[0][:300]))
+                attempts.append(Attempt(wanted, f"its first run failed: {first_line(exc, 300)}"))
                 del session
                 continue
             really, ok, why = serving_provider(wanted, session.get_providers(), engines)
@@ -162,7 +175,7 @@ class Engine:
                         path, session_options(cfg, wanted, threads=1), plan.providers, plan.provider_options
                     )
                 except Exception as exc:
-                    log.warning("no CPU lanes (one-thread session failed: %s)", str(exc).splitlines()[0])
+                    log.warning("no CPU lanes (one-thread session failed: %s)", first_line(exc, 300))
                     lanes = 1
             inputs = session.get_inputs()
             outputs = session.get_outputs()
@@ -346,10 +359,18 @@ class Engine:
 def _engines_after_a_run(
     session: Any, wanted: str, cfg: RuntimeConfig, plan: ProviderPlan, *, before: dict[str, float], size: int
 ) -> tuple[dict[str, float], dict[str, float]] | None:
-    """For a TensorRT session, the engine cache before it was made and after one run (ORT builds an
-    engine at the latest on the first run of a shape); None for other providers, or with the cache off."""
+    """For a TensorRT session, the engine cache before it was made and after one run; None for other
+    providers, or with the cache off.
+
+    With the profile shapes `plan_for` always passes (batch 1 to maxBatchSize), ORT builds the engine,
+    or loads it from the cache, while it makes the session; the run makes sure of it where ORT defers
+    the build to the first run of a shape, and a TensorRT that cannot run gives way to the next
+    provider here rather than in the warm-up. A session that does not list TensorRT first is not
+    run: nothing of it will serve."""
     if wanted != TRT or not cfg.tensorrt.trt_engine_cache_enable:
         return None
+    if session.get_providers()[:1] != [TRT]:
+        return before, engine_files(plan.cache_dir)
     name = session.get_inputs()[0].name
     session.run(None, {name: np.zeros((1, size, size, 3), dtype=np.uint8)})
     return before, engine_files(plan.cache_dir)

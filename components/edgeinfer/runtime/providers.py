@@ -286,8 +286,11 @@ _ORT_PRELOADED: dict[Any, str] = {}
 _TRT_PRELOADED: dict[Any, str] = {}
 
 
-def _first_line(exc: Exception) -> str:
-    return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """An exception as one line for a log or an attempt: its message's first line (ORT's run on over
+    several), else its type's name."""
+    lines = str(exc).strip().splitlines()
+    return lines[0][:limit] if lines else type(exc).__name__
 
 
 def _preload_dlls(ort_module: Any) -> str:
@@ -299,7 +302,7 @@ def _preload_dlls(ort_module: Any) -> str:
         with contextlib.redirect_stdout(said):
             preload()
     except Exception as exc:
-        return f"preload_dlls failed: {_first_line(exc)}"
+        return f"preload_dlls failed: {first_line(exc)}"
     lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in said.getvalue().splitlines()]
     lines = [line for line in lines if line]
     return "CUDA and cuDNN preloaded" if not lines else "preload_dlls: " + "; ".join(lines)[:300]
@@ -323,7 +326,7 @@ def _load_tensorrt_libs(import_module: Callable[[str], Any], load: Callable[[str
     except ModuleNotFoundError:
         return "TensorRT from the loader path (no tensorrt_libs wheel)"
     except Exception as exc:  # a wheel for another CUDA, a broken install: say so, ORT decides
-        return f"tensorrt_libs failed to load: {_first_line(exc)}"
+        return f"tensorrt_libs failed to load: {first_line(exc)}"
     return f"TensorRT from the tensorrt_libs wheel ({', '.join(loaded) or 'no libraries found'})"
 
 
