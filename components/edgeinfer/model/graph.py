@@ -86,15 +86,19 @@ class GraphBuilder:
         self.initializers: list[Any] = []
 
     def name(self, local: str) -> str:
+        """The full name of `local` (a tensor made earlier, passed on by name)."""
         return self.prefix + local
 
-    def const(self, name: str, value: np.ndarray) -> str:
-        self.initializers.append(_onnx().numpy_helper.from_array(value, self.prefix + name))
-        return self.prefix + name
+    def const(self, local: str, value: np.ndarray) -> str:
+        """An initializer holding `value`; returns its name."""
+        self.initializers.append(_onnx().numpy_helper.from_array(value, self.name(local)))
+        return self.name(local)
 
-    def node(self, op: str, inputs: list[str], out: str, *, output: str | None = None, **attrs: Any) -> str:
-        tensor = output if output is not None else self.prefix + out
-        self.nodes.append(_onnx().helper.make_node(op, inputs, [tensor], name=self.prefix + out, **attrs))
+    def node(self, op: str, inputs: list[str], local: str, *, output: str | None = None, **attrs: Any) -> str:
+        """One `op` node named `local` with one output: the tensor `local`, or `output` as given;
+        returns the output's name."""
+        tensor = output if output is not None else self.name(local)
+        self.nodes.append(_onnx().helper.make_node(op, inputs, [tensor], name=self.name(local), **attrs))
         return tensor
 
 
