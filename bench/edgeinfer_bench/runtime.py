@@ -185,12 +185,12 @@ class RawPipeline:
             return decode_letterboxed(data, e.input_size, detail=e.detail)
         return decode_image(data, e.input_size, detail=e.detail), None
 
-    def post(self, row: Any, geometry: Any) -> None:
-        """The runtime's post step: top-5, or a detector's detections (NMS and all)."""
+    def post(self, row: Any, geometry: Any) -> list[Any]:
+        """The runtime's post step: top-5, or a detector's detections (NMS and all) in the source
+        image's pixels."""
         if self.engine.detector:
-            self.engine.detect(row, geometry=geometry)
-        else:
-            self.engine.top_k(row, 5)
+            return list(self.engine.detect(row, geometry=geometry))
+        return list(self.engine.top_k(row, 5))
 
     def once(self, i: int) -> float:
         """One image, batch 1: milliseconds from encoded bytes to top-5 (or detections)."""

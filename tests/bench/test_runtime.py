@@ -172,16 +172,30 @@ def test_the_detector_store_is_chosen_and_checked(tiny_store: Path, tmp_path: Pa
 
 
 def test_the_raw_side_of_a_detector_letterboxes_and_finds_detections(tmp_path: Path) -> None:
+    import numpy as np
+
     from edgeinfer.runtime.config import RuntimeConfig
-    from tests.helpers.tiny_detector import build_tiny_detector_store
+    from tests.helpers.images import solid_jpeg
+    from tests.helpers.tiny_detector import TINY_SIZE, build_tiny_detector_store, expected_boxes
 
     store = build_tiny_detector_store(tmp_path / "det")
     cfg = RuntimeConfig(execution_providers=["CPUExecutionProvider"], max_batch_size=2)
-    raw = RawPipeline(store, bench_images(3), cfg, tmp_path / "work")
+    # The tiny detector finds its four boxes in a white image and nothing in a black one.
+    images = [solid_jpeg((255, 255, 255), size=(640, 480)), solid_jpeg((0, 0, 0), size=(640, 480))]
+    raw = RawPipeline(store, images, cfg, tmp_path / "work")
     assert raw.engine.detector
-    image, geometry = raw.decode(1)
+    image, geometry = raw.decode(0)
     assert image.shape == (raw.engine.input_size, raw.engine.input_size, 3)
     assert geometry is not None  # 640×480 into a square: letterboxed, boxes mapped back with it
+    white = raw.post(raw.engine.run(image[None])[0], geometry)
+    assert len(white) == 4
+    want = expected_boxes(640, 480)
+    net_pixel = 640 / TINY_SIZE  # one pixel of the network's input, in the source image
+    for d in white:  # in the 640×480 image's pixels, as the runtime answers them
+        box = np.array([d.box.x_min, d.box.y_min, d.box.x_max, d.box.y_max])
+        assert np.abs(want - box).max(axis=1).min() <= net_pixel
+    black, black_geometry = raw.decode(1)
+    assert raw.post(raw.engine.run(black[None])[0], black_geometry) == []
     assert raw.once(0) > 0
     rps, cpu_ms = raw.batched(2)
     assert rps > 0
@@ -195,5 +209,9 @@ def test_the_raw_side_of_a_classifier_crops_and_ranks(tiny_store: Path, tmp_path
     raw = RawPipeline(tiny_store, bench_images(2), cfg, tmp_path / "work")
     image, geometry = raw.decode(0)
     assert (image.shape, geometry) == ((raw.engine.input_size, raw.engine.input_size, 3), None)
+    top = raw.post(raw.engine.run(image[None])[0], geometry)
+    assert len(top) == 5
+    assert [p.score for p in top] == sorted((p.score for p in top), reverse=True)
+    assert len({p.index for p in top}) == 5
     assert raw.once(1) > 0
     assert raw.batched(1)[0] > 0
