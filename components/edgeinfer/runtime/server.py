@@ -22,7 +22,13 @@ not fit through IoT Core (`IOT_CORE_MAX_BYTES`) is answered TOO_LARGE instead.
 
 Deadlines count from when the request was sent, when it says (`sent_at`, `deadline_at`, or MQTT 5's
 message expiry, which the broker counts down while it holds the message): a request that waited
-upstream past its budget is answered DEADLINE_EXCEEDED on arrival, before any work is spent on it.
+upstream past its budget is answered DEADLINE_EXCEEDED on arrival, before any work is spent on it,
+and so is one, at admission, with less time left than the full batches ahead of it take
+(`admitByDeadline`). What is answered on arrival or refused at admission is answered on the cheap
+fields alone: a JSON request's image is cut out of the payload unparsed (`read_request`) and its
+base64 decoded only once the request is taken on. How late requests arrive (and those answered on
+arrival) reaches the placement policy: the sign of a backlog in front of the runtime that its own
+queue does not show.
 """
 
 from __future__ import annotations

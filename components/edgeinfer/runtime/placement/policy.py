@@ -680,6 +680,7 @@ class OffloadPolicy(Generic[T]):
                 "publishing": self.publishing,
                 "utilization": _round3(self.utilization()),
                 "cloud_limit": round(self.cloud_limit, 2),
+                "behind_now": self.behind(),  # why the device is behind a backlog upstream, if it is
                 "service_ms": {"a": coef[0], "b": coef[1]} if coef else None,
                 "cloud_ms_p90": self.predict_cloud_ms(0) if self.cloud.samples else None,
                 "cloud_service_ms_p50_p90": [
