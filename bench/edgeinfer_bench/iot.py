@@ -32,6 +32,7 @@ import math
 import multiprocessing
 import os
 import platform
+import resource
 import shutil
 import signal
 import subprocess
@@ -262,6 +263,9 @@ def _send_load(conn: Connection, client: Any, spec: LoadSpec) -> None:
             "puback_missing": len(sent) - len(acked),
             "last_puback": max(acked, default=end_wall),
             "most_behind_s": most_behind,
+            # the load generator's own cost: it shares the machine with what it measures
+            "cpu_s": time.process_time(),
+            "rss_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         }
     conn.send(("done", report))
 
@@ -702,11 +706,18 @@ def run_load(
         "puback_missing": report["puback_missing"],
         "last_puback_after_load_s": round(report["last_puback"] - load_end, 3),
         "sender_most_behind_s": round(report["most_behind_s"], 3),
+        "sender_cpu_s": round(report["cpu_s"], 2),
+        "sender_rss_peak_mb": round(report["rss_peak_mb"], 1),
         **summary,
         "fresh_request_ok_after_s": _round(prober.recovered_at - load_end)
         if prober.recovered_at is not None
         else None,
         # answered: by the time the load was settled (the last probes may still be on their way)
+        # the same from the broker's last PUBACK: what the sender's own client queue held is not
+        # the device's backlog (the target above counts it, this does not)
+        "fresh_request_ok_after_last_puback_s": _round(prober.recovered_at - report["last_puback"])
+        if prober.recovered_at is not None
+        else None,
         "probes": {k: probes[k] for k in ("sent", "answered", "duplicates", "ok_in_time", "codes")},
         "processes": sampler.between(start, settled),
         "loadavg_before": load_avg_before,
@@ -802,7 +813,7 @@ def print_table(report: dict[str, Any]) -> None:
             _seconds(r["fresh_request_ok_after_s"]),
             rss,
         )
-    Console(width=160).print(table)
+    Console(width=200).print(table)
     for name, ok in report["targets"].items():
         print(f"  {'PASS' if ok else 'FAIL'}  {name}")
 
