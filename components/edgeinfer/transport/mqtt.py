@@ -71,8 +71,8 @@ ConnectionHandler = Callable[[bool], None]
 """Called with True when the client (re)connects and False when it loses the connection."""
 
 _SUBACK_ERROR_MIN = 0x80
-INBOX_WAIT_LOG_S = 30.0  # a publish callback held this long by a full inbox says so, once
 _NOT_AUTHORIZED = 0x87
+INBOX_WAIT_LOG_S = 30.0  # a publish callback held this long by a full inbox says so, once
 _CLOSE_SENTINEL: Any = object()
 _ids = itertools.count(1)
 
@@ -167,12 +167,12 @@ class _Inbox:
             if self._full(size) and not self._closed:
                 self.waits += 1
                 self._producers_waiting += 1
-                waited = 0.0
+                since = time.monotonic()
                 logged = False
                 try:
                     while self._full(size) and not self._closed:
                         self._room.wait(1.0)
-                        waited += 1.0
+                        waited = time.monotonic() - since
                         if waited >= INBOX_WAIT_LOG_S and not logged:
                             logged = True
                             log.warning(
