@@ -95,8 +95,38 @@ def test_cache_key_changes_with_every_ingredient() -> None:
         ("gpu_name", "Orin"),
         ("profiles", profile_shapes("input", 4, 224)),
         ("fp16", False),
+        ("int8", False),
+        ("builder", {"trt_builder_optimization_level": 5}),
     ):
         assert trt_cache_key(**{**base, field: other}) != key, field
+
+
+def test_a_builder_setting_changed_in_the_configuration_builds_a_new_engine(tmp_path: Path) -> None:
+    # ORT names an engine file by its subgraph, precision and GPU architecture only: without the
+    # setting in the folder's key, the engine built under the old one would be loaded.
+    def cache_dir(cfg: RuntimeConfig) -> str | None:
+        return plan_for(
+            TRT,
+            cfg,
+            platform=GPU,
+            model_sha256="ab" * 32,
+            quantized=True,
+            input_name="input",
+            input_size=224,
+            work_dir=str(tmp_path),
+        ).cache_dir
+
+    cfg = RuntimeConfig()
+    first = cache_dir(cfg)
+    assert cache_dir(RuntimeConfig()) == first
+    cfg.tensorrt.trt_builder_optimization_level = 5
+    assert cache_dir(cfg) != first
+    cfg = RuntimeConfig()
+    cfg.tensorrt.trt_max_workspace_size = 1 << 30
+    assert cache_dir(cfg) != first
+    cfg = RuntimeConfig()
+    cfg.tensorrt.trt_cuda_graph_enable = not cfg.tensorrt.trt_cuda_graph_enable  # not the engine's
+    assert cache_dir(cfg) == first
 
 
 def test_cuda_and_cpu_plans() -> None:

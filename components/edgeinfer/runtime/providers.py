@@ -4,9 +4,11 @@ Pure functions over plain values so every decision is unit-tested without a GPU:
 
 - `provider_attempts` — the order to try (configuration order, filtered to what this ORT build has);
 - `plan_for` — the `providers=` list and per-provider options for one attempt;
-- `trt_cache_key` — the TensorRT engine/timing cache key: model hash, ORT and TensorRT versions, GPU
-  and profile shapes (an engine built for another of these is invalid, and TRT would rebuild it at
-  every start without a stable cache folder);
+- `trt_cache_key` — the TensorRT engine/timing cache key: model hash, ORT and TensorRT versions, GPU,
+  profile shapes, precisions and builder settings (an engine built for another of these is invalid
+  or not what the configuration asks for, and ORT names its engine files by none of the versions or
+  builder settings, so it would load it anyway; without a stable cache folder TRT would rebuild at
+  every start);
 - `serving_provider` — what really runs, the one rule the runtime and the installer's verify step
   share: ORT falls back silently when CUDA/TensorRT libraries fail to load, so the session's own
   `get_providers()` is the first truth (`loaded_provider`); for TensorRT `tensorrt_backed` asks more
@@ -157,7 +159,10 @@ def trt_cache_key(
     profiles: dict[str, str],
     fp16: bool,
     int8: bool,
+    builder: dict[str, Any] | None = None,
 ) -> str:
+    """`builder`: the build settings that change the engine but not ORT's file name for it
+    (optimisation level, workspace)."""
     doc = {
         "model": model_sha256,
         "ort": ort_version,
@@ -166,6 +171,7 @@ def trt_cache_key(
         "profiles": profiles,
         "fp16": fp16,
         "int8": int8,
+        "builder": builder or {},
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:20]
 
@@ -209,6 +215,10 @@ def plan_for(
             profiles=shapes,
             fp16=t.trt_fp16_enable,
             int8=int8,
+            builder={
+                "trt_builder_optimization_level": t.trt_builder_optimization_level,
+                "trt_max_workspace_size": t.trt_max_workspace_size,
+            },
         )
         cache_dir = os.path.join(work_dir, "trt-cache", key)
         trt_opts: dict[str, Any] = {
@@ -395,7 +405,7 @@ def tensorrt_backed(
     graph then runs on CUDA), and lists CUDA first when libnvinfer failed to load. So a session is
     TensorRT-backed only when TensorRT is listed first AND its engine cache (`trt_engine_cache_path`,
     looked at `before` the session was made and `after` it ran) holds an engine: one built now, or a
-    cached one reused (the cache folder is keyed by model, ORT, TensorRT, GPU and shapes).
+    cached one reused (the cache folder is keyed by model, ORT, TensorRT, GPU, shapes and build settings).
     """
     first = session_providers[0] if session_providers else "no provider"
     if first != TRT:
