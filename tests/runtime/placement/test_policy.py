@@ -755,11 +755,20 @@ def _light_load(**cfg: object) -> tuple[OffloadPolicy[str], FakeClock]:
     return p, clock
 
 
-def _arrive(p: OffloadPolicy[str], clock: FakeClock, rid: str, lag_ms: float, ahead: int = 4) -> str:
-    """A request with `deadline_ms` 100 counted from its sending, arriving `lag_ms` after it."""
+def _arrive(
+    p: OffloadPolicy[str],
+    clock: FakeClock,
+    rid: str,
+    lag_ms: float,
+    *,
+    ahead: int = 4,
+    deadline_ms: float = 100,
+) -> str:
+    """A request whose `deadline_ms` counts from its sending, arriving `lag_ms` after it."""
     clock.advance(0.010)
-    d = p.decide_left(req(rid), ahead=ahead, payload_bytes=1000, deadline_left_ms=100 - lag_ms, lag_ms=lag_ms)
-    return d.where
+    left = deadline_ms - lag_ms
+    r = req(rid, deadline_ms=deadline_ms)
+    return p.decide_left(r, ahead=ahead, payload_bytes=1000, deadline_left_ms=left, lag_ms=lag_ms).where
 
 
 def test_requests_arriving_most_of_their_deadline_old_put_the_device_behind_and_the_cloud_takes_them() -> (
@@ -773,6 +782,7 @@ def test_requests_arriving_most_of_their_deadline_old_put_the_device_behind_and_
     why = p.behind()
     assert why is not None
     assert "60 % of its deadline" in why
+    assert p.snapshot()["behind_now"] == why
     # Behind, the cloud takes what it meets though the edge would meet it too (its own queue does not
     # show the backlog), but not what it cannot make: 15 ms left stays here.
     assert _arrive(p, clock, "empty", lag_ms=55, ahead=0) == "cloud"
@@ -840,3 +850,25 @@ def test_backlog_keys_from_the_recipe_are_checked() -> None:
         ("backlogLagShare", "must be from 0 to 1"),
         ("backlogArrivals", "must be at least 1"),
     ]
+
+
+def test_a_sender_clock_behind_this_one_is_learnt_as_the_usual_lag() -> None:
+    """Every request 110 ms "late" of its 200 (the sender's clock 110 ms behind): until arrivals span
+    `backlogFloorS` nothing tells that from a backlog the device started into; after, it is the usual
+    lag, and only a lag above it (or growing) is a sign."""
+    p, clock = _light_load(backlog_floor_s=10.0)
+
+    def arrive(rid: str, lag_ms: float) -> str:
+        return _arrive(p, clock, rid, lag_ms, ahead=0, deadline_ms=200)
+
+    assert [arrive(f"early{i}", 110) for i in range(3)] == ["edge", "edge", "cloud"]
+    for i in range(21):  # ten seconds of them
+        clock.advance(0.5)
+        arrive(f"steady{i}", 110 + (i % 2))
+    clock.advance(p.config.backlog_hold_s)
+    assert arrive("usual", 110) == "edge"
+    assert p.behind() is None
+    assert [arrive(f"growing{i}", 135) for i in range(3)] == ["edge", "edge", "cloud"]
+    why = p.behind()
+    assert why is not None
+    assert why.startswith("arrival lag 135 ms, up 25 ms")

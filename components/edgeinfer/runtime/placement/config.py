@@ -54,15 +54,19 @@ class OffloadConfig:
     utilization_window_s: float = 2.0
     utilization_min_s: float = 0.25
     # Behind: requests that arrive late say the device is behind a backlog upstream (a broker's queue,
-    # a clogged bridge) that its own queue does not show. An arrival that spent `backlogLagShare` of
-    # its deadline on the way, or one whose lag (now − `sent_at`) is `backlogGrowthMs` over the least
-    # of the last `utilizationWindowS`, is a sign; `backlogArrivals` in a row put the device behind,
-    # for `backlogHoldS` after the last. Behind, the light-load rule is off and a deadline request goes
-    # to the cloud whenever the cloud meets what is left of its budget (0 = that sign is off).
+    # a clogged bridge) that its own queue does not show. A sign: an arrival that spent
+    # `backlogLagShare` of its deadline on the way (its lag, now − `sent_at`, above the least of the
+    # last `backlogFloorS` once arrivals span that long: a sender's clock behind this one's is no
+    # backlog, but a device that starts into one has not seen the usual lag yet), or arrived past its
+    # deadline, or whose lag is `backlogGrowthMs` over the least of the last `utilizationWindowS`.
+    # `backlogArrivals` signs in a row put the device behind, for `backlogHoldS` after the last.
+    # Behind, the light-load rule is off and a deadline request goes to the cloud whenever the cloud
+    # meets what is left of its budget (0 = that sign is off).
     backlog_lag_share: float = 0.5  # share of its deadline an arrival spent upstream: a sign of a backlog
     backlog_growth_ms: float = 20.0  # an arrival lag this much over the window's least: a sign too
     backlog_arrivals: int = 3  # signs in a row that put the device behind
     backlog_hold_s: float = 0.5  # behind until this long after the last sign
+    backlog_floor_s: float = 30.0  # the least lag of this long is the usual one (clock offset, link)
     local_quantile: float = 0.98  # how sure "the edge meets the budget" must be (feedback residuals)
     cloud_quantile: float = 0.9  # how sure "the cloud meets the budget" must be
     local_models: list[str] = field(default_factory=list)  # names served here ([] = the loaded one)

@@ -69,6 +69,16 @@ _REQUEST_FAULTS = {ErrorCode.BAD_REQUEST, ErrorCode.BAD_IMAGE, ErrorCode.TOO_LAR
 _COUNTER: dict[Where, str] = {"edge": "local", "cloud": "offloaded", "reject": "rejected"}
 
 
+def _sliding_min(window: deque[tuple[float, float]], now: float, value: float, span_s: float) -> float:
+    """Add `(now, value)` to a monotonic deque and return the least value of the last `span_s`."""
+    while window and window[0][0] < now - span_s:
+        window.popleft()
+    while window and window[-1][1] >= value:
+        window.pop()
+    window.append((now, value))
+    return window[0][1]
+
+
 def _round3(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
@@ -97,8 +107,11 @@ class OffloadPolicy(Generic[T]):
         self._busy: deque[tuple[float, float]] = deque(maxlen=4096)  # engine batches (start, end)
         self._arrivals: deque[tuple[float, bool]] = deque(maxlen=4096)  # (when, a full batch ahead)
         # (when, lag ms) of recent arrivals that said when they were sent, each smaller than every one
-        # after it: the front is the window's least lag (a sliding minimum)
+        # after it: the front is the least lag of the last `utilization_window_s` (a sliding minimum),
+        # and of the last `backlog_floor_s` (the lag of a request that met no queue: clock offset + link)
         self._lags: deque[tuple[float, float]] = deque()
+        self._floor_lags: deque[tuple[float, float]] = deque()
+        self._floor_since = 0.0  # since when `_floor_lags` has spanned arrivals without a gap
         self._late_run = 0  # arrivals in a row that were a sign of a backlog
         self._behind_until = -math.inf
         self._behind_why = ""
@@ -214,19 +227,25 @@ class OffloadPolicy(Generic[T]):
                 why = "an arrival past its deadline" if cfg.backlog_lag_share > 0 else ""
             else:
                 lag = max(0.0, lag_ms)  # a sender's clock a little ahead of this one's
-                lags = self._lags
-                while lags and lags[0][0] < now - cfg.utilization_window_s:
-                    lags.popleft()
-                while lags and lags[-1][1] >= lag:
-                    lags.pop()
-                lags.append((now, lag))
+                recent = _sliding_min(self._lags, now, lag, cfg.utilization_window_s)
+                # What every request spends on the way (a sender's clock behind this one's, a slow
+                # link) is no backlog: only the lag above the floor counts.
+                span = max(cfg.backlog_floor_s, 0.0)
+                if not self._floor_lags or self._floor_lags[-1][0] < now - span:
+                    self._floor_since = now  # a first arrival, or the first after a long gap
+                floor = _sliding_min(self._floor_lags, now, lag, span)
+                # Until it spans `backlog_floor_s` the floor is not known: a device that starts (or
+                # reconnects) into a backlog has seen no request that met none.
+                waited = lag - floor if now - self._floor_since >= span else lag
                 total = lag + max(0.0, left_ms) if left_ms is not None else 0.0
-                if cfg.backlog_lag_share > 0 and total > 0 and lag >= cfg.backlog_lag_share * total:
-                    why = f"arrived {lag:.0f} ms after it was sent, {100 * lag / total:.0f} % of its deadline"
-                elif cfg.backlog_growth_ms > 0 and lag - lags[0][1] >= cfg.backlog_growth_ms:
-                    # A growing lag is a growing queue; a constant one (a sender's clock behind this
-                    # one's, a slow link) cancels out against the window's least.
-                    grown = lag - lags[0][1]
+                if cfg.backlog_lag_share > 0 and total > 0 and waited >= cfg.backlog_lag_share * total:
+                    why = (
+                        f"arrived {lag:.0f} ms after it was sent, {waited:.0f} ms over the usual:"
+                        f" {100 * waited / total:.0f} % of its deadline"
+                    )
+                elif cfg.backlog_growth_ms > 0 and lag - recent >= cfg.backlog_growth_ms:
+                    # A growing lag is a growing queue; a constant one cancels out against the window's least.
+                    grown = lag - recent
                     why = f"arrival lag {lag:.0f} ms, up {grown:.0f} ms in {cfg.utilization_window_s:g} s"
             self._late_run = self._late_run + 1 if why else 0
             if why and self._late_run >= cfg.backlog_arrivals:
