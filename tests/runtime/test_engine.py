@@ -501,3 +501,49 @@ def test_real_sessions_leave_falling_back_to_the_engine(tiny_store: Path) -> Non
     size = int(manifest.preprocessing.preferred_input[0])
     out = session.run(None, {session.get_inputs()[0].name: np.zeros((1, size, size, 3), np.uint8)})
     assert out[0].shape[0] == 1
+
+
+def test_an_engine_tensorrt_cannot_read_is_built_anew(
+    tiny_store: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A first start lost power while ORT wrote the engine: what is left of it fails every start.
+    cfg = RuntimeConfig()
+    cfg.lanes = 1
+    made: list[list[str]] = []
+
+    def make(path: str, so: Any, providers: list[str], options: list[dict[str, Any]]) -> Any:
+        made.append(providers)
+        engine = Path(options[0].get("trt_engine_cache_path", "")) / ENGINE
+        if providers[0] == TRT and engine.exists() and engine.read_bytes() == b"cut sh":
+            raise RuntimeError(
+                "[ONNXRuntimeError] : 11 : EP_FAIL : TensorRT EP could not deserialize engine from cache: "
+                f"{engine}"
+            )
+        return FakeSession(path, providers, {TRT, CUDA, CPU}, options)
+
+    first = Engine.create(Manifest.load(tiny_store), cfg, str(tmp_path), platform=GPU, session_factory=make)
+    assert first.plan.cache_dir is not None
+    cache = Path(first.plan.cache_dir)
+    (cache / ENGINE).write_bytes(b"cut sh")
+    made.clear()
+    with caplog.at_level(logging.WARNING, "edgeinfer.runtime.engine"):
+        again = Engine.create(
+            Manifest.load(tiny_store), cfg, str(tmp_path), platform=GPU, session_factory=make
+        )
+    assert (again.provider, again.model_ref.variant) == (TRT, "int8-tensorrt")
+    assert made == [[TRT, CUDA, CPU]] * 2  # the session once more, after the removal
+    assert (cache / ENGINE).read_bytes() == b"engine"  # built anew
+    assert again.attempts[-1].outcome == "loaded"
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert said.startswith(f"{TRT}: removed the engine cache TensorRT cannot read ({ENGINE}, ")
+
+    # Any other failure at creation is not the cache's: nothing is removed, CUDA serves.
+    def broken(path: str, so: Any, providers: list[str], options: list[dict[str, Any]]) -> Any:
+        if providers[0] == TRT:
+            raise RuntimeError("[ONNXRuntimeError] : 11 : EP_FAIL : User needs to provide all the profiles")
+        return FakeSession(path, providers, {CUDA, CPU}, options)
+
+    cuda = Engine.create(Manifest.load(tiny_store), cfg, str(tmp_path), platform=GPU, session_factory=broken)
+    assert cuda.provider == CUDA
+    assert (cache / ENGINE).exists()
+    assert cuda.attempts[0].outcome.startswith("session creation failed: [ONNXRuntimeError] : 11 : EP_FAIL")

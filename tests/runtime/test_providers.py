@@ -21,6 +21,7 @@ from edgeinfer.runtime.providers import (
     preload_gpu_libraries,
     profile_shapes,
     provider_attempts,
+    remove_engines,
     serving_provider,
     session_options,
     tensorrt_backed,
@@ -226,6 +227,16 @@ def test_engine_files_are_the_engines_only(tmp_path: Path) -> None:
     assert sorted(engine_files(str(tmp_path))) == [
         f"{stem}_fp16_sm90.engine",
         f"{stem}_int8_sm87.stripped.engine",
+    ]
+    # An unreadable cache goes with its profiles; the timing cache stays.
+    assert remove_engines(str(tmp_path)) == [
+        f"{stem}_fp16_sm90.engine",
+        f"{stem}_fp16_sm90.profile",
+        f"{stem}_int8_sm87.stripped.engine",
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "TensorrtExecutionProvider_cache_sm90.timing",
+        "old.engine",
     ]
 
 

@@ -37,6 +37,7 @@ from edgeinfer.runtime.providers import (
     CUDA,
     SHORT_NAMES,
     TRT,
+    UNREADABLE_ENGINE,
     PlatformInfo,
     ProviderPlan,
     engine_files,
@@ -44,6 +45,7 @@ from edgeinfer.runtime.providers import (
     plan_for,
     preload_gpu_libraries,
     provider_attempts,
+    remove_engines,
     serving_provider,
     session_options,
 )
@@ -149,7 +151,7 @@ class Engine:
                 os.makedirs(plan.cache_dir, exist_ok=True)
             before = engine_files(plan.cache_dir)
             try:
-                session = factory(path, session_options(cfg, wanted), plan.providers, plan.provider_options)
+                session = _new_session(factory, path, cfg, plan)
             except Exception as exc:  # ORT raises its own Fail/RuntimeException types
                 attempts.append(Attempt(wanted, f"session creation failed: {first_line(exc, 300)}"))
                 continue
@@ -354,6 +356,32 @@ class Engine:
             "gpu_libraries": self.gpu_libraries,
             "fixed_batch": self.fixed_batch,
         }
+
+
+def _new_session(factory: SessionFactory, path: str, cfg: RuntimeConfig, plan: ProviderPlan) -> Any:
+    """The session of one attempt. An engine in the TensorRT cache that TensorRT cannot read (cut
+    short when the device lost power while ORT wrote it; built by another TensorRT whose version read
+    the same) fails every start alike: its files are removed and the session made once more, which
+    builds the engine anew."""
+
+    def make() -> Any:
+        return factory(path, session_options(cfg, plan.wanted), plan.providers, plan.provider_options)
+
+    try:
+        return make()
+    except Exception as exc:
+        if plan.wanted != TRT or not plan.cache_dir or UNREADABLE_ENGINE not in str(exc):
+            raise
+        removed = remove_engines(plan.cache_dir)
+        if not removed:
+            raise
+        log.warning(
+            "%s: removed the engine cache TensorRT cannot read (%s), building anew: %s",
+            TRT,
+            ", ".join(removed),
+            first_line(exc, 300),
+        )
+        return make()
 
 
 def _engines_after_a_run(

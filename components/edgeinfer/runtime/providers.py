@@ -382,6 +382,7 @@ def loaded_provider(session_providers: Sequence[str], wanted: str) -> tuple[str,
 
 
 ENGINE_SUFFIX = ".engine"
+PROFILE_SUFFIX = ".profile"  # the profile shapes ORT built an engine for, beside it
 
 
 def engine_files(cache_dir: str | None) -> dict[str, float]:
@@ -393,6 +394,20 @@ def engine_files(cache_dir: str | None) -> dict[str, float]:
         if entry.is_file() and entry.name.endswith(ENGINE_SUFFIX):
             found[entry.name] = entry.stat().st_mtime
     return found
+
+
+def remove_engines(cache_dir: str) -> list[str]:
+    """Remove the TensorRT engines of an engine cache folder and their profile files; their names."""
+    removed = []
+    for entry in os.scandir(cache_dir):
+        if entry.is_file() and entry.name.endswith((ENGINE_SUFFIX, PROFILE_SUFFIX)):
+            os.unlink(entry.path)
+            removed.append(entry.name)
+    return sorted(removed)
+
+
+# ORT's words when TensorRT cannot read an engine file of the cache.
+UNREADABLE_ENGINE = "could not deserialize engine"
 
 
 def tensorrt_backed(
