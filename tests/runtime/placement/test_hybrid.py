@@ -408,3 +408,51 @@ def test_the_lag_upstream_reaches_the_policy_and_counts_in_a_cascades_budget() -
     assert not hybrid.cascade(due, unsure, replies.append)  # its absolute deadline bounds it too
     hybrid.stop()
     assert replies == [unsure]  # the cascade's held edge answer, once
+
+
+def test_requests_arriving_late_over_the_bus_are_offloaded_though_the_edge_is_idle(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """The whole path: the server shows the policy each request's lag; three that spent 60 % of
+    their deadline on the way put the device behind, and the next goes to the cloud, which the
+    light-load rule and the idle edge would have kept here."""
+    from edgeinfer.messages import OffloadRequest, Prediction, iso_utc, offload_result_topic
+
+    cfg = RuntimeConfig(max_batch_size=2)
+    bus = MemoryBus()
+    server = InferenceServer(bus, make_engine(cfg), cfg, THING)
+    config = OffloadConfig(backlog_hold_s=60.0)
+    hybrid = HybridPlacement(bus, THING, OffloadPolicy(config, local_models=["tiny"])).start()
+    server.set_placement(hybrid, hybrid)
+
+    def cloud(message: Message) -> None:
+        req = OffloadRequest.parse(message.payload)
+        answer = Result(req.request.id, "ok", "", [Prediction(5, "cloudy", 0.9)], placement="cloud")
+        bus.publish(offload_result_topic(THING), answer.to_json(), target="iot")
+
+    bus.subscribe(f"edgeinfer/{THING}/offload", cloud, target="iot")
+    server.start()
+    try:
+        img = base64.b64encode(solid_jpeg((250, 1, 1))).decode()
+
+        def send(rid: str, lag_s: float) -> None:
+            doc = {"id": rid, "image": img, "deadline_ms": 10_000, "sent_at": iso_utc(time.time() - lag_s)}
+            bus.publish(infer_topic(THING), json.dumps(doc).encode())
+
+        send("fresh", 0.0)
+        for i in range(4):
+            send(f"late{i}", 6.0)  # 6 of its 10 s spent upstream
+        assert wait_for(lambda: len(bus.messages_on(result_topic(THING))) == 5)
+        results = [Result.parse(m.payload) for m in bus.messages_on(result_topic(THING))]
+        where = {r.id: r.placement for r in results}
+        assert where == {
+            "fresh": "edge",
+            "late0": "edge",
+            "late1": "edge",
+            "late2": "cloud",
+            "late3": "cloud",
+        }
+        assert hybrid.policy.counters["behind"] == 2
+    finally:
+        server.stop()
+        hybrid.stop()
