@@ -547,3 +547,21 @@ def test_an_engine_tensorrt_cannot_read_is_built_anew(
     assert cuda.provider == CUDA
     assert (cache / ENGINE).exists()
     assert cuda.attempts[0].outcome.startswith("session creation failed: [ONNXRuntimeError] : 11 : EP_FAIL")
+
+
+def test_a_cpu_only_host_makes_one_session_and_runs_nothing_to_look(tiny_store: Path, tmp_path: Path) -> None:
+    sessions: list[FakeSession] = []
+
+    def make(path: str, so: Any, providers: list[str], options: list[dict[str, Any]]) -> Any:
+        sessions.append(FakeSession(path, providers, {CPU}, options))
+        return sessions[-1]
+
+    cfg = RuntimeConfig()  # the recipe's order: TensorRT, CUDA, CPU
+    assert cfg.execution_providers[0] == TRT
+    cfg.lanes = 1
+    engine = Engine.create(
+        Manifest.load(tiny_store), cfg, str(tmp_path), platform=PlatformInfo("1.20.0"), session_factory=make
+    )
+    assert engine.provider == CPU
+    assert [(s.providers, s.first_runs) for s in sessions] == [([CPU], [])]
+    assert not (tmp_path / "trt-cache").exists()
