@@ -103,6 +103,20 @@ def test_a_tiny_network_converts_and_decodes_both_heads() -> None:
     assert 0 <= out[0, 1, 1] <= 2
 
 
+def test_layers_keep_darknet_names_and_the_decode_tail_its_prefix() -> None:
+    model, _ = darknet.convert(TINY_CFG, _weights(TINY_FLOATS))
+    nodes = list(model.graph.node)
+    layers = [n for n in nodes if not n.name.startswith(darknet.DECODE_PREFIX)]
+    tail = nodes[len(layers) :]
+    # the layers first, then both heads' decoding and the concat of the two into `output`
+    assert [n.name for n in layers[:3]] == ["l0_convolutional", "l0_convolutional_act", "l1_maxpool"]
+    assert all(n.name.startswith(darknet.DECODE_PREFIX) for n in tail)
+    assert {n.name.split("/")[1] for n in tail} == {"0", "1", "concat"}
+    assert all(list(n.output) == [n.name] for n in nodes[:-1])
+    assert (nodes[-1].name, list(nodes[-1].output)) == (darknet.DECODE_PREFIX + "concat", ["output"])
+    assert list(nodes[-1].input) == [darknet.DECODE_PREFIX + "0/out", darknet.DECODE_PREFIX + "1/out"]
+
+
 def test_batch_norm_is_folded_the_darknet_way() -> None:
     # one conv, BN with mean 1, var 4, scale 2, bias 0.5, weight 1: Darknet's (x - 1) / (2 + 1e-6) * 2 + 0.5
     cfg = "\n".join(

@@ -37,6 +37,7 @@ import numpy as np
 
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.files import sha256_file
+from edgeinfer.model.graph import GraphBuilder
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ class _Weights:
 def convert(cfg_text: str, weights: bytes, opset: int = 17) -> tuple[Any, int]:
     """The ONNX model `[N, 3, S, S]` → `[N, A, 5 + C]` and the network input size S."""
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
 
     sections = parse_cfg(cfg_text)
     net = sections[0]
@@ -168,16 +169,12 @@ def convert(cfg_text: str, weights: bytes, opset: int = 17) -> tuple[Any, int]:
         raise DarknetError("only square Darknet inputs are supported")
     channels = net.number("channels", 3)
     blob = _Weights(weights)
-    nodes: list[Any] = []
-    inits: list[Any] = []
+    body = GraphBuilder("")  # the layers keep Darknet's own names, l<index>_<kind>
+    const, node = body.const, body.node
     outs: list[str] = []  # each layer's output tensor
     chans: list[int] = []  # ... its channels
     grids: list[int] = []  # ... its spatial size
     heads: list[tuple[str, int, int, np.ndarray, int]] = []  # tensor, grid, channels, anchors, classes
-
-    def const(name: str, value: np.ndarray) -> str:
-        inits.append(numpy_helper.from_array(value, name))
-        return name
 
     x, c, g = "input", channels, size
     for index, sec in enumerate(sections[1:]):
@@ -196,32 +193,21 @@ def convert(cfg_text: str, weights: bytes, opset: int = 17) -> tuple[Any, int]:
                 factor = scales / (np.sqrt(var) + 1e-6)  # Darknet's normalize_cpu, not ONNX's eps form
                 w = w * factor[:, None, None, None]
                 bias = bias - mean * factor
-            nodes.append(
-                helper.make_node(
-                    "Conv",
-                    [
-                        x,
-                        const(f"{name}.w", w.astype(np.float32)),
-                        const(f"{name}.b", bias.astype(np.float32)),
-                    ],
-                    [name],
-                    name=name,
-                    kernel_shape=[k, k],
-                    strides=[stride, stride],
-                    pads=[pad] * 4,
-                    group=groups,
-                )
+            x = node(
+                "Conv",
+                [x, const(f"{name}.w", w.astype(np.float32)), const(f"{name}.b", bias.astype(np.float32))],
+                name,
+                kernel_shape=[k, k],
+                strides=[stride, stride],
+                pads=[pad] * 4,
+                group=groups,
             )
-            x, c, g = name, filters, (g + 2 * pad - k) // stride + 1
+            c, g = filters, (g + 2 * pad - k) // stride + 1
             act = sec.options.get("activation", "logistic")
             if act == "leaky":
-                nodes.append(
-                    helper.make_node("LeakyRelu", [x], [name + "_act"], name=name + "_act", alpha=0.1)
-                )
-                x = name + "_act"
+                x = node("LeakyRelu", [x], name + "_act", alpha=0.1)
             elif act == "relu":
-                nodes.append(helper.make_node("Relu", [x], [name + "_act"], name=name + "_act"))
-                x = name + "_act"
+                x = node("Relu", [x], name + "_act")
             elif act != "linear":
                 raise DarknetError(f"activation {act!r} is not supported")
         elif sec.kind == "maxpool":
@@ -231,40 +217,32 @@ def convert(cfg_text: str, weights: bytes, opset: int = 17) -> tuple[Any, int]:
             before, after = pad // 2, pad - pad // 2
             out_g = (g + pad - k) // stride + 1
             # ONNX's floor-mode output is (g + pad - k) // stride + 1 too; trim a pad that adds nothing.
-            nodes.append(
-                helper.make_node(
-                    "MaxPool",
-                    [x],
-                    [name],
-                    name=name,
-                    kernel_shape=[k, k],
-                    strides=[stride, stride],
-                    pads=[before, before, after, after] if stride == 1 else [0, 0, 0, 0],
-                )
+            pooled = node(
+                "MaxPool",
+                [x],
+                name,
+                kernel_shape=[k, k],
+                strides=[stride, stride],
+                pads=[before, before, after, after] if stride == 1 else [0, 0, 0, 0],
             )
             if stride != 1 and (g - k) // stride + 1 != out_g:
                 raise DarknetError(f"[maxpool] size={k} stride={stride} on {g} pixels is not supported")
-            x, g = name, out_g
+            x, g = pooled, out_g
         elif sec.kind == "upsample":
             stride = sec.number("stride", 2)
             factors = const(f"{name}.scales", np.array([1, 1, stride, stride], np.float32))
-            nodes.append(helper.make_node("Resize", [x, "", factors], [name], name=name, mode="nearest"))
-            x, g = name, g * stride
+            x = node("Resize", [x, "", factors], name, mode="nearest")
+            g = g * stride
         elif sec.kind == "route":
             refs = [r if r >= 0 else index + r for r in sec.ints("layers")]
             if not refs or any(not 0 <= r < index for r in refs):
                 raise DarknetError(f"[route] layers={sec.options.get('layers')} refers outside the network")
-            if len(refs) == 1:
-                x = outs[refs[0]]
-            else:
-                nodes.append(helper.make_node("Concat", [outs[r] for r in refs], [name], name=name, axis=1))
-                x = name
+            x = outs[refs[0]] if len(refs) == 1 else node("Concat", [outs[r] for r in refs], name, axis=1)
             c, g = sum(chans[r] for r in refs), grids[refs[0]]
         elif sec.kind == "shortcut":
             ref = sec.number("from")
             ref = ref if ref >= 0 else index + ref
-            nodes.append(helper.make_node("Add", [x, outs[ref]], [name], name=name))
-            x = name
+            x = node("Add", [x, outs[ref]], name)
         elif sec.kind == "yolo":
             mask = sec.ints("mask")
             anchors = np.array(sec.ints("anchors"), np.float32).reshape(-1, 2)[mask]
@@ -283,15 +261,17 @@ def convert(cfg_text: str, weights: bytes, opset: int = 17) -> tuple[Any, int]:
         )
     if not heads:
         raise DarknetError("the cfg has no [yolo] layer")
-    decoded = [_decode_head(nodes, const, i, head, size) for i, head in enumerate(heads)]
+    decoded = [_decode_head(i, head, size) for i, head in enumerate(heads)]
+    tail = GraphBuilder(DECODE_PREFIX)
+    tail.node("Concat", [out for _, out in decoded], "concat", output="output", axis=1)
+    parts = [body, *(part for part, _ in decoded), tail]
     classes = heads[0][4]
-    nodes.append(helper.make_node("Concat", decoded, ["output"], name=DECODE_PREFIX + "concat", axis=1))
     graph = helper.make_graph(
-        nodes,
+        [n for part in parts for n in part.nodes],
         "darknet",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", channels, size, size])],
         [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", "A", 5 + classes])],
-        inits,
+        [i for part in parts for i in part.initializers],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
@@ -300,49 +280,44 @@ def convert(cfg_text: str, weights: bytes, opset: int = 17) -> tuple[Any, int]:
     return model, size
 
 
-def _decode_head(nodes: list[Any], const: Any, i: int, head: tuple[Any, ...], size: int) -> str:
-    """One [yolo] head `[N, B·(5+C), G, G]` → `[N, G·G·B, 5 + C]` (grid cell major, anchor minor)."""
-    from onnx import helper
-
+def _decode_head(i: int, head: tuple[Any, ...], size: int) -> tuple[GraphBuilder, str]:
+    """One [yolo] head `[N, B·(5+C), G, G]` → `[N, G·G·B, 5 + C]` (grid cell major, anchor minor);
+    returns its nodes and its output's name."""
     tensor, g, _c, anchors, classes = head
     b, k = len(anchors), 5 + classes
-    p = f"{DECODE_PREFIX}{i}/"
+    h = GraphBuilder(f"{DECODE_PREFIX}{i}/")
+    const, node = h.const, h.node
 
-    def node(op: str, inputs: list[str], out: str, **attrs: Any) -> str:
-        nodes.append(helper.make_node(op, inputs, [p + out], name=p + out, **attrs))
-        return p + out
-
-    r = node("Reshape", [tensor, const(p + "shape5", np.array([0, b, k, g, g], np.int64))], "r5")
+    r = node("Reshape", [tensor, const("shape5", np.array([0, b, k, g, g], np.int64))], "r5")
     t = node("Transpose", [r], "t", perm=[0, 3, 4, 1, 2])  # [N, G, G, B, K]
-    flat = node("Reshape", [t, const(p + "shape3", np.array([0, g * g * b, k], np.int64))], "flat")
+    flat = node("Reshape", [t, const("shape3", np.array([0, g * g * b, k], np.int64))], "flat")
     xy = node(
         "Slice",
         [
             flat,
-            const(p + "s0", np.array([0], np.int64)),
-            const(p + "e2", np.array([2], np.int64)),
-            const(p + "ax", np.array([2], np.int64)),
+            const("s0", np.array([0], np.int64)),
+            const("e2", np.array([2], np.int64)),
+            const("ax", np.array([2], np.int64)),
         ],
         "xy",
     )
+    axis = h.name("ax")
     wh = node(
         "Slice",
-        [flat, const(p + "s2", np.array([2], np.int64)), const(p + "e4", np.array([4], np.int64)), p + "ax"],
+        [flat, const("s2", np.array([2], np.int64)), const("e4", np.array([4], np.int64)), axis],
         "wh",
     )
-    rest = node("Slice", [flat, p + "e4", const(p + "end", np.array([k], np.int64)), p + "ax"], "rest")
+    rest = node("Slice", [flat, h.name("e4"), const("end", np.array([k], np.int64)), axis], "rest")
     stride = size / g
     gy, gx = np.meshgrid(np.arange(g, dtype=np.float32), np.arange(g, dtype=np.float32), indexing="ij")
     grid = np.stack([gx, gy], axis=-1)[:, :, None, :].repeat(b, axis=2).reshape(1, g * g * b, 2)
     anchor = np.tile(anchors[None, :, :], (g * g, 1, 1)).reshape(1, g * g * b, 2)
     xy_s = node("Sigmoid", [xy], "xy_sig")
-    xy_g = node("Add", [xy_s, const(p + "grid", grid.astype(np.float32))], "xy_grid")
-    xy_px = node("Mul", [xy_g, const(p + "stride", np.array(stride, np.float32))], "xy_px")
-    wh_px = node(
-        "Mul", [node("Exp", [wh], "wh_exp"), const(p + "anchors", anchor.astype(np.float32))], "wh_px"
-    )
+    xy_g = node("Add", [xy_s, const("grid", grid.astype(np.float32))], "xy_grid")
+    xy_px = node("Mul", [xy_g, const("stride", np.array(stride, np.float32))], "xy_px")
+    wh_px = node("Mul", [node("Exp", [wh], "wh_exp"), const("anchors", anchor.astype(np.float32))], "wh_px")
     probs = node("Sigmoid", [rest], "probs")
-    return node("Concat", [xy_px, wh_px, probs], "out", axis=2)
+    return h, node("Concat", [xy_px, wh_px, probs], "out", axis=2)
 
 
 def load(folder: Path, opset: int = 17) -> tuple[Any, int, list[str]]:
