@@ -7,7 +7,8 @@ nucleus up), publishes N QoS 1 messages of BYTES each from an MQTT 5 client as f
 takes them, and reports as JSON: messages the sink received, distinct, duplicates, messages/s
 through the nucleus (first to last receipt), the nucleus's CPU seconds per 1,000 messages, and its
 peak resident memory (sampled every 50 ms during the flood). `--delay-ms` makes the sink slow
-(that long per message).
+(that long per message); with `--echo` it answers each message with a 200-byte QoS 1
+PublishToIoTCore, as the runtime answers a request, and the answers are counted too.
 
 Timings on a shared machine are noisy: compare runs made side by side.
 """
@@ -30,10 +31,12 @@ import yaml
 
 from edgeinfer import procfs
 from edgeinfer.sim import MosquittoBroker
+from edgeinfer.transport.base import Message
 from edgeinfer.transport.mqtt import MqttPubSub
 
 THING = "flood"
 TOPIC = f"edgeinfer/{THING}/infer"
+RESULT = f"edgeinfer/{THING}/result"
 SINK = "com.example.FloodSink"
 
 SINK_SCRIPT = textwrap.dedent(
@@ -43,6 +46,7 @@ SINK_SCRIPT = textwrap.dedent(
     from awsiot.greengrasscoreipc.model import QOS
 
     out, topic, delay = sys.argv[1], sys.argv[2], float(sys.argv[3]) / 1000
+    echo = sys.argv[4] if len(sys.argv) > 4 else ""
     seen = set()
     state = {"count": 0, "dups": 0, "first": None, "last": None}
     lock = threading.Lock()
@@ -59,6 +63,10 @@ SINK_SCRIPT = textwrap.dedent(
             state["last"] = now
         if delay:
             time.sleep(delay)
+        if echo:  # a small answer per message, as the runtime sends its results
+            client.publish_to_iot_core_async(
+                topic_name=echo, qos=QOS.AT_LEAST_ONCE, payload=event.message.payload[:8] + b"r" * 192
+            )
 
     client = GreengrassCoreIPCClientV2(executor=None)  # on the IPC client's thread: backpressure
     client.subscribe_to_iot_core(topic_name=topic, qos=QOS.AT_LEAST_ONCE, on_stream_event=on_event)
@@ -73,7 +81,7 @@ SINK_SCRIPT = textwrap.dedent(
 )
 
 
-def _recipe(python: str, script: Path, out: Path, delay_ms: float) -> dict[str, Any]:
+def _recipe(python: str, script: Path, out: Path, delay_ms: float, echo: bool) -> dict[str, Any]:
     access = {"aws.greengrass.ipc.mqttproxy": {"s": {"operations": ["*"], "resources": ["*"]}}}
     return {
         "RecipeFormatVersion": "2020-01-25",
@@ -83,7 +91,9 @@ def _recipe(python: str, script: Path, out: Path, delay_ms: float) -> dict[str, 
         "Manifests": [
             {
                 "Platform": {"os": "*"},
-                "Lifecycle": {"Run": f"{python} -u {script} {out} {TOPIC} {delay_ms}"},
+                "Lifecycle": {
+                    "Run": f"{python} -u {script} {out} {TOPIC} {delay_ms} {RESULT if echo else ''}"
+                },
             }
         ],
     }
@@ -117,13 +127,13 @@ class _PeakRss:
         return self.peak / 2**20
 
 
-def flood(messages: int, size: int, delay_ms: float, timeout_s: float) -> dict[str, Any]:
+def flood(messages: int, size: int, delay_ms: float, timeout_s: float, echo: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="iot-flood-") as tmp, MosquittoBroker() as broker:
         root = Path(tmp)
         (root / "recipes").mkdir()
         script, out = root / "sink.py", root / "sink.json"
         script.write_text(SINK_SCRIPT)
-        recipe = _recipe(sys.executable, script, out, delay_ms)
+        recipe = _recipe(sys.executable, script, out, delay_ms, echo)
         (root / "recipes" / "sink.yaml").write_text(yaml.safe_dump(recipe))
         work = root / "core"
         up = [sys.executable, "-m", "edgeinfer", "sim", "up", "--detach", "--recipes", str(root / "recipes")]
@@ -140,6 +150,14 @@ def flood(messages: int, size: int, delay_ms: float, timeout_s: float) -> dict[s
             cpu0 = procfs.process_cpu_s(pid)
             rss = _PeakRss(pid)
             sender = MqttPubSub.connect_tcp(broker.host, broker.port, client_id="flood-sender")
+            answers: set[int] = set()
+            answered_at: list[float] = []
+
+            def answered(message: Message) -> None:
+                answers.add(int.from_bytes(message.payload[:8], "big"))
+                answered_at.append(time.time())
+
+            sender.subscribe(RESULT, answered, qos=1)
             body = os.urandom(size - 8)
             window = threading.BoundedSemaphore(256)
             t0 = time.monotonic()
@@ -149,7 +167,9 @@ def flood(messages: int, size: int, delay_ms: float, timeout_s: float) -> dict[s
                 done.add_done_callback(lambda _f: window.release())
             send_s = time.monotonic() - t0
             deadline = time.monotonic() + timeout_s
-            while _read(out).get("distinct", 0) < messages and time.monotonic() < deadline:
+            while time.monotonic() < deadline and (
+                _read(out).get("distinct", 0) < messages or (echo and len(answers) < messages)
+            ):
                 time.sleep(0.2)
             time.sleep(1.0)  # room for a late duplicate
             got = _read(out)
@@ -157,6 +177,13 @@ def flood(messages: int, size: int, delay_ms: float, timeout_s: float) -> dict[s
             peak_mb = rss.stop()
             sender.close()
             span = (got.get("last") or 0) - (got.get("first") or 0)
+            echoed = {}
+            if echo:
+                echo_span = answered_at[-1] - answered_at[0] if len(answered_at) > 1 else 0
+                echoed = {
+                    "answered": len(answers),
+                    "answers_per_s": round(len(answered_at) / echo_span, 1) if echo_span > 0 else None,
+                }
             return {
                 "messages": messages,
                 "size": size,
@@ -169,6 +196,7 @@ def flood(messages: int, size: int, delay_ms: float, timeout_s: float) -> dict[s
                 "nucleus_cpu_s_per_1000": round(cpu_s / max(1, got.get("count", 0)) * 1000, 2),
                 "nucleus_peak_rss_mb": round(peak_mb, 1),
                 "load_avg_1m": os.getloadavg()[0],
+                **echoed,
             }
         finally:
             subprocess.run(
@@ -184,8 +212,9 @@ def main() -> None:
     p.add_argument("--size", type=int, default=45_000, help="payload bytes (a 640×480 JPEG: ~45 KB)")
     p.add_argument("--delay-ms", type=float, default=0.0, help="the sink's time per message")
     p.add_argument("--timeout-s", type=float, default=300.0)
+    p.add_argument("--echo", action="store_true", help="the sink answers each message on IoT Core")
     args = p.parse_args()
-    print(json.dumps(flood(args.messages, args.size, args.delay_ms, args.timeout_s)))
+    print(json.dumps(flood(args.messages, args.size, args.delay_ms, args.timeout_s, args.echo)))
 
 
 if __name__ == "__main__":
