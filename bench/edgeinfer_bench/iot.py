@@ -20,6 +20,9 @@ older than its deadline answered ok (here: at most 1 % of a load ok after its de
 requests already computing when their time ran out); every process's RSS peak under
 `--rss-limit-mb`. The JSON says which were met; the exit code is 0 unless the harness itself
 failed.
+
+Over 500 lines because the processes it starts (broker, nucleus, sender), the sampler that finds
+and watches them, and the exactly-once accounting are one run's set-up and are torn down together.
 """
 
 from __future__ import annotations
@@ -422,7 +425,7 @@ def _round(value: float, digits: int = 3) -> float | None:
 
 
 def rss_bytes(pid: int) -> int | None:
-    text = procfs.read(Path(f"/proc/{pid}/status"))
+    text = procfs.read(procfs.PROC / str(pid) / "status")
     return procfs.parse_status_rss(text) if text else None
 
 
@@ -432,11 +435,11 @@ def descendants(pid: int) -> Iterator[int]:
     while todo:
         parent = todo.pop()
         try:
-            tasks = os.listdir(f"/proc/{parent}/task")
+            tasks = os.listdir(procfs.PROC / str(parent) / "task")
         except OSError:
             continue
         for tid in tasks:
-            text = procfs.read(Path(f"/proc/{parent}/task/{tid}/children")) or ""
+            text = procfs.read(procfs.PROC / str(parent) / "task" / tid / "children") or ""
             for child in text.split():
                 yield int(child)
                 todo.append(int(child))
@@ -747,7 +750,7 @@ def final_accounting(loads: list[dict[str, Any]], answers: Answers) -> dict[str,
 
 
 def _loadavg() -> list[float]:
-    text = procfs.read(Path("/proc/loadavg")) or ""
+    text = procfs.read(procfs.PROC / "loadavg") or ""
     try:
         return [float(x) for x in text.split()[:3]]
     except ValueError:
