@@ -834,6 +834,15 @@ def _rates(text: str) -> list[float]:
     return rates
 
 
+def load_labels(rates: list[float], flood: float) -> list[tuple[str, float]]:
+    """(label, rate) per load; a label prefixes its request ids, so a rate given twice gets `-2`."""
+    loads: list[tuple[str, float]] = []
+    for name, rate in [(f"r{r:g}", r) for r in rates] + ([("flood", flood)] if flood > 0 else []):
+        taken = sum(1 for label, _ in loads if label == name or label.startswith(f"{name}-"))
+        loads.append((f"{name}-{taken + 1}" if taken else name, rate))
+    return loads
+
+
 def _config(text: str) -> dict[str, Any]:
     try:
         doc = json.loads(text)
@@ -848,10 +857,7 @@ def run(args: argparse.Namespace) -> int:
     from edgeinfer.files import write_output
     from edgeinfer.model.manifest import Manifest, ManifestError, default_store_dir
 
-    rates = _rates(args.rates)
-    loads: list[tuple[str, float]] = [(f"r{r:g}", r) for r in rates]
-    if args.flood > 0:
-        loads.append(("flood", args.flood))
+    loads = load_labels(_rates(args.rates), args.flood)
     if not loads:
         raise EdgeinferError("nothing to do: no --rates and no --flood")
     for flag, value in (("--seconds", args.seconds), ("--deadline-ms", args.deadline_ms)):

@@ -10,7 +10,7 @@ import pytest
 from edgeinfer.cli import main
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.messages import ErrorCode, Request, Result, error_result, parse_request
-from edgeinfer_bench.iot import PROCESSES, Template, summarize, targets, templates
+from edgeinfer_bench.iot import PROCESSES, Template, load_labels, summarize, targets, templates
 
 
 def test_a_template_sends_the_contracts_request_with_its_id_and_sent_at() -> None:
@@ -46,6 +46,17 @@ def test_summarize_counts_each_request_once_and_places_late_answers() -> None:
     assert out["codes"] == {"DEADLINE_EXCEEDED": 1}
     assert out["last_answer_after_load_s"] == pytest.approx(-0.8)
     assert summarize([], {}, load_end=0.0, deadline_ms=100.0)["ok_p50_ms"] is None
+
+
+def test_each_load_has_its_own_label_for_its_request_ids() -> None:
+    assert load_labels([100, 200, 100, 0.5], 2000) == [
+        ("r100", 100),
+        ("r200", 200),
+        ("r100-2", 100),
+        ("r0.5", 0.5),
+        ("flood", 2000),
+    ]
+    assert load_labels([50], 0) == [("r50", 50)]
 
 
 def test_targets_follow_the_done_means() -> None:
