@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from edgeinfer.errors import EdgeinferError
-from edgeinfer.installer.install import InstallError, Paths, run_installer
+from edgeinfer.installer import install
+from edgeinfer.installer.install import InstallError, Paths, run_installer, verify_environment
 from edgeinfer.installer.plan import InstallerConfig, UnsupportedPlatformError
 from edgeinfer.installer.probe import RecordedProbe
 from edgeinfer.installer.tiny_model import tiny_model_bytes
@@ -350,3 +351,57 @@ def test_optional_requirements_that_do_not_install_leave_the_plan_standing(
     missing = _build_venv(target, plan, config, python=sys.executable, wheels=[], wheelhouse=ort_wheelhouse)
     assert missing == ["tensorrt-cu12-libs==10.16.1.11"]
     assert (target / "bin" / "python").exists()
+
+
+# ORT's native session made to fail a TensorRT session's initialisation, as a TensorRT that cannot
+# build the engine does; ORT's Python layer above it (its own fallback included) is the real one.
+_FAILING_TENSORRT = '''
+from onnxruntime.capi import _pybind_state as C
+
+
+class _Session(C.InferenceSession):
+    def initialize_session(self, providers, *args):
+        if "TensorrtExecutionProvider" in providers:
+            raise RuntimeError("TensorRT EP could not build the engine (simulated)\\nand a second line")
+        return super().initialize_session(providers, *args)
+
+
+C.InferenceSession = _Session
+'''
+
+
+def _python_with(tmp_path: Path, sitecustomize: str) -> Path:
+    """This environment's Python with `sitecustomize` run at its start."""
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(sitecustomize)
+    python = tmp_path / "env" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={shim} exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    return python
+
+
+def test_a_tensorrt_session_that_fails_reports_its_own_reason(tmp_path: Path) -> None:
+    # With ORT's fallback on, the session would be remade on the CPU and reported only as "fell back".
+    python = _python_with(tmp_path, _FAILING_TENSORRT)
+    result = verify_environment(python, ["TensorrtExecutionProvider", "CPUExecutionProvider"])
+    reason = "RuntimeError: TensorRT EP could not build the engine (simulated)"
+    assert result["failed"] == {"TensorrtExecutionProvider": reason}
+    assert result["tensorrt"] == {"fp32": "no: " + reason}
+    assert result["loaded"] == ["CPUExecutionProvider"]
+
+
+def test_an_installer_copy_that_does_not_import_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broken = tmp_path / "root" / "edgeinfer"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('half-extracted')\n")
+    monkeypatch.setattr(install, "INSTALLER_ROOT", broken.parent)
+    with pytest.raises(InstallError) as err:
+        verify_environment(Path(sys.executable), ["CPUExecutionProvider"])
+    assert str(err.value) == (
+        f"cannot verify {sys.executable}: the installer's edgeinfer does not import here: "
+        "ImportError: half-extracted"
+    )

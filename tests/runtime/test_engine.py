@@ -489,12 +489,11 @@ def test_failures_without_a_message_are_one_line_too(
 def test_real_sessions_leave_falling_back_to_the_engine(tiny_store: Path) -> None:
     import numpy as np
 
-    from edgeinfer.runtime.engine import _ort_session
-    from edgeinfer.runtime.providers import session_options
+    from edgeinfer.runtime.providers import ort_session, session_options
 
     manifest = Manifest.load(tiny_store)
     cfg = RuntimeConfig()
-    session = _ort_session(str(manifest.path(manifest.fp32)), session_options(cfg, CPU), [CPU], [{}])
+    session = ort_session(str(manifest.path(manifest.fp32)), session_options(cfg, CPU), [CPU], [{}])
     # ORT's Python layer would remake a session whose run raises EPFail on its fallback providers
     # (a TensorRT variant on CUDA, with CUDA's default options): off, the error reaches the engine.
     assert session._enable_fallback is False

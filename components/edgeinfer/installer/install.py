@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import edgeinfer
 from edgeinfer import __version__
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.files import atomic_write, sha256_file
@@ -265,6 +266,10 @@ def _pip_env(use_pip_config: bool = False) -> dict[str, str]:
 
 # ------------------------------------------------------------------------------------------- verify
 
+# Run by the environment's own Python: argv = model, expected providers (JSON), TensorRT cache folder,
+# the folder (or wheel) holding the installer's own `edgeinfer`. The runtime's provider rules come from
+# there (stdlib only, like the installer), so the environment is judged as the runtime will judge it,
+# by one copy of them, whether or not the project is installed in it.
 _VERIFY = r"""
 import importlib.metadata as md, json, os, sys
 out = {"python": sys.version.split()[0], "packages": {}, "error": None, "version": None,
@@ -273,6 +278,13 @@ for d in md.distributions():
     name = d.metadata["Name"]
     if name:
         out["packages"][name] = d.version
+sys.path.insert(0, sys.argv[4])  # after the listing: the installer's copy is not installed here
+try:
+    from edgeinfer.runtime.providers import (
+        engine_files, first_line, ort_session, preload_gpu_libraries, tensorrt_backed)
+except Exception as exc:
+    out["error"] = "the installer's edgeinfer does not import here: %s: %s" % (type(exc).__name__, exc)
+    print(json.dumps(out)); sys.exit(0)
 try:
     import numpy
     import onnxruntime as ort
@@ -285,47 +297,20 @@ out["available"] = list(ort.get_available_providers())
 gpu = [p for p in json.loads(sys.argv[2]) if p != "CPUExecutionProvider"]
 if gpu:
     try:
-        try:
-            from edgeinfer.runtime.providers import preload_gpu_libraries
-            out["gpu_libraries"] = preload_gpu_libraries(gpu)
-        except ImportError:  # the project is not in this environment: the same, by hand
-            import contextlib, io
-            with contextlib.redirect_stdout(io.StringIO()):
-                ort.preload_dlls()
-            out["gpu_libraries"] = "preload_dlls"
-            if "TensorrtExecutionProvider" in gpu:
-                import ctypes, glob, importlib, os
-                try:
-                    libs = importlib.import_module("tensorrt_libs").__path__[0]
-                    for stem in ("libnvinfer.so", "libnvinfer_plugin.so", "libnvonnxparser.so"):
-                        for path in sorted(glob.glob(os.path.join(libs, stem + ".*"))):
-                            if path.rsplit(".", 1)[-1].isdigit():
-                                ctypes.CDLL(path)
-                    out["gpu_libraries"] += "; tensorrt_libs"
-                except ModuleNotFoundError:
-                    pass
+        out["gpu_libraries"] = preload_gpu_libraries(gpu)
     except Exception as exc:
-        out["gpu_libraries"] = "preload failed: %s: %s" % (type(exc).__name__, exc)
-try:
-    from edgeinfer.runtime.providers import engine_files, tensorrt_backed
-except ImportError:  # the same rule, for an environment without the project
-    import glob
-    def engine_files(folder):
-        return {os.path.basename(f): os.stat(f).st_mtime for f in glob.glob(os.path.join(folder, "*.engine"))}
-    def tensorrt_backed(providers, before, after):
-        if not providers or providers[0] != "TensorrtExecutionProvider":
-            return False, "ONNX Runtime fell back to %s" % (providers[0] if providers else "nothing")
-        if not after:
-            return False, "TensorRT is listed first but built no engine"
-        return True, "engine %s" % ", ".join(sorted(after))
+        out["gpu_libraries"] = "preload failed: %s: %s" % (type(exc).__name__, first_line(exc))
 x = numpy.array([[-1.0, 0.0, 1.0, 2.0]], dtype=numpy.float32)
 def session(p, options):
+    # ORT's own fallback off, as in the runtime: a provider that fails says why, not what replaced it
     so = ort.SessionOptions(); so.log_severity_level = 3
     chain = [p] if p == "CPUExecutionProvider" else [p, "CPUExecutionProvider"]
-    return ort.InferenceSession(sys.argv[1], so, providers=chain, provider_options=[options, {}][:len(chain)])
+    return ort_session(sys.argv[1], so, chain, [options, {}][:len(chain)])
 def runs(s):
     y = s.run(None, {"x": x})[0]
     return None if y.tolist() == [[0.0, 0.0, 1.0, 2.0]] else "wrong result %s" % (y.tolist(),)
+def failure(exc):
+    return "%s: %s" % (type(exc).__name__, first_line(exc, 300))
 out["tensorrt"] = {}
 for p in json.loads(sys.argv[2]):
     try:
@@ -338,9 +323,12 @@ for p in json.loads(sys.argv[2]):
                 options = {"trt_engine_cache_enable": True, "trt_engine_cache_path": cache,
                            "trt_fp16_enable": precision == "fp16"}
                 before = engine_files(cache)
-                s = session(p, options)
-                wrong = runs(s) if s.get_providers()[:1] == [p] else None
-                ok, why = tensorrt_backed(s.get_providers(), before, engine_files(cache))
+                try:
+                    s = session(p, options)
+                    wrong = runs(s) if s.get_providers()[:1] == [p] else None
+                    ok, why = tensorrt_backed(s.get_providers(), before, engine_files(cache))
+                except Exception as exc:  # one precision that does not build leaves the other standing
+                    wrong, ok, why = None, False, failure(exc)
                 out["tensorrt"][precision] = why if ok else "no: " + why
                 if precision == "fp32" and (wrong or not ok):
                     out["failed"][p] = wrong or why
@@ -357,9 +345,12 @@ for p in json.loads(sys.argv[2]):
             out["failed"][p] = wrong; continue
         out["loaded"].append(p)
     except Exception as exc:
-        out["failed"][p] = "%s: %s" % (type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        out["failed"][p] = failure(exc)
 print(json.dumps(out))
 """
+
+# The folder (or the wheel, when the installer runs from it) that `import edgeinfer` found.
+INSTALLER_ROOT = Path(edgeinfer.__file__).resolve().parent.parent
 
 
 def verify_environment(python: Path, expected: Sequence[str], timeout_s: float = 300) -> dict[str, Any]:
@@ -369,7 +360,15 @@ def verify_environment(python: Path, expected: Sequence[str], timeout_s: float =
     with tempfile.TemporaryDirectory(prefix="edgeinfer-verify-") as tmp:
         model = write_tiny_model(Path(tmp))
         out = _run(
-            [str(python), "-c", _VERIFY, str(model), json.dumps(list(expected)), str(Path(tmp) / "trt")],
+            [
+                str(python),
+                "-c",
+                _VERIFY,
+                str(model),
+                json.dumps(list(expected)),
+                str(Path(tmp) / "trt"),
+                str(INSTALLER_ROOT),
+            ],
             timeout_s,
             "verify",
             env=_pip_env(),
@@ -379,6 +378,8 @@ def verify_environment(python: Path, expected: Sequence[str], timeout_s: float =
     except (ValueError, IndexError):
         raise InstallError(f"verify printed no result: {out[-200:]!r}") from None
     if result.get("error"):
+        if not str(result["error"]).startswith("import failed"):
+            raise InstallError(f"cannot verify {python}: {result['error']}")
         raise InstallError(f"ONNX Runtime does not import in {python}: {result['error']}")
     ort_dists = sorted(n for n in result["packages"] if n.lower().replace("_", "-") in ORT_PACKAGES)
     if len(ort_dists) != 1:

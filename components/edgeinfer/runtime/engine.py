@@ -42,6 +42,7 @@ from edgeinfer.runtime.providers import (
     ProviderPlan,
     engine_files,
     first_line,
+    ort_session,
     plan_for,
     preload_gpu_libraries,
     provider_attempts,
@@ -57,19 +58,6 @@ SessionFactory = Callable[[str, Any, list[str], list[dict[str, Any]]], Any]
 
 class EngineError(Exception):
     """No provider could run the model (the message lists every attempt and why it failed)."""
-
-
-def _ort_session(path: str, so: Any, providers: list[str], options: list[dict[str, Any]]) -> Any:
-    """An ORT session without ORT's own fallback (see the module docstring): `enable_fallback=0`
-    makes a failed creation raise (a release without the keyword ignores it, and `get_providers()`
-    then shows the remade session), `disable_fallback()` makes a failed run raise."""
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(
-        path, sess_options=so, providers=providers, provider_options=options, enable_fallback=0
-    )
-    session.disable_fallback()
-    return session
 
 
 @dataclass
@@ -121,7 +109,7 @@ class Engine:
         session_factory: SessionFactory | None = None,
     ) -> Engine:
         platform = platform or PlatformInfo.detect()
-        factory = session_factory or _ort_session
+        factory = session_factory or ort_session
         order, skipped = provider_attempts(cfg.execution_providers, platform.available)
         gpu_libraries = preload_gpu_libraries(order) if session_factory is None else None
         attempts = [Attempt(s.split(":")[0], s.split(": ", 1)[1]) for s in skipped]

@@ -303,6 +303,22 @@ def first_line(exc: BaseException, limit: int = 200) -> str:
     return lines[0][:limit] if lines else type(exc).__name__
 
 
+def ort_session(path: str, so: Any, providers: list[str], options: list[dict[str, Any]]) -> Any:
+    """An ORT session without ORT's own Python fallback, which remakes a TensorRT session whose
+    creation or run raises on CUDA (the TensorRT variant, default CUDA options) and any other on the
+    CPU, its reason only on stdout: `enable_fallback=0` makes a failed creation raise (a release
+    without the keyword ignores it, and `get_providers()` then shows the remade session),
+    `disable_fallback()` makes a failed run raise. The runtime's engine and the installer's
+    verification make every session with it."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(
+        path, sess_options=so, providers=providers, provider_options=options, enable_fallback=0
+    )
+    session.disable_fallback()
+    return session
+
+
 def _preload_dlls(ort_module: Any) -> str:
     preload = getattr(ort_module, "preload_dlls", None)
     if preload is None:
