@@ -14,12 +14,19 @@ the load's end to its last answer; recovery: after the load a fresh probe every 
 is answered ok in time; resident memory (VmRSS, every 200 ms) and CPU of the nucleus, the runtime
 and mosquitto.
 
+`--expiry-s N`: every request and probe carries MQTT 5 message expiry N s, the sender's answer to
+a backlog: the broker discards a message it held longer, and the runtime answers DEADLINE_EXCEEDED
+to one whose expiry ran out on its way. The discards are not observable (mosquitto 2.0.11 counts
+none in `$SYS`), so an unanswered request counts as `expired_in_broker` ("unanswered, sent with
+expiry N s") unless a later request of its load was answered within N s of its sending, which
+proves the broker handed it on in time; then it is `lost`. Without expiry, unanswered is lost.
+
 Targets (#19's Done means): every request answered exactly once within 30 s of the load's end,
-none lost; a fresh request answered ok in its deadline within 5 s of the load's end; no request
-older than its deadline answered ok (here: at most 1 % of a load ok after its deadline, the
-requests already computing when their time ran out); every process's RSS peak under
-`--rss-limit-mb`. The JSON says which were met; the exit code is 0 unless the harness itself
-failed.
+none lost (with expiry: none of those still within their expiry); a fresh request answered ok in
+its deadline within 5 s of the load's end; no request older than its deadline answered ok (here:
+at most 1 % of a load ok after its deadline, the requests already computing when their time ran
+out); every process's RSS peak under `--rss-limit-mb`. The JSON says which were met; the exit
+code is 0 unless the harness itself failed.
 
 Over 500 lines because the processes it starts (broker, nucleus, sender), the sampler that finds
 and watches them, and the exactly-once accounting are one run's set-up and are torn down together.
@@ -68,6 +75,13 @@ FINAL_WAIT_S = 30.0  # at the run's end, for whatever is still unanswered
 ACK_TIMEOUT_S = 60.0  # the sender waits this long for its last PUBACKs
 EPOCH_SLOT = "1970-01-01T00:00:00.000Z"  # `sent_at` of the templates, replaced per request
 PROCESSES = ("nucleus", "runtime", "broker")
+LOST_MEANS = "no answer within answer_window_s of the load's end"
+LOST_MEANS_EXPIRY = (
+    "no answer within answer_window_s of the load's end, less the unanswered requests the broker may "
+    "have discarded at their message expiry (expired_in_broker: no later request of the load was "
+    "answered within message_expiry_s of their sending)"
+)
+PROBE_FIELDS = ("sent", "answered", "duplicates", "ok_in_time", "codes", "expired_in_broker")
 
 
 def register_bench(subparsers: Any) -> None:
@@ -116,6 +130,14 @@ def register_bench(subparsers: Any) -> None:
         metavar="JSON",
         default="{}",
         help="runtime recipe keys merged over the defaults (e.g. '{\"maxQueueSize\": 32}')",
+    )
+    p.add_argument(
+        "--expiry-s",
+        type=int,
+        default=None,
+        metavar="N",
+        help="MQTT 5 message expiry (whole seconds) on every request and probe: the broker discards "
+        "what it held longer (default: none)",
     )
     p.add_argument("--nucleus", choices=("classic", "lite"), default="classic", help="the nucleus simulated")
     p.add_argument(
@@ -180,6 +202,14 @@ class LoadSpec:
     rate: float
     seconds: float
     all_requests: bool
+    expiry_s: int | None = None  # MQTT 5 message expiry on every request
+
+
+def request_properties(expiry_s: int | None) -> Any:
+    """The publish properties of a request: MQTT 5 message expiry when one is asked for."""
+    from edgeinfer.transport.base import MqttProperties
+
+    return MqttProperties(message_expiry_s=expiry_s) if expiry_s is not None else None
 
 
 def sender_main(conn: Connection, spec: LoadSpec) -> None:
@@ -224,6 +254,7 @@ def _send_load(conn: Connection, client: Any, spec: LoadSpec) -> None:
     not_sent = 0
     most_behind = 0.0
     rate, seconds, parts = spec.rate, spec.seconds, spec.parts
+    props = request_properties(spec.expiry_s)
     target = round(rate * seconds)
     gc.disable()  # a collection's pause would send a burst behind it
     t0 = time.monotonic()
@@ -240,7 +271,9 @@ def _send_load(conn: Connection, client: Any, spec: LoadSpec) -> None:
         rid = f"{spec.label}-{i}"
         sent_at = time.time()
         try:
-            fut = client.publish_future(spec.topic, parts[i % len(parts)].body(rid, sent_at), qos=1)
+            fut = client.publish_future(
+                spec.topic, parts[i % len(parts)].body(rid, sent_at), qos=1, properties=props
+            )
         except TransportError:
             not_sent += 1  # never handed to the client: not counted as sent
             continue
@@ -364,24 +397,86 @@ class Answers:
             return {k: list(v) for k, v in self.by_id.items()}
 
 
+class BrokerSys:
+    """mosquitto's own counters from its `$SYS` topics (every 10 s, its default `sys_interval`; the
+    broker fixture's config sets none). mosquitto 2.0.11 counts no expired messages: it discards an
+    expired queued message without counting it in `publish/messages/dropped`, which counts only the
+    queue limits' drops. So `dropped` staying put says the queue limits dropped nothing."""
+
+    TOPICS = ("$SYS/broker/publish/messages/+", "$SYS/broker/store/messages/count")
+
+    def __init__(self) -> None:
+        self.values: dict[str, int] = {}
+        self.updated = 0.0
+        self.lock = threading.Lock()
+
+    def subscribe(self, client: Any) -> None:
+        for topic in self.TOPICS:
+            client.subscribe(topic, self.handler, qos=0)
+
+    def handler(self, message: Any) -> None:
+        try:
+            value = int(message.payload.split()[0])
+        except (ValueError, IndexError):
+            return
+        with self.lock:
+            self.values[message.topic.removeprefix("$SYS/broker/").replace("/", "_")] = value
+            self.updated = time.time()
+
+    def snapshot(self, fresher_than: float | None = None, timeout: float = 12.0) -> dict[str, Any]:
+        """The latest values, after waiting up to `timeout` for a report newer than `fresher_than`."""
+        limit = time.monotonic() + (timeout if fresher_than is not None else 0.0)
+        while fresher_than is not None and time.monotonic() < limit:
+            with self.lock:
+                if self.updated > fresher_than:
+                    break
+            time.sleep(0.2)
+        with self.lock:
+            return {**dict(sorted(self.values.items())), "as_of": round(self.updated, 3) or None}
+
+
 def summarize(
     sent: list[tuple[str, float]],
     answers: dict[str, list[tuple[float, Any]]],
     load_end: float,
     deadline_ms: float,
     window_s: float = ANSWER_WINDOW_S,
+    *,
+    expiry_s: int | None = None,
 ) -> dict[str, Any]:
     """Exactly-once accounting of one load, client side: `answered` within `window_s` of the load's
     end, `lost` otherwise (`answered_after_window` of those came later), `duplicates` every answer
-    beyond the first, ok in time / late by answer time minus `sent_at`."""
-    answered = lost = after_window = duplicates = ok_in_time = ok_late = 0
+    beyond the first, ok in time / late by answer time minus `sent_at`. `sent` is in sending order,
+    one publisher's requests.
+
+    With `expiry_s` (the requests' MQTT 5 message expiry) an unanswered request counts as
+    `expired_in_broker` unless a later request of `sent` was answered within `expiry_s` of this one's
+    `sent_at`: the broker hands one publisher's messages to a subscriber in order, so that later
+    answer proves this one was handed on before its expiry ran out (the broker received it no earlier
+    than `sent_at`), and it counts as `lost`. The broker's discards themselves are not observable:
+    `expired_in_broker` means "unanswered, and the broker may have discarded it as the sender
+    instructed". Without expiry every unanswered request is lost."""
+    answered = lost = after_window = duplicates = ok_in_time = ok_late = unanswered = 0
+    expired = 0
     codes: dict[str, int] = {}
     ok_ms: list[float] = []
     last = None
-    for rid, sent_at in sent:
+    # per request, the earliest first answer of any request sent after it (sending order)
+    later_answer = [math.inf] * len(sent)
+    earliest = math.inf
+    for i in range(len(sent) - 1, -1, -1):
+        later_answer[i] = earliest
+        got = answers.get(sent[i][0])
+        if got:
+            earliest = min(earliest, got[0][0])
+    for (rid, sent_at), later in zip(sent, later_answer, strict=True):
         got = answers.get(rid)
         if not got:
-            lost += 1
+            unanswered += 1
+            if expiry_s is not None and later - sent_at > expiry_s:
+                expired += 1
+            else:
+                lost += 1
             continue
         duplicates += len(got) - 1
         at, result = got[0]
@@ -406,6 +501,9 @@ def summarize(
         "answered": answered,
         "lost": lost,
         "answered_after_window": after_window,
+        "unanswered": unanswered,
+        "expiry_s": expiry_s,
+        "expired_in_broker": expired if expiry_s is not None else None,
         "duplicates": duplicates,
         "exactly_once": lost == 0 and duplicates == 0,
         "ok_in_time": ok_in_time,
@@ -613,11 +711,21 @@ class Core:
 
 class Prober:
     """Fresh requests every PROBE_INTERVAL_S from this process's client, until one is answered ok
-    within its deadline."""
+    within its deadline; each with the requests' message expiry (`properties`)."""
 
-    def __init__(self, client: Any, topic: str, part: Template, answers: Answers, deadline_ms: float) -> None:
+    def __init__(
+        self,
+        client: Any,
+        topic: str,
+        part: Template,
+        answers: Answers,
+        deadline_ms: float,
+        *,
+        properties: Any = None,
+    ) -> None:
         self.client, self.topic, self.part, self.answers = client, topic, part, answers
         self.deadline_ms = deadline_ms
+        self.properties = properties
         self.sent: list[tuple[str, float]] = []
         self.recovered_at: float | None = None
 
@@ -634,7 +742,9 @@ class Prober:
         rid = f"probe-{label}-{len(self.sent)}"
         sent_at = time.time()
         with contextlib.suppress(TransportError):  # a refused hand-off: the next probe tries again
-            self.client.publish(self.topic, self.part.body(rid, sent_at), qos=1, wait=False)
+            self.client.publish(
+                self.topic, self.part.body(rid, sent_at), qos=1, wait=False, properties=self.properties
+            )
             self.sent.append((rid, sent_at))
 
 
@@ -645,6 +755,7 @@ def run_load(
     client: Any,
     answers: Answers,
     sampler: Sampler,
+    broker_sys: BrokerSys,
     parts: list[Template],
     label: str,
     rate: float,
@@ -652,14 +763,19 @@ def run_load(
     from edgeinfer.messages import infer_topic
 
     topic = infer_topic(THING)
-    sender = Sender(LoadSpec(core.address, topic, parts, label, rate, args.seconds, args.all_requests))
+    expiry_s = args.expiry_s
+    spec = LoadSpec(core.address, topic, parts, label, rate, args.seconds, args.all_requests, expiry_s)
+    sender = Sender(spec)
     try:
         sender.ready()
         load_avg_before = _loadavg()
+        sys_start = broker_sys.snapshot()
         _progress(f"{label}: {rate:g} req/s for {args.seconds:g} s")
         start = time.time()
         load_end = sender.go()
-        prober = Prober(client, topic, parts[0], answers, args.deadline_ms)
+        prober = Prober(
+            client, topic, parts[0], answers, args.deadline_ms, properties=request_properties(expiry_s)
+        )
         report: dict[str, Any] | None = None
         ids: list[str] = []
         # Until every request is answered (or its window is over) and a probe came back ok in time
@@ -695,8 +811,8 @@ def run_load(
         sender.close()
     assert report is not None  # the loop ends only once the sender reported
     snapshot = answers.snapshot()
-    summary = summarize(report["sent"], snapshot, load_end, args.deadline_ms)
-    probes = summarize(prober.sent, snapshot, load_end, args.deadline_ms, window_s=math.inf)
+    summary = summarize(report["sent"], snapshot, load_end, args.deadline_ms, expiry_s=expiry_s)
+    probes = summarize(prober.sent, snapshot, load_end, args.deadline_ms, math.inf, expiry_s=expiry_s)
     duration = max(1e-9, report["end"] - report["start"])
     out = {
         "label": label,
@@ -721,12 +837,14 @@ def run_load(
         "fresh_request_ok_after_last_puback_s": _round(prober.recovered_at - report["last_puback"])
         if prober.recovered_at is not None
         else None,
-        "probes": {k: probes[k] for k in ("sent", "answered", "duplicates", "ok_in_time", "codes")},
+        "probes": {k: probes[k] for k in PROBE_FIELDS},
         "processes": sampler.between(start, settled),
+        "broker_sys_at_start": sys_start,
+        "broker_sys_settled": broker_sys.snapshot(),
         "loadavg_before": load_avg_before,
         "loadavg_after": _loadavg(),
     }
-    out["_ids"] = [rid for rid, _ in report["sent"]] + [rid for rid, _ in prober.sent]
+    out["_sent"] = (report["sent"], prober.sent, load_end)
     _progress(
         f"{label}: {out['answered']}/{out['sent']} answered, {out['duplicates']} duplicates, "
         f"{out['ok_in_time']} ok in time, {out['ok_late']} ok late, fresh ok after "
@@ -735,10 +853,17 @@ def run_load(
     return out
 
 
-def final_accounting(loads: list[dict[str, Any]], answers: Answers) -> dict[str, int]:
+def final_accounting(
+    loads: list[dict[str, Any]], answers: Answers, deadline_ms: float, expiry_s: int | None
+) -> dict[str, int]:
     """Requests and probes with no answer at all, per load, after waiting up to FINAL_WAIT_S more for
-    them: `lost` counts an answer later than the window too; this tells the two apart."""
-    ids: dict[str, list[str]] = {r["label"]: r.pop("_ids") for r in loads}
+    them: `lost` counts an answer later than the window too; this tells the two apart. Each load's
+    accounting is then redone on every answer received (duplicates that came late included), so its
+    `unanswered` and `expired_in_broker` are those after the final wait."""
+    sent: dict[str, tuple[list[tuple[str, float]], list[tuple[str, float]], float]] = {
+        r["label"]: r.pop("_sent") for r in loads
+    }
+    ids = {label: [rid for rid, _ in s[0] + s[1]] for label, s in sent.items()}
 
     def missing() -> dict[str, int]:
         return {label: len(v) - answers.count(v) for label, v in ids.items()}
@@ -746,6 +871,12 @@ def final_accounting(loads: list[dict[str, Any]], answers: Answers) -> dict[str,
     limit = time.monotonic() + FINAL_WAIT_S
     while time.monotonic() < limit and any(missing().values()):
         time.sleep(0.2)
+    snapshot = answers.snapshot()
+    for r in loads:
+        requests, probes, load_end = sent[r["label"]]
+        r.update(summarize(requests, snapshot, load_end, deadline_ms, expiry_s=expiry_s))
+        again = summarize(probes, snapshot, load_end, deadline_ms, math.inf, expiry_s=expiry_s)
+        r["probes"] = {k: again[k] for k in PROBE_FIELDS}
     return missing()
 
 
@@ -768,7 +899,9 @@ def targets(loads: list[dict[str, Any]], rss_limit_mb: float) -> dict[str, bool]
     out: dict[str, bool] = {}
     for r in loads:
         name = r["label"]
-        out[f"{name}_exactly_once_within_{ANSWER_WINDOW_S:g}s"] = r["exactly_once"]
+        # with expiry, what the broker may have discarded on the sender's instruction is not lost
+        once = "exactly_once" if r.get("expiry_s") is None else "exactly_once_or_expired"
+        out[f"{name}_{once}_within_{ANSWER_WINDOW_S:g}s"] = r["exactly_once"]
         fresh = r["fresh_request_ok_after_s"]
         out[f"{name}_fresh_request_ok_within_{RECOVERY_TARGET_S:g}s"] = (
             fresh is not None and fresh <= RECOVERY_TARGET_S
@@ -805,9 +938,12 @@ def print_table(report: dict[str, Any]) -> None:
             "-" if r["processes"][n]["rss_peak_mb"] is None else f"{r['processes'][n]['rss_peak_mb']:.0f}"
             for n in PROCESSES
         )
+        counts = f"{r['sent']:,} / {r['answered']:,}" + (f" ({r['lost']} lost)" if r["lost"] else "")
+        if r.get("expired_in_broker"):
+            counts += f" ({r['expired_in_broker']:,} unanswered, expiry {r['expiry_s']} s)"
         table.add_row(
             rate,
-            f"{r['sent']:,} / {r['answered']:,}" + (f" ({r['lost']} lost)" if r["lost"] else ""),
+            counts,
             str(r["duplicates"]),
             f"{r['ok_in_time']:,}{p50}",
             f"{r['ok_late']:,}",
@@ -863,6 +999,8 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--seconds", args.seconds), ("--deadline-ms", args.deadline_ms)):
         if not value > 0:
             raise EdgeinferError(f"{flag} must be a positive number")
+    if args.expiry_s is not None and not args.expiry_s > 0:
+        raise EdgeinferError("--expiry-s must be a positive whole number of seconds")
     runtime_config = _config(args.config)
     store = Path(args.store) if args.store else default_store_dir()
     try:
@@ -898,6 +1036,8 @@ def run(args: argparse.Namespace) -> int:
         answers = Answers()
         client = MqttPubSub.connect_tcp(*core.address, client_id=f"bench-iot-receiver-{os.getpid()}")
         client.subscribe(result_topic(THING), answers.handler, qos=1)
+        broker_sys = BrokerSys()
+        broker_sys.subscribe(client)
         time.sleep(0.5)
         idle_t0 = time.time()
         time.sleep(1.0)
@@ -911,13 +1051,15 @@ def run(args: argparse.Namespace) -> int:
                     client=client,
                     answers=answers,
                     sampler=sampler,
+                    broker_sys=broker_sys,
                     parts=parts,
                     label=label,
                     rate=rate,
                 )
             )
             time.sleep(args.gap)
-        never = final_accounting(results, answers)
+        never = final_accounting(results, answers, args.deadline_ms, args.expiry_s)
+        sys_end = broker_sys.snapshot(fresher_than=time.time())
         end = sampler.between(time.time() - 1.0, time.time())
         report: dict[str, Any] = {
             "scenario": "iot",
@@ -942,11 +1084,15 @@ def run(args: argparse.Namespace) -> int:
             "processes_idle": idle,
             "processes_end": end,
             "never_answered": never,
+            # cumulative since the broker started, each as of its last $SYS report (`as_of`)
+            "broker_sys_end": sys_end,
             "runtime_restarts": len(sampler.runtime_pids) - 1,
             "unreadable_answers": answers.unreadable,
+            "message_expiry_s": args.expiry_s,
             "target_values": {
                 "answer_window_s": ANSWER_WINDOW_S,
                 "lost": 0,
+                "lost_means": LOST_MEANS if args.expiry_s is None else LOST_MEANS_EXPIRY,
                 "duplicates": 0,
                 "fresh_request_ok_after_s": RECOVERY_TARGET_S,
                 "ok_late_share": OK_LATE_SHARE,
