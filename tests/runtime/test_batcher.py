@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from edgeinfer.runtime.batcher import DynamicBatcher
+from tests.helpers.clock import FakeClock
 
 
 class Clock:
@@ -354,3 +355,63 @@ def test_the_wait_floor_counts_full_batches_ahead_that_will_still_run() -> None:
     assert b.wait_floor_s(0.010) == pytest.approx(0.030)
     b.configure(lanes=2, lane_batch_size=4)  # … and lanes run batches side by side: 8 a round
     assert b.wait_floor_s(0.010) == pytest.approx(0.010)
+
+
+# ------------------------------------------------------------- a batch's own run time and its deadlines
+
+
+def timed(**kw: int) -> tuple[DynamicBatcher[str], FakeClock]:
+    """A batcher that has seen one lone request run in 10 ms: it expects 10 ms an item."""
+    clock = FakeClock()
+    opts = {"max_batch_size": 4, "max_queue_delay_us": 1000, "max_queue_size": 8, **kw}
+    b: DynamicBatcher[str] = DynamicBatcher(clock=clock, **opts)
+    b.observe_run(1, 0.010, alone=True)
+    return b, clock
+
+
+def test_a_batch_that_would_end_late_leaves_its_doomed_behind_and_the_rest_run_smaller() -> None:
+    b, clock = timed()
+    assert b.expected_run_s(4, alone=True) == pytest.approx(0.040)
+    put(b, "a", deadline=clock() + 0.035)  # misses in a batch of 4 (40 ms), makes it in one of 3
+    put(b, "b")
+    put(b, "c", deadline=clock() + 0.100)
+    put(b, "d", deadline=clock() + 0.015)  # misses in any batch with others
+    poll = b.poll(clock())
+    assert [q.item for q in poll.batch] == ["a", "b", "c"]  # queue order
+    assert [q.item for q in poll.doomed] == ["d"]
+    assert poll.run_s == pytest.approx(0.040)  # what "d" was judged by: a batch of 4
+    assert poll.expired == []
+    assert b.outstanding == 0
+
+
+def test_nothing_is_doomed_before_a_run_of_that_kind_was_seen() -> None:
+    b, clock = make()
+    put(b, "a", deadline=clock() + 0.001)
+    put(b, "b", deadline=clock() + 0.002)
+    poll = b.poll(clock())
+    assert [q.item for q in poll.batch] == ["a", "b"]
+    assert poll.doomed == []
+    b2, _ = timed(lanes=2)  # a batch with every lane ran; a lane's batch has no estimate yet
+    assert b2.expected_run_s(2, alone=False) == 0.0
+    assert b2.expected_run_s(2, alone=True) == pytest.approx(0.020)
+
+
+def test_the_early_partial_batch_counts_its_own_run_time() -> None:
+    for seen, goes in ((False, False), (True, True)):
+        b, clock = timed(max_queue_delay_us=100_000) if seen else make(max_queue_delay_us=100_000)
+        put(b, "a", deadline=clock() + 0.105)  # 100 ms of delay fits, 100 ms + its 10 ms run does not
+        assert b.admit()  # another on its way: without the deadline it would wait for it
+        poll = b.poll(clock())
+        assert bool(poll.batch) is goes
+        assert poll.doomed == []
+
+
+def test_a_lone_doomed_item_is_answered_at_once_and_holds_no_lane() -> None:
+    b, clock = timed(lanes=2)
+    b.observe_run(1, 0.010, alone=False)
+    put(b, "x", deadline=clock() + 0.005)  # less than one run left
+    poll = b.get(timeout=0)
+    assert poll.batch == []
+    assert [q.item for q in poll.doomed] == ["x"]
+    assert poll.slots == 0
+    assert b.idle

@@ -24,6 +24,7 @@ from edgeinfer.runtime.engine import Engine
 from edgeinfer.runtime.placement import Decision, PlacementContext
 from edgeinfer.runtime.server import InferenceServer
 from edgeinfer.transport import MemoryBus, Message, MqttProperties, Target, UnauthorizedError
+from tests.helpers.clock import FakeClock
 from tests.helpers.images import solid_jpeg, solid_png
 from tests.helpers.wait import eventually
 
@@ -944,3 +945,91 @@ def test_admission_refuses_what_the_batches_ahead_cannot_leave_time_for(
         codes = {r.id: r.error.code if r.error else "ok" for r in _answers(bus)}
         assert codes["roomy"] == "ok"
         assert len(_answers(bus)) == len(codes)  # each answered once
+
+
+# ------------------------------------------------------------------- never `ok` after its deadline
+
+
+class SlowEngine(Gate):
+    """An engine whose runs take `item_s` an image on a fake clock (and, while `held`, wait for the
+    gate first): how long a batch takes is the test's to say, without sleeping."""
+
+    def __init__(self, engine: Engine, clock: FakeClock, item_s: float, *, held: bool = False) -> None:
+        super().__init__(engine)
+        self.clock = clock
+        self.item_s = item_s
+        if not held:
+            self.release.set()
+
+    def run(self, batch: np.ndarray, *, lane: bool = False) -> np.ndarray:
+        out = super().run(batch, lane=lane)
+        self.clock.advance(self.item_s * batch.shape[0])
+        return out
+
+
+def _by_id(bus: MemoryBus) -> dict[str, Result]:
+    answers = _answers(bus)
+    by_id = {r.id or "": r for r in answers}
+    assert len(by_id) == len(answers)  # none answered twice
+    return by_id
+
+
+def test_a_batch_that_would_end_late_drops_its_doomed_requests_before_running(
+    make_engine: Callable[..., Engine],
+) -> None:
+    cfg = RuntimeConfig(max_batch_size=4, max_queue_size=16, decode_threads=1, run_inline_when_idle=False)
+    cfg.lanes = 1
+    clock = FakeClock()
+    engine = SlowEngine(make_engine(cfg), clock, 0.050, held=True)  # 50 ms an image
+    with serving(engine, cfg, clock) as (bus, server):
+        img = b64(solid_jpeg((250, 1, 1)))
+        bus.publish(INFER, json.dumps({"id": "hold", "image": img}).encode())
+        assert engine.entered.wait(30)  # its run (50 ms) teaches the batcher 50 ms an image
+        for rid, ms in (("tight", 120), ("roomy", 60_000), ("none", None)):
+            doc = {"id": rid, "image": img, **({} if ms is None else {"deadline_ms": ms})}
+            bus.publish(INFER, json.dumps(doc).encode())
+        eventually(lambda: server.batcher.depth == 3)
+        engine.release.set()
+        # 50 ms in, "tight" has 70 ms left: a batch of the three would take 150 ms, one of the two
+        # others 100 ms — it is answered at once, and they run without it.
+        eventually(lambda: len(_answers(bus)) == 4)
+        res = _by_id(bus)
+        assert engine.sizes == [1, 2]
+        assert res["tight"].error is not None
+        assert res["tight"].error.code is ErrorCode.DEADLINE_EXCEEDED
+        assert res["tight"].error.message == "70 ms left, and a batch of 3 takes about 150 ms"
+        assert res["tight"].batch_size == 0  # never computed
+        assert [res[r].status for r in ("hold", "roomy", "none")] == ["ok"] * 3
+        assert res["roomy"].batch_size == 2
+        eventually(lambda: server.batcher.idle)
+
+
+def test_a_result_ready_after_its_deadline_is_deadline_exceeded_never_ok(
+    make_engine: Callable[..., Engine],
+) -> None:
+    cfg = RuntimeConfig(max_batch_size=4, max_queue_size=16)
+    cfg.lanes = 1
+    clock = FakeClock()
+    engine = SlowEngine(make_engine(cfg), clock, 0.050)
+    with serving(engine, cfg, clock) as (bus, server):
+        img = b64(solid_jpeg((250, 1, 1)))
+        # The first run is nothing to judge by yet: it is computed, and ready 20 ms late.
+        for n, (rid, ms) in enumerate((("late", 30), ("plain", None), ("roomy", 60_000)), start=1):
+            doc = {"id": rid, "image": img, **({} if ms is None else {"deadline_ms": ms})}
+            bus.publish(INFER, json.dumps(doc).encode())
+            eventually(lambda n=n: len(_answers(bus)) == n)  # type: ignore[misc]
+        res = _by_id(bus)
+        assert engine.sizes == [1, 1, 1]
+        late = res["late"]
+        assert late.status == "error"
+        assert late.error is not None
+        assert late.error.code is ErrorCode.DEADLINE_EXCEEDED
+        assert late.error.message == "the result was ready 20 ms after the deadline"
+        assert late.batch_size == 1  # computed, and its timings say where the time went
+        assert late.latency_ms.inference == pytest.approx(50.0)
+        assert late.latency_ms.total == pytest.approx(50.0)
+        assert late.predictions == []
+        assert res["plain"].status == "ok"  # no deadline: as slow as it likes
+        assert res["roomy"].status == "ok"
+        assert server.stats.ok == 2
+        assert server.stats.errors == {"DEADLINE_EXCEEDED": 1}

@@ -11,8 +11,15 @@ when it is idle; `poll` then decides:
 2. a full batch goes at once;
 3. otherwise the queue goes as it is when nothing more is being decoded (no waiting when the engine is
    idle and no request is on its way), when its oldest item has waited `max_queue_delay_us`, or when
-   waiting longer would make a queued item miss its deadline;
+   waiting longer and then running would make a queued item miss its deadline;
 4. otherwise wait (for an arrival, or until the oldest item's delay runs out).
+
+A batch that goes leaves behind, as `doomed` (answered DEADLINE_EXCEEDED, never computed), the items
+whose deadline comes before now + its expected run time; the rest run as a smaller batch, the most
+that still finish in time (a smaller batch runs sooner). The expected run time of a batch of n is the
+engine's batch time `t(n) = a·n + b` fitted to recent runs of the same kind (`observe_run`; a batch
+with every lane runs on every core, a lane's on one), plus the fit's `RUN_TIME_QUANTILE` residual;
+nothing is doomed before a run of that kind has been seen.
 
 Up to `lanes` batches run at once. `get()` hands one to an engine thread; `put_take(alone=True)`
 hands it to the caller that queued the last item at an idle runtime (run to completion: no wake-up
@@ -44,10 +51,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from edgeinfer.runtime.placement.estimators import ServiceTimeModel
+
 T = TypeVar("T")
 
 CONTENTION_WINDOW = 8  # arrivals the contention average spans (an exponential moving average)
 CONTENTION_FADE_S = 1.0  # … and it fades with time between arrivals: a burst is forgotten in seconds
+# How sure a batch's expected run time must be: the quantile the placement policy takes of the work
+# outside the engine and of the cloud's answers. Too high on shared cores (a preempted run takes
+# twice as long) and requests that would have made it are answered DEADLINE_EXCEEDED; one that is
+# computed and finishes late is still answered DEADLINE_EXCEEDED, by the server, never `ok`.
+RUN_TIME_QUANTILE = 0.9
 
 __all__ = ["BatchPoll", "DynamicBatcher", "Queued"]
 
@@ -63,6 +77,8 @@ class Queued(Generic[T]):
 class BatchPoll(Generic[T]):
     batch: list[Queued[T]] = field(default_factory=list)
     expired: list[Queued[T]] = field(default_factory=list)
+    doomed: list[Queued[T]] = field(default_factory=list)  # taken for the batch, would end too late
+    run_s: float = 0.0  # the expected run time the doomed were judged by (of the batch one larger)
     wait_s: float | None = None  # None: nothing queued, wait for an arrival
     slots: int = 0  # lanes the batch holds (give them back with `done(slots)`)
     lanes: int = 1  # of how many
@@ -101,6 +117,8 @@ class DynamicBatcher(Generic[T]):
         self._running = 0  # lanes held by batches handed out and not yet done()
         self._cond = threading.Condition()
         self.depth_max = 0
+        # The engine's batch time, by kind: a batch with every lane (all cores), a lane's (one).
+        self._run_time = {True: ServiceTimeModel(), False: ServiceTimeModel()}
 
     # ----------------------------------------------------------------------------------- producers
 
@@ -137,6 +155,24 @@ class DynamicBatcher(Generic[T]):
                     ahead += 1
             ahead += max(0, self._incoming)
             return (ahead // per_round) * batch_s
+
+    def observe_run(self, batch_size: int, seconds: float, *, alone: bool) -> None:
+        """A batch of `batch_size` ran in `seconds` (`alone`: it held every lane)."""
+        with self._cond:
+            self._run_time[alone or self.lanes == 1].observe(batch_size, seconds * 1000)
+
+    def expected_run_s(self, batch_size: int, *, alone: bool) -> float:
+        """What a batch of `batch_size` of that kind takes to run, at `RUN_TIME_QUANTILE`; 0 before
+        one of its kind has run."""
+        with self._cond:
+            return self._expected_run_s(batch_size, alone or self.lanes == 1)
+
+    def _expected_run_s(self, batch_size: int, alone: bool) -> float:
+        fit = self._run_time[alone].fit
+        ms = fit.predict(batch_size) if batch_size > 0 else None
+        if ms is None:
+            return 0.0
+        return (ms + fit.residual_quantile(RUN_TIME_QUANTILE)) / 1000
 
     def release(self) -> None:
         """An admitted request left before reaching the queue (bad image, deadline during decode)."""
@@ -200,7 +236,9 @@ class DynamicBatcher(Generic[T]):
             and len(self._queue) <= self.max_batch_size
             and self._quiet
         )
-        out = self._poll(now, self.max_batch_size if whole else self.lane_batch_size)
+        out = self._poll(
+            now, self.max_batch_size if whole else self.lane_batch_size, alone=whole or self.lanes == 1
+        )
         out.expired[:0] = expired
         if out.batch:
             # A whole batch took the queue: it fits one batch and nothing runs or is on its way.
@@ -214,7 +252,7 @@ class DynamicBatcher(Generic[T]):
     def poll(self, now: float) -> BatchPoll[T]:
         """Decide what the idle engine should do now (see the module docstring). Not blocking."""
         with self._cond:
-            return self._poll(now, self.max_batch_size)
+            return self._poll(now, self.max_batch_size, alone=True)
 
     def _expire(self, now: float) -> list[Queued[T]]:
         """Take the items past their deadline out of the queue (and out of the admitted count)."""
@@ -228,24 +266,44 @@ class DynamicBatcher(Generic[T]):
         self._admitted -= len(expired)
         return expired
 
-    def _poll(self, now: float, limit: int) -> BatchPoll[T]:
+    def _poll(self, now: float, limit: int, *, alone: bool) -> BatchPoll[T]:
         out: BatchPoll[T] = BatchPoll(expired=self._expire(now))
         if self._queue:
             delay = self.max_queue_delay_us / 1e6
             age = now - self._queue[0].enqueued
+            n = min(limit, len(self._queue))
             deadlines = [q.deadline for q in self._queue if q.deadline is not None]
-            # Waiting must not make a queued request miss its deadline.
-            urgent = bool(deadlines) and min(deadlines) - now <= delay - age
+            # Waiting, then running, must not make a queued request miss its deadline.
+            run_s = self._expected_run_s(n, alone)
+            urgent = bool(deadlines) and min(deadlines) - now - run_s <= delay - age
             # "Nothing more on its way" sends a partial batch only to an idle engine: beside a running
             # lane, a batch waits up to the delay to fill (many small lane batches starve decode).
             settled = self._incoming <= 0 and self._running == 0
             if len(self._queue) >= limit or settled or age >= delay or urgent:
-                n = min(limit, len(self._queue))
-                out.batch = [self._queue.popleft() for _ in range(n)]
+                taken = [self._queue.popleft() for _ in range(n)]
+                self._admitted -= n
+                self._split(out, taken, now, alone)
             else:
                 out.wait_s = delay - age
-        self._admitted -= len(out.batch)
         return out
+
+    def _split(self, out: BatchPoll[T], taken: list[Queued[T]], now: float, alone: bool) -> None:
+        """`taken` into the batch and the doomed: the most of them that a batch of that many still
+        finishes in time for (those with the latest deadlines), in queue order."""
+        latest_first = sorted(taken, key=lambda q: -math.inf if q.deadline is None else -q.deadline)
+        keep = 0
+        for k in range(len(taken), 0, -1):
+            deadline = latest_first[k - 1].deadline
+            if deadline is None or deadline >= now + self._expected_run_s(k, alone):
+                keep = k
+                break
+        if keep == len(taken):
+            out.batch = taken
+            return
+        kept = {id(q) for q in latest_first[:keep]}
+        out.batch = [q for q in taken if id(q) in kept]
+        out.doomed = [q for q in taken if id(q) not in kept]
+        out.run_s = self._expected_run_s(keep + 1, alone)
 
     def get(self, timeout: float | None = None) -> BatchPoll[T]:
         """Block until there is a batch or expired items (or `timeout` seconds, or close()). A batch
@@ -254,7 +312,7 @@ class DynamicBatcher(Generic[T]):
         with self._cond:
             while True:
                 out = self._take(self.clock(), alone=True) if self._running < self.lanes else BatchPoll[T]()
-                if out.batch or out.expired or self._closed:
+                if out.batch or out.expired or out.doomed or self._closed:
                     return out
                 left = None if end is None else end - time.monotonic()
                 if left is not None and left <= 0:

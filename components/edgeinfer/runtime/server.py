@@ -24,7 +24,9 @@ Deadlines count from when the request was sent, when it says (`sent_at`, `deadli
 message expiry, which the broker counts down while it holds the message): a request that waited
 upstream past its budget is answered DEADLINE_EXCEEDED on arrival, before any work is spent on it,
 and so is one, at admission, with less time left than the full batches ahead of it take
-(`admitByDeadline`). What is answered on arrival or refused at admission is answered on the cheap
+(`admitByDeadline`), and in the queue, one whose batch would end after its deadline (the batcher's
+expected run time). A result ready after its deadline is answered DEADLINE_EXCEEDED, never `ok`.
+What is answered on arrival or refused at admission is answered on the cheap
 fields alone: a JSON request's image is cut out of the payload unparsed (`read_request`) and its
 base64 decoded only once the request is taken on. How late requests arrive (and those answered on
 arrival) reaches the placement policy: the sign of a backlog in front of the runtime that its own
@@ -533,11 +535,15 @@ class InferenceServer:
 
     def _serve_local(self, job: Job, *, fallback: bool = False, inline: bool = False) -> None:
         """Admit and decode on the edge (`inline`: on this thread). `fallback`: an offload came back
-        late or failed — serve it here even past its deadline (an answer, late, rather than none)."""
+        late or failed — served here on what is left of its deadline."""
         if job.answered:
             return
-        if fallback:
-            job.deadline = None
+        if fallback and job.deadline is not None and job.deadline <= self.clock():
+            # Computed now it could only be answered DEADLINE_EXCEEDED (never `ok` late): at once.
+            late_ms = (self.clock() - job.deadline) * 1000
+            why = f"the deadline had passed {late_ms:.0f} ms before the offload was given up"
+            self._fail(job, ErrorCode.DEADLINE_EXCEEDED, why)
+            return
         if job.deadline is not None and self.cfg.admit_by_deadline and self._engine_ms > 0:
             floor_s = self.batcher.wait_floor_s(self._engine_ms / 1000)
             left_s = job.deadline - self.clock()
@@ -686,11 +692,13 @@ class InferenceServer:
         try:
             for item in poll.expired:
                 self._fail(item.item, ErrorCode.DEADLINE_EXCEEDED, "deadline passed while queued")
+            for item in poll.doomed:
+                self._fail(item.item, ErrorCode.DEADLINE_EXCEEDED, self._doomed_why(item, poll))
             if poll.batch:
                 self._run_batch(poll.batch, inline_replies=inline_replies, lane=not poll.alone)
         except Exception:
             log.exception("a batch of %d failed after inference", len(poll.batch))
-            for q in [*poll.expired, *poll.batch]:
+            for q in [*poll.expired, *poll.doomed, *poll.batch]:
                 try:
                     self._fail(q.item, ErrorCode.INTERNAL, "internal error")  # no-op if answered
                 except Exception:
@@ -698,6 +706,11 @@ class InferenceServer:
         finally:
             if poll.batch:
                 self.batcher.done(poll.slots)
+
+    def _doomed_why(self, item: Queued[Job], poll: BatchPoll[Job]) -> str:
+        left_ms = 0.0 if item.deadline is None else (item.deadline - self.clock()) * 1000
+        size = len(poll.batch) + 1
+        return f"{left_ms:.0f} ms left, and a batch of {size} takes about {poll.run_s * 1000:.0f} ms"
 
     def _run_batch(
         self, batch: list[Queued[Job]], *, inline_replies: bool = False, lane: bool = False
@@ -724,6 +737,7 @@ class InferenceServer:
         if not all(j.discard for j in jobs):
             self.timings.execution(n)
         ms = (end - start) * 1000
+        self.batcher.observe_run(n, end - start, alone=not lane)
         self._placement_hook("on_batch_end", n, ms)
         with self._stats_lock:
             self.stats.batches.append(n)
@@ -797,6 +811,22 @@ class InferenceServer:
             lat.postprocess = max(0.0, (now - job.arrived) * 1000 - lat.queue - lat.decode - lat.inference)
         lat.total = (now - job.arrived) * 1000
         result.timestamp = iso_utc(self.wall())
+        computed = result
+        if result.status == "ok" and job.deadline is not None and now > job.deadline:
+            # Ready after its deadline: the client has given up on it, and an `ok` would say it was
+            # in time. The timings stay, so it says where the time went.
+            late_ms = (now - job.deadline) * 1000
+            result = error_result(
+                result.id,
+                ErrorCode.DEADLINE_EXCEEDED,
+                f"the result was ready {late_ms:.0f} ms after the deadline",
+                timestamp=result.timestamp,
+                latency=result.latency_ms,
+                placement=result.placement,
+                model=result.model,
+                provider=result.provider,
+            )
+            result.batch_size = computed.batch_size
         fmt = job.request.result_format
         if result.status == "ok" and (fmt == "dlr" or self.cfg.result_format == "dlr"):
             doc: dict[str, Any] = {"id": result.id, "status": "ok", **result.to_dlr_dict()}
@@ -833,7 +863,8 @@ class InferenceServer:
             )
         except TransportError as exc:
             self._publish_failed(job, exc)
-        self._placement_hook("on_result", job.request.id, result)
+        # The policy learns from what the edge really took, in time or not.
+        self._placement_hook("on_result", job.request.id, computed)
         self._count(result, +1)
         self.timings.record(
             TimingRecord(
