@@ -16,7 +16,12 @@ Set-up, all in one run:
 * open-loop Poisson arrivals at 0.5×, 1×, 1.5× and 2× that throughput (the median of three runs,
   measured once before the first load),
   `deadline_ms` 100, each load with the policy off (the runtime as shipped: everything on the edge)
-  and on (`HybridPlacement`), alternating in short segments so that both meet the same background.
+  and on (`HybridPlacement`), alternating in short segments so that both meet the same background;
+  each request carries `sent_at`, the load generator's wall clock read with its send time, so the
+  runtime counts the deadline from the sending and the policy sees how late requests arrive (the
+  wait in front of the server: the edge's transport). The requests reach the edge over its local
+  transport, as a device's own clients do: the injected RTT is on the edge's IoT side only, once
+  each way.
 
 Per run: share answered OK within the deadline (client-side latency), p50 / p99 of OK answers, the
 offloaded share, errors by code, lost requests (never answered) and duplicates (answered twice).
@@ -55,6 +60,7 @@ from edgeinfer import procfs
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.stats import quantile
 from edgeinfer.transport import MemoryBus, MessageHandler, MqttProperties, Subscription, Target
+from edgeinfer_bench.iot import Template, templates
 from edgeinfer_bench.requests import request_templates, with_id
 
 log = logging.getLogger(__name__)
@@ -361,13 +367,17 @@ class Connection:
         self._thread.join(30)
 
 
-def _send(conn: Connection, tracker: Tracker, rid: str, body: bytes) -> None:
+def _send(conn: Connection, tracker: Tracker, rid: str, part: bytes | Template) -> None:
+    """Send the request `rid` from `part`: a template with an id slot, or one with `sent_at` too, which
+    gets the wall clock read beside the tracker's send time (one moment on the generator's clocks)."""
     from edgeinfer.messages import infer_topic
     from edgeinfer.transport import Message
 
     with tracker.lock:
         tracker.sent[rid] = time.perf_counter()
-    conn.deliver(Message(infer_topic(THING), with_id(body, rid), "local"))
+        sent_at = time.time()
+    body = with_id(part, rid) if isinstance(part, bytes) else part.body(rid, sent_at)
+    conn.deliver(Message(infer_topic(THING), body, "local"))
 
 
 def saturated_rps(edge: Edge, images: list[bytes], seconds: float = 4.0, window: int = 32) -> float:
@@ -423,7 +433,7 @@ def open_loop(
     if placement is not None:
         server.set_placement(placement, placement)
     sub = edge.bus.subscribe(result_topic(THING), tracker.handler)
-    bodies = request_templates(images, top_k=1, deadline_ms=deadline_ms)
+    bodies = templates(images, deadline_ms)  # top_k 1, `sent_at` stamped at each send
     rng = random.Random(seed)
     server.start()
     conn = Connection(server)

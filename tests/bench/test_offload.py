@@ -5,15 +5,31 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from edgeinfer.cli import main
 from edgeinfer.errors import EdgeinferError
-from edgeinfer.messages import ErrorCode, Result, error_result
+from edgeinfer.messages import ErrorCode, Result, error_result, parse_request
+from edgeinfer.sim.broker import MosquittoBroker
 from edgeinfer.transport import Message
-from edgeinfer_bench.offload import Scheduler, Tracker, _parse_rtt, policy_config, summarize, targets
+from edgeinfer.transport.mqtt import MqttPubSub
+from edgeinfer_bench.iot import templates
+from edgeinfer_bench.offload import (
+    Connection,
+    DelayedPubSub,
+    EdgeBus,
+    Scheduler,
+    Tracker,
+    _parse_rtt,
+    _send,
+    policy_config,
+    summarize,
+    targets,
+)
+from tests.helpers.images import solid_jpeg
 
 
 def _answer(tracker: Tracker, rid: str, result: Result, at: float) -> None:
@@ -109,6 +125,76 @@ def test_policy_keys_are_the_recipes_and_bad_ones_are_one_line_errors() -> None:
 
 def test_bench_without_a_model_store_is_a_one_line_error(tmp_path: Path) -> None:
     assert main(["bench", "offload", "--model-dir", str(tmp_path)]) == 2
+
+
+class _Recorder:
+    """The server end of the edge's transport: what reached it."""
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+
+    def handle_message(self, message: Message) -> None:
+        self.messages.append(message)
+
+
+def test_each_request_carries_sent_at_read_when_it_is_sent() -> None:
+    server = _Recorder()
+    conn = Connection(server)
+    tracker = Tracker()
+    part = templates([solid_jpeg((120, 80, 40), (64, 48))], 100.0)[0]
+    window: list[tuple[float, float]] = []
+    for rid in ("r-0", "r-1"):
+        before = time.time()
+        _send(conn, tracker, rid, part)
+        window.append((before, time.time()))
+    conn.close()
+    requests = [parse_request(m.payload) for m in server.messages]
+    assert [r.id for r in requests] == ["r-0", "r-1"]
+    assert list(tracker.sent) == ["r-0", "r-1"]
+    for request, (before, after) in zip(requests, window, strict=True):
+        assert (request.deadline_ms, request.top_k) == (100.0, 1)
+        assert request.sent_at is not None
+        assert before - 0.001 <= request.sent_at <= after  # on the wire to the millisecond, rounded down
+    assert server.messages[0].target == "local"  # the local transport: no injected RTT on the way in
+
+
+def test_the_rtt_is_injected_once_each_way_on_the_iot_side_only(sim_broker: MosquittoBroker) -> None:
+    half_s = 0.04
+    edge = MqttPubSub.connect_tcp(sim_broker.host, sim_broker.port, client_id="bench-test-edge")
+    cloud = MqttPubSub.connect_tcp(sim_broker.host, sim_broker.port, client_id="bench-test-cloud")
+    delayed = DelayedPubSub(edge, (2000 * half_s, 2000 * half_s))
+    bus = EdgeBus(delayed)
+    got: dict[str, float] = {}
+    arrived = {name: threading.Event() for name in ("offload", "answer")}
+
+    def on(name: str) -> Callable[[Message], None]:
+        def handler(_message: Message) -> None:
+            got[name] = time.monotonic()
+            arrived[name].set()
+
+        return handler
+
+    try:
+        cloud.subscribe("bench-test/offload", on("offload"), qos=1)
+        bus.subscribe("bench-test/answer", on("answer"), target="iot", qos=1)
+        local: list[Message] = []
+        bus.subscribe("bench-test/local", local.append)
+        bus.publish("bench-test/local", b"x")
+        assert len(local) == 1  # local pub/sub: handed over in the publish, no delay to wait out
+        done: list[Exception | None] = []
+        sent = time.monotonic()
+        bus.publish_nowait("bench-test/offload", b"o", target="iot", qos=1, on_done=done.append)
+        assert arrived["offload"].wait(10)
+        assert got["offload"] - sent >= half_s  # the offload's half
+        answered = time.monotonic()
+        cloud.publish("bench-test/answer", b"a", qos=1)
+        assert arrived["answer"].wait(10)
+        assert got["answer"] - answered >= half_s  # the answer's half
+        assert done == [None]
+    finally:
+        delayed.close()
+        edge.close()
+        cloud.close()
 
 
 @pytest.mark.slow
