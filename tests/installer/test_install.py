@@ -355,7 +355,7 @@ def test_optional_requirements_that_do_not_install_leave_the_plan_standing(
 
 # ORT's native session made to fail a TensorRT session's initialisation, as a TensorRT that cannot
 # build the engine does; ORT's Python layer above it (its own fallback included) is the real one.
-_FAILING_TENSORRT = '''
+_FAILING_TENSORRT = """
 from onnxruntime.capi import _pybind_state as C
 
 
@@ -367,7 +367,7 @@ class _Session(C.InferenceSession):
 
 
 C.InferenceSession = _Session
-'''
+"""
 
 
 def _python_with(tmp_path: Path, sitecustomize: str) -> Path:
