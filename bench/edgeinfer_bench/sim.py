@@ -56,14 +56,23 @@ def register_bench(subparsers: Any) -> None:
     iot.add_argument(
         "--iot-messages",
         type=int,
+        metavar="N",
         default=2000,
         help="QoS 1 messages in the IoT Core flood (0: skip the part)",
     )
     iot.add_argument(
-        "--iot-size", type=int, default=45_000, help="bytes per message (a 640×480 JPEG: ~45 KB)"
+        "--iot-size",
+        metavar="BYTES",
+        type=int,
+        default=45_000,
+        help="bytes per message (a 640×480 JPEG: ~45 KB)",
     )
     iot.add_argument(
-        "--iot-delay-ms", type=float, default=0.0, help="the sink's time per message (a slow component)"
+        "--iot-delay-ms",
+        metavar="MS",
+        type=float,
+        default=0.0,
+        help="the sink's time per message (a slow component)",
     )
     iot.add_argument(
         "--iot-echo",
@@ -71,7 +80,7 @@ def register_bench(subparsers: Any) -> None:
         help="the sink answers each message with a 200-byte QoS 1 PublishToIoTCore, as the runtime does",
     )
     iot.add_argument(
-        "--iot-timeout-s", type=float, default=300.0, help="longest wait for the flood to arrive"
+        "--iot-timeout-s", metavar="S", type=float, default=300.0, help="longest wait for the flood to arrive"
     )
     p.set_defaults(func=run)
 
@@ -220,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
         raise EdgeinferError("--pings, --messages and --starts must be at least 1")
     sim_iot.check_options(args.iot_messages, args.iot_size, args.iot_delay_ms)
     iot: dict[str, Any] | None = None
+    load_at_start = list(os.getloadavg())
     console = Console(stderr=True)
     with tempfile.TemporaryDirectory(prefix="ggbench-") as tmp_name:
         tmp = Path(tmp_name)
@@ -254,7 +264,9 @@ def run(args: argparse.Namespace) -> int:
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
             "python": platform.python_version(),
-            "load_avg_at_end": list(os.getloadavg()),  # a shared machine: how busy it was
+            # a shared machine: how busy it was (1, 5 and 15 min load averages)
+            "load_avg_at_start": load_at_start,
+            "load_avg_at_end": list(os.getloadavg()),
         },
         "local_pubsub": {
             **ipc,
