@@ -15,11 +15,15 @@ is answered ok in time; resident memory (VmRSS, every 200 ms) and CPU of the nuc
 and mosquitto.
 
 `--expiry-s N`: every request and probe carries MQTT 5 message expiry N s, the sender's answer to
-a backlog: the broker discards a message it held longer, and the runtime answers DEADLINE_EXCEEDED
-to one whose expiry ran out on its way. The discards are not observable (mosquitto 2.0.11 counts
-none in `$SYS`), so an unanswered request counts as `expired_in_broker` ("unanswered, sent with
-expiry N s") unless a later request of its load was answered within N s of its sending, which
-proves the broker handed it on in time; then it is `lost`. Without expiry, unanswered is lost.
+a backlog: the broker discards a message that expires while it holds it, and the runtime answers
+DEADLINE_EXCEEDED to one whose expiry ran out on its way. mosquitto 2.0.11 checks expiry only on
+messages still queued for a subscriber: one already written to the subscriber's connection (the
+bridge's, which holds its inbox and so leaves the backlog in the broker's output) travels with the
+expiry left at the time of writing, and one written in its last second goes without any. The
+discards are not observable (mosquitto counts none in `$SYS`), so an unanswered request counts as
+`expired_in_broker` ("unanswered, sent with expiry N s") unless a later request of its load was
+answered within N s of its sending, which proves the broker handed it on in time; then it is
+`lost`. Without expiry, unanswered is lost.
 
 Targets (#19's Done means): every request answered exactly once within 30 s of the load's end,
 none lost (with expiry: none of those still within their expiry); a fresh request answered ok in
