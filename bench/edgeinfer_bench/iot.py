@@ -63,6 +63,7 @@ from typing import Any
 from edgeinfer import procfs
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.stats import quantile
+from edgeinfer_bench.requests import Template, timed_templates
 
 THING = "bench-iot"
 DEFAULT_RATES = "100,200,400"
@@ -77,7 +78,6 @@ SAMPLE_INTERVAL_S = 0.2
 START_TIMEOUT_S = 180.0
 FINAL_WAIT_S = 30.0  # at the run's end, for whatever is still unanswered
 ACK_TIMEOUT_S = 60.0  # the sender waits this long for its last PUBACKs
-EPOCH_SLOT = "1970-01-01T00:00:00.000Z"  # `sent_at` of the templates, replaced per request
 PROCESSES = ("nucleus", "runtime", "broker")
 LOST_MEANS = "no answer within answer_window_s of the load's end"
 LOST_MEANS_EXPIRY = (
@@ -156,40 +156,6 @@ def register_bench(subparsers: Any) -> None:
 
 def _progress(text: str) -> None:
     print(f"bench iot: {text}", file=sys.stderr, flush=True)
-
-
-# ------------------------------------------------------------------------------------------ requests
-
-
-@dataclass(frozen=True)
-class Template:
-    """A request's encoded JSON cut around its id and its `sent_at`: one join per send."""
-
-    head: bytes
-    middle: bytes
-    tail: bytes
-
-    @classmethod
-    def from_request(cls, encoded: bytes) -> Template:
-        from edgeinfer_bench.requests import ID_SLOT
-
-        head, sep, rest = encoded.partition(ID_SLOT.encode())
-        middle, sep2, tail = rest.partition(EPOCH_SLOT.encode())
-        if not sep or not sep2:
-            raise EdgeinferError("request template: no id or sent_at slot in the encoded request")
-        return cls(head, middle, tail)
-
-    def body(self, request_id: str, sent_at: float) -> bytes:
-        from edgeinfer.messages import iso_utc
-
-        return b"".join((self.head, request_id.encode(), self.middle, iso_utc(sent_at).encode(), self.tail))
-
-
-def templates(images: list[bytes], deadline_ms: float) -> list[Template]:
-    from edgeinfer_bench.requests import request_templates
-
-    encoded = request_templates(images, deadline_ms=deadline_ms, sent_at=0.0, top_k=1)
-    return [Template.from_request(e) for e in encoded]
 
 
 # -------------------------------------------------------------------------------- the sender process
@@ -1014,7 +980,7 @@ def run(args: argparse.Namespace) -> int:
 
     from edgeinfer_bench.runtime import bench_images
 
-    parts = templates(bench_images(), args.deadline_ms)
+    parts = timed_templates(bench_images(), deadline_ms=args.deadline_ms, top_k=1)
     root = Path(tempfile.mkdtemp(prefix="edgeinfer-bench-iot-"))
     previous = (
         signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None

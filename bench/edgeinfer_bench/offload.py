@@ -60,8 +60,7 @@ from edgeinfer import procfs
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.stats import quantile
 from edgeinfer.transport import MemoryBus, MessageHandler, MqttProperties, Subscription, Target
-from edgeinfer_bench.iot import Template, templates
-from edgeinfer_bench.requests import request_templates, with_id
+from edgeinfer_bench.requests import Template, request_templates, timed_templates, with_id
 
 log = logging.getLogger(__name__)
 
@@ -433,7 +432,7 @@ def open_loop(
     if placement is not None:
         server.set_placement(placement, placement)
     sub = edge.bus.subscribe(result_topic(THING), tracker.handler)
-    bodies = templates(images, deadline_ms)  # top_k 1, `sent_at` stamped at each send
+    bodies = timed_templates(images, deadline_ms=deadline_ms, top_k=1)  # `sent_at` stamped at each send
     rng = random.Random(seed)
     server.start()
     conn = Connection(server)

@@ -8,21 +8,8 @@ from pathlib import Path
 import pytest
 
 from edgeinfer.cli import main
-from edgeinfer.errors import EdgeinferError
-from edgeinfer.messages import ErrorCode, Request, Result, error_result, parse_request
-from edgeinfer_bench.iot import PROCESSES, Template, load_labels, summarize, targets, templates
-
-
-def test_a_template_sends_the_contracts_request_with_its_id_and_sent_at() -> None:
-    (part,) = templates([b"\xff\xd8not really a jpeg"], deadline_ms=100.0)
-    request = parse_request(part.body("r100-7", 1_800_000_000.25))
-    assert isinstance(request, Request)
-    assert request.id == "r100-7"
-    assert request.image == b"\xff\xd8not really a jpeg"
-    assert request.deadline_ms == 100.0
-    assert request.sent_at == pytest.approx(1_800_000_000.25, abs=1e-3)
-    with pytest.raises(EdgeinferError):
-        Template.from_request(b'{"id": "no slots"}')
+from edgeinfer.messages import ErrorCode, Result, error_result
+from edgeinfer_bench.iot import PROCESSES, load_labels, summarize, targets
 
 
 def test_summarize_counts_each_request_once_and_places_late_answers() -> None:

@@ -16,7 +16,6 @@ from edgeinfer.messages import ErrorCode, Result, error_result, parse_request
 from edgeinfer.sim.broker import MosquittoBroker
 from edgeinfer.transport import Message
 from edgeinfer.transport.mqtt import MqttPubSub
-from edgeinfer_bench.iot import templates
 from edgeinfer_bench.offload import (
     Connection,
     DelayedPubSub,
@@ -29,6 +28,7 @@ from edgeinfer_bench.offload import (
     summarize,
     targets,
 )
+from edgeinfer_bench.requests import timed_templates
 from tests.helpers.images import solid_jpeg
 
 
@@ -141,7 +141,7 @@ def test_each_request_carries_sent_at_read_when_it_is_sent() -> None:
     server = _Recorder()
     conn = Connection(server)
     tracker = Tracker()
-    part = templates([solid_jpeg((120, 80, 40), (64, 48))], 100.0)[0]
+    part = timed_templates([solid_jpeg((120, 80, 40), (64, 48))], deadline_ms=100.0, top_k=1)[0]
     window: list[tuple[float, float]] = []
     for rid in ("r-0", "r-1"):
         before = time.time()

@@ -1,9 +1,12 @@
-"""Load generators' requests: the message contract's encoding, an id filled in per send."""
+"""Load generators' requests: the message contract's encoding, an id (and `sent_at`) filled in per send."""
 
 from __future__ import annotations
 
-from edgeinfer.messages import parse_request
-from edgeinfer_bench.requests import ID_SLOT, request_templates, with_id
+import pytest
+
+from edgeinfer.errors import EdgeinferError
+from edgeinfer.messages import Request, parse_request
+from edgeinfer_bench.requests import ID_SLOT, Template, request_templates, timed_templates, with_id
 
 
 def test_templates_parse_as_the_requests_they_stand_for() -> None:
@@ -21,3 +24,15 @@ def test_templates_parse_as_the_requests_they_stand_for() -> None:
 def test_only_the_id_is_replaced() -> None:
     template = request_templates([ID_SLOT.encode()])[0]  # an "image" whose bytes spell the slot
     assert parse_request(with_id(template, "x")).image == ID_SLOT.encode()
+
+
+def test_a_template_sends_the_contracts_request_with_its_id_and_sent_at() -> None:
+    (part,) = timed_templates([b"\xff\xd8not really a jpeg"], deadline_ms=100.0)
+    request = parse_request(part.body("r100-7", 1_800_000_000.25))
+    assert isinstance(request, Request)
+    assert request.id == "r100-7"
+    assert request.image == b"\xff\xd8not really a jpeg"
+    assert request.deadline_ms == 100.0
+    assert request.sent_at == pytest.approx(1_800_000_000.25, abs=1e-3)
+    with pytest.raises(EdgeinferError):
+        Template.from_request(b'{"id": "no slots"}')
