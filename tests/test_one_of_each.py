@@ -63,6 +63,8 @@ _PROC_FORMATS = "|".join(
 def test_one_proc_reader() -> None:
     found = _files(_places(_PROC_FORMATS))
     assert found == ["components/edgeinfer/procfs.py"]
+    # A process's resident memory is procfs.process_rss_bytes.
+    assert _files(_places(r"def \w*rss\w*\(")) == ["components/edgeinfer/procfs.py"]
 
 
 def test_one_request_encoder() -> None:

@@ -45,6 +45,9 @@ def test_stat_with_odd_command_names(tmp_path: Path) -> None:
     assert procfs.parse_stat("garbage") is None
     assert procfs.stat(8, tmp_path) is None  # gone
     assert procfs.process_cpu_s(8, tmp_path) == 0.0
+    (tmp_path / "7" / "status").write_text("Name:\tpython\nVmRSS:\t  12 kB\n")
+    assert procfs.process_rss_bytes(7, tmp_path) == 12 * 1024
+    assert procfs.process_rss_bytes(8, tmp_path) is None
 
 
 def test_find_pids(tmp_path: Path) -> None:
@@ -68,6 +71,17 @@ def test_real_proc_knows_this_process() -> None:
     own = procfs.stat("self")
     assert own is not None
     assert own.pgid == os.getpgid(0)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+def test_real_rss_of_this_process_grows_with_what_it_holds() -> None:
+    before = procfs.process_rss_bytes(os.getpid())
+    assert before is not None
+    held = b"\1" * (64 * 2**20)  # written, so resident
+    after = procfs.process_rss_bytes("self")
+    assert after is not None
+    assert after - before >= 32 * 2**20
+    del held
 
 
 # Recorded /proc/cpuinfo lines (one core each): the AMD EPYC this project builds on (AVX2, no VNNI),

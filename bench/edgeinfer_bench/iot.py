@@ -492,11 +492,6 @@ def _round(value: float, digits: int = 3) -> float | None:
 # ------------------------------------------------------------------------------------- processes
 
 
-def rss_bytes(pid: int) -> int | None:
-    text = procfs.read(procfs.PROC / str(pid) / "status")
-    return procfs.parse_status_rss(text) if text else None
-
-
 def descendants(pid: int) -> Iterator[int]:
     """Every process below `pid` (children of each of its threads, recursively)."""
     todo = [pid]
@@ -548,12 +543,12 @@ class Sampler:
         cpu: dict[str, float] = {}
         for name in PROCESSES:
             pid = self.pids[name]
-            value = rss_bytes(pid) if pid else None
+            value = procfs.process_rss_bytes(pid) if pid else None
             if value is None and name == "runtime":
                 pid = self.pids["runtime"] = find_runtime(int(self.pids["nucleus"] or 0))
                 if pid:
                     self.runtime_pids.add(pid)
-                    value = rss_bytes(pid)
+                    value = procfs.process_rss_bytes(pid)
             rss[name] = value
             cpu[name] = procfs.process_cpu_s(pid) if pid else 0.0
         with self._lock:

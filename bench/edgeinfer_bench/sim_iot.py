@@ -27,8 +27,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from edgeinfer import procfs
 from edgeinfer.errors import EdgeinferError
-from edgeinfer_bench.iot import rss_bytes
 from edgeinfer_bench.sim import component_recipe, sim_down, sim_up
 
 THING = "bench-flood"
@@ -63,7 +63,7 @@ class PeakRss:
 
     def _sample(self) -> None:
         while not self._stop.wait(0.05):
-            self.peak = max(self.peak, rss_bytes(self.pid) or 0)
+            self.peak = max(self.peak, procfs.process_rss_bytes(self.pid) or 0)
 
     def stop(self) -> float:
         """The peak in MiB."""

@@ -34,6 +34,7 @@ __all__ = [
     "pids",
     "process_age_s",
     "process_cpu_s",
+    "process_rss_bytes",
     "process_ticks",
     "read",
     "saturating_int8_here",
@@ -208,6 +209,12 @@ def process_ticks(pid: int | str, proc: Path = PROC) -> int:
 def process_cpu_s(pid: int | str, proc: Path = PROC) -> float:
     """User + system CPU seconds of a process so far (0 when it is gone)."""
     return process_ticks(pid, proc) / clock_ticks()
+
+
+def process_rss_bytes(pid: int | str, proc: Path = PROC) -> int | None:
+    """Resident memory (VmRSS) of a process in bytes; None once it is gone, or for a kernel thread."""
+    text = read(proc / str(pid) / "status")
+    return parse_status_rss(text) if text else None
 
 
 def cmdline(pid: int | str, proc: Path = PROC) -> list[bytes] | None:
