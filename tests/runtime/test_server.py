@@ -1033,3 +1033,44 @@ def test_a_result_ready_after_its_deadline_is_deadline_exceeded_never_ok(
         assert res["roomy"].status == "ok"
         assert server.stats.ok == 2
         assert server.stats.errors == {"DEADLINE_EXCEEDED": 1}
+
+
+def test_an_offload_given_up_keeps_its_deadline_and_a_late_cloud_answer_is_not_ok(
+    make_engine: Callable[..., Engine],
+) -> None:
+    cfg = RuntimeConfig(max_batch_size=2)
+    cfg.lanes = 1
+    clock = FakeClock()
+    engine = SlowEngine(make_engine(cfg), clock, 0.001)
+
+    class Policy:
+        def decide(self, request: Request, ctx: PlacementContext) -> Decision:
+            return Decision("cloud")
+
+    class Cloud:
+        """Takes 200 ms: "lost" is given up and served locally, "slow" answered by the cloud, late."""
+
+        def offload(self, request: Request, ctx: PlacementContext, reply: Callable[[Result], None]) -> None:
+            clock.advance(0.200)
+            if request.id == "lost":
+                assert ctx.local is not None
+                ctx.local()
+            else:
+                reply(Result(request.id, "ok", "", placement="cloud", provider="cloud"))
+
+    with serving(engine, cfg, clock) as (bus, server):
+        server.set_placement(Policy(), Cloud())
+        img = b64(solid_jpeg((250, 1, 1)))
+        for rid in ("lost", "slow"):
+            bus.publish(INFER, json.dumps({"id": rid, "image": img, "deadline_ms": 100}).encode())
+        eventually(lambda: len(_answers(bus)) == 2)
+        res = _by_id(bus)
+        assert engine.sizes == []  # neither computed here
+        for rid in ("lost", "slow"):
+            error = res[rid].error
+            assert error is not None
+            assert error.code is ErrorCode.DEADLINE_EXCEEDED
+        assert res["lost"].error is not None
+        assert res["lost"].error.message == "the deadline had passed 100 ms before the offload was given up"
+        assert res["slow"].placement == "cloud"
+        eventually(lambda: server.inflight.count == 0)
