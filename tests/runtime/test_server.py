@@ -753,6 +753,27 @@ def test_a_request_past_its_deadline_on_arrival_is_answered_deadline_exceeded_no
     assert harness.server.stats.expired_on_arrival == 2
 
 
+def test_the_default_deadline_counts_from_sent_at_too(make_engine: Callable[..., Engine]) -> None:
+    from edgeinfer.messages import iso_utc
+
+    cfg = RuntimeConfig(max_batch_size=4, max_queue_size=16, default_deadline_ms=100)
+    h = Harness(make_engine(cfg), cfg)
+    try:
+        now = time.time()
+        img = b64(solid_jpeg((250, 5, 5)))
+        # No deadline_ms of its own: the configured 100 ms count from its sending, 5 s ago.
+        h.send({"id": "old", "image": img, "sent_at": iso_utc(now - 5)})
+        h.send({"id": "new", "image": img, "deadline_ms": 60_000, "sent_at": iso_utc(now)})
+        results = {r.id: r for r in h.wait_results(2)}
+        error = results["old"].error
+        assert error is not None
+        assert error.code is ErrorCode.DEADLINE_EXCEEDED
+        assert results["old"].batch_size == 0
+        assert results["new"].status == "ok"
+    finally:
+        h.server.stop()
+
+
 def test_mqtt5_message_expiry_counts_as_the_deadline(harness: Harness) -> None:
     img = b64(solid_jpeg((250, 5, 5)))
     expired = MqttProperties(message_expiry_s=0)

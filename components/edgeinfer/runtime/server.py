@@ -529,6 +529,9 @@ class InferenceServer:
         deadline_ms = req.deadline_ms or self.cfg.default_deadline_ms or None
         if deadline_ms and req.sent_at is None:
             ends.append(arrived + deadline_ms / 1000)
+        elif deadline_ms and req.deadline_ms is None and req.sent_at is not None:
+            # The configured default counts from the sending too, as a request's own would.
+            ends.append(arrived + (req.sent_at + deadline_ms / 1000 - self.wall()))
         if props is not None and props.message_expiry_s is not None:
             ends.append(arrived + props.message_expiry_s)
         return min(ends, default=None)
