@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,6 +60,30 @@ def test_find_pids(tmp_path: Path) -> None:
     assert procfs.cmdline(10, tmp_path) == [b"python", b"-m", b"edgeinfer.runtime"]
     assert procfs.cmdline(12, tmp_path) is None
     assert list(procfs.pids(tmp_path / "none")) == []
+
+
+def test_children_of_every_thread(tmp_path: Path) -> None:
+    for tid, text in (("20", "21 22 \n"), ("23", "24\n"), ("25", "")):
+        (tmp_path / "20" / "task" / tid).mkdir(parents=True)
+        (tmp_path / "20" / "task" / tid / "children").write_text(text)
+    (tmp_path / "20" / "task" / "26").mkdir()  # a thread that ended between the listing and the read
+    assert procfs.children(20, tmp_path) == [21, 22, 24]
+    assert procfs.children(30, tmp_path) == []  # gone
+
+
+@pytest.mark.skipif(
+    not Path(f"/proc/self/task/{os.getpid()}/children").exists(), reason="needs /proc/<pid>/task/*/children"
+)
+def test_real_children_of_this_process() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert child.pid in procfs.children(os.getpid())
+        assert child.pid in procfs.children("self")
+        assert procfs.children(child.pid) == []
+    finally:
+        child.kill()
+        child.wait()
+    assert child.pid not in procfs.children(os.getpid())
 
 
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="needs Linux /proc")

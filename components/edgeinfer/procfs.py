@@ -18,6 +18,7 @@ __all__ = [
     "PROC",
     "SATURATING_INT8",
     "ProcStat",
+    "children",
     "clock_ticks",
     "cmdline",
     "core_times",
@@ -224,6 +225,21 @@ def cmdline(pid: int | str, proc: Path = PROC) -> list[bytes] | None:
     except OSError:
         return None
     return raw.rstrip(b"\0").split(b"\0") if raw else []
+
+
+def children(pid: int | str, proc: Path = PROC) -> list[int]:
+    """The direct children of a process, those of every one of its threads (a child belongs to the
+    thread that forked it); empty once the process is gone or where the kernel has no `children`."""
+    try:
+        tasks = sorted(os.listdir(proc / str(pid) / "task"))
+    except OSError:
+        return []
+    found: list[int] = []
+    for tid in tasks:
+        for word in (read(proc / str(pid) / "task" / tid / "children") or "").split():
+            if word.isdigit():
+                found.append(int(word))
+    return found
 
 
 def pids(proc: Path = PROC) -> Iterator[int]:
