@@ -35,17 +35,25 @@ def test_descendants_reach_a_grandchild() -> None:
 
 
 def test_find_runtime_takes_the_runtime_not_a_shell_naming_it() -> None:
-    # `python - edgeinfer.runtime` reads its script from stdin: argv names the runtime as
-    # `python -m edgeinfer.runtime` does, without starting one; `python -c` with the name is a script
-    shell = subprocess.Popen([sys.executable, "-c", SLEEP, "edgeinfer.runtime"])
-    runtime = subprocess.Popen([sys.executable, "-", "edgeinfer.runtime"], stdin=subprocess.PIPE)
+    # Under a parent of their own, so that another test's runtime is not among the descendants.
+    # `python - edgeinfer.runtime` reads its script from stdin: its argv names the runtime as
+    # `python -m edgeinfer.runtime` does, without starting one; `python -c SCRIPT edgeinfer.runtime`
+    # is a script naming it, as the runtime's run script does before it `exec`s.
+    spawn = (
+        "import subprocess, sys; "
+        f"s = subprocess.Popen([sys.executable, '-c', {SLEEP!r}, 'edgeinfer.runtime']); "
+        "r = subprocess.Popen([sys.executable, '-', 'edgeinfer.runtime'], stdin=subprocess.PIPE); "
+        f"r.stdin.write({SLEEP!r}.encode()); r.stdin.close(); "
+        "print(s.pid, r.pid, flush=True)"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", f"{spawn}; {SLEEP}"], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    shell, runtime = (int(pid) for pid in parent.stdout.readline().split())
     try:
-        assert runtime.stdin is not None
-        runtime.stdin.write(SLEEP.encode())
-        runtime.stdin.close()
-        assert find_runtime(os.getpid()) == runtime.pid
-        assert find_runtime(shell.pid) is None
+        assert find_runtime(parent.pid) == runtime
+        assert find_runtime(shell) is None
     finally:
-        for proc in (shell, runtime):
-            proc.kill()
-            proc.wait()
+        for pid in (shell, runtime):
+            os.kill(pid, signal.SIGKILL)
+        parent.kill()
+        parent.wait()
