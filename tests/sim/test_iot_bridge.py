@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -68,6 +69,61 @@ def test_at_most_five_in_flight_the_rest_spooled_in_order(broker: MosquittoBroke
     finally:
         bridge.close()
     assert cloud == list(range(20))
+
+
+def test_publish_to_iot_core_is_answered_once_spooled_without_waiting_for_the_puback(
+    simulator: Callable[..., Simulator], device: Device, ipc_clients: Any, broker: MosquittoBroker
+) -> None:
+    # The classic nucleus answers once `MqttClient.publish` has stored the message in its spool;
+    # the spooler sends it later, at most `maxInFlightPublishes` unacknowledged.
+    device.add(A, access=ALLOW_ALL)
+    sim = simulator(device.recipes, device.artifacts, thing="ans", broker=broker.address)
+    assert sim._nucleus is not None
+    bridge = sim._nucleus.bridge
+    assert bridge is not None
+    inbox = sim.cloud_client().subscribe("ans/seq")
+    a = ipc_clients(sim, A)
+    assert broker._proc is not None
+    os.kill(broker._proc.pid, signal.SIGSTOP)  # no PUBACK can come
+    try:
+        for i in range(12):
+            a.publish_to_iot_core(topic_name="ans/seq", qos=QOS.AT_LEAST_ONCE, payload=str(i).encode())
+            assert bridge.pending()[0] == i + 1  # the spool held it before the answer came
+            assert bridge.in_flight() <= 5
+        assert wait_for(lambda: bridge.in_flight() == 5)
+        time.sleep(0.2)
+        assert bridge.in_flight() == 5
+    finally:
+        os.kill(broker._proc.pid, signal.SIGCONT)
+    assert [int(m.payload) for m in inbox.wait_for(12)] == list(range(12))
+    assert wait_for(lambda: bridge.pending() == (0, 0))
+
+
+def test_publishes_from_many_threads_keep_each_ones_order_and_all_arrive(broker: MosquittoBroker) -> None:
+    # Spooled messages are handed to the client by whichever thread spooled one or got a PUBACK.
+    bridge = IotBridge(broker.host, broker.port, client_id="bridge-threads", profile=CLASSIC)
+    threads, each = 4, 150
+    try:
+        from edgeinfer.sim.broker import CloudClient
+
+        with CloudClient(broker.host, broker.port) as watcher:
+            inbox = watcher.subscribe("mt/#")
+
+            def send(t: int) -> None:
+                for i in range(each):
+                    bridge.publish(f"mt/{t}", str(i).encode(), 1)
+
+            workers = [threading.Thread(target=send, args=(t,)) for t in range(threads)]
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join(30)
+            got = inbox.wait_for(threads * each, timeout=30)
+            assert wait_for(lambda: bridge.pending() == (0, 0))
+    finally:
+        bridge.close()
+    for t in range(threads):
+        assert [int(m.payload) for m in got if m.topic == f"mt/{t}"] == list(range(each))
 
 
 def test_the_spooler_drops_qos0_first_then_refuses(broker: MosquittoBroker) -> None:

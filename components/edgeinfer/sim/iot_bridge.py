@@ -5,9 +5,12 @@ publishes (client id `client_id`), one carries the subscriptions (`client_id#2`,
 nucleus gives its second connection). Publishes are checked as the classic nucleus's
 `MqttClient.publish` checks them, then queued in a spooler like its in-memory `Spool`
 (`mqtt.spooler.maxSizeInBytes`, 2.5 MiB: a full spool first drops queued QoS 0 messages, then refuses)
-and sent in order with at most `maxInFlightPublishes` (5) unacknowledged. The publish is accepted once
-spooled, as on the nucleus; offline, QoS 1 messages wait in the spool and QoS 0 ones are refused. A
-profile without a spooler (nucleus lite) publishes directly and answers when the broker has.
+and sent in order with at most `maxInFlightPublishes` (5) unacknowledged, handed to the client on
+the thread that spooled the message when fewer are in flight, else by the spooler thread once a
+PUBACK makes room. The publish is accepted once spooled, as on the nucleus (`MqttClient.publish`:
+"It only represents that the message has been successfully stored in the spooler"); offline, QoS 1
+messages wait in the spool and QoS 0 ones are refused. A profile without a spooler (nucleus lite)
+publishes directly and answers when the broker has.
 
 Messages from IoT Core reach the nucleus's event loop through `LoopHandoff`, which holds at most
 `limit` undelivered events (and `max_bytes` of them) and makes the MQTT client's dispatcher wait
@@ -54,6 +57,7 @@ SUBSCRIBE_TIMEOUT_S = 60.0
 MAX_PUBLISH_RETRY = 100  # mqtt.maxPublishRetry: a spooled message is dropped after this many failures
 _REQUEST_EXCEPTION = "com.aws.greengrass.mqttclient.MqttRequestException"
 _SPOOLER_EXCEPTION = "com.aws.greengrass.mqttclient.spool.SpoolerStoreException"
+_SENT, _IDLE, _REFUSED = "sent", "idle", "refused"  # what `IotBridge._send_one` did
 
 
 class PublishRefusedError(Exception):
@@ -210,6 +214,9 @@ class IotBridge:
         self.profile = profile
         self.timeout_s = timeout_s
         self._cond = threading.Condition()
+        # Held while a spooled message is taken and handed to the client, so that messages reach
+        # the client in spool order whichever thread hands them over (see `_hand_over`).
+        self._handing = threading.Lock()
         self._spool: collections.deque[_Spooled] = collections.deque()
         self._spool_bytes = 0
         self._in_flight = 0
@@ -353,7 +360,7 @@ class IotBridge:
             if self._offline and qos == 0:
                 raise PublishRefusedError(f"{_SPOOLER_EXCEPTION}: Device is offline. Dropping QoS 0 message.")
             self._add(item)
-            self._cond.notify_all()
+        self._hand_over()
         accepted: Future[None] = Future()
         accepted.set_result(None)
         return accepted
@@ -386,31 +393,66 @@ class IotBridge:
         else:
             item.delivered.set_exception(why)
 
+    def _sendable(self, limit: int) -> bool:
+        """Called with the lock held: the oldest spooled message may be handed to the client now."""
+        online = self._client is not None and not self._offline
+        return bool(self._spool) and online and self._in_flight < limit
+
+    def _hand_over(self) -> None:
+        """Hand spooled messages to the client while fewer than `maxInFlightPublishes` are in
+        flight, on the publishing thread (never the CRT's: see `_settle`). Waking the spooler thread
+        for each message cost a thread switch per publish (under load, up to tens of ms at p99)
+        before the message left. A caller that finds another thread handing over leaves the spool
+        to it; that one looks again before it stops."""
+        limit = self.profile.max_in_flight_publishes or 1
+        while self._handing.acquire(blocking=False):
+            try:
+                while (outcome := self._send_one(limit)) == _SENT:
+                    pass
+            finally:
+                self._handing.release()
+            if outcome == _REFUSED:  # the spooler thread tries again after a pause
+                return
+            with self._cond:  # a message spooled while this thread held `_handing`
+                if self._closed or not self._sendable(limit):
+                    return
+
+    def _send_one(self, limit: int) -> str:
+        """Hand the oldest spooled message to the client (`_handing` held): `_SENT`, `_IDLE` (none
+        may go now) or `_REFUSED` (the client is reconnecting; the message stays first)."""
+        with self._cond:
+            if self._closed or not self._sendable(limit):
+                return _IDLE
+            item = self._spool.popleft()
+            client = self._client
+            self._in_flight += 1
+        assert client is not None
+        try:
+            future = client.publish_future(
+                item.topic, item.payload, qos=item.qos, retain=item.retain, properties=item.properties
+            )
+        except TransportError:  # not sent (the client is reconnecting): not a try; the spooler retries
+            with self._cond:
+                self._in_flight -= 1
+                self._spool.appendleft(item)
+            return _REFUSED
+        future.add_done_callback(functools.partial(self._settled, item))
+        return _SENT
+
     def _send_loop(self) -> None:
+        """Sends what publishes leave in the spool: once a PUBACK makes room, after a reconnect."""
         limit = self.profile.max_in_flight_publishes or 1
         while True:
             with self._cond:
-                while not self._closed and not (
-                    self._spool and self._client is not None and not self._offline and self._in_flight < limit
-                ):
+                while not self._closed and not self._sendable(limit):
                     self._cond.wait(0.5)
                 if self._closed:
                     return
-                item = self._spool.popleft()
-                client = self._client
-                self._in_flight += 1
-            assert client is not None
-            try:
-                future = client.publish_future(
-                    item.topic, item.payload, qos=item.qos, retain=item.retain, properties=item.properties
-                )
-            except TransportError:  # not sent (the client is reconnecting): not a try, wait a little
-                with self._cond:
-                    self._in_flight -= 1
-                    self._spool.appendleft(item)
+            with self._handing:
+                outcome = self._send_one(limit)
+            if outcome == _REFUSED:
+                with self._cond:  # not a try: wait a little for the reconnect
                     self._cond.wait(0.1)
-                continue
-            future.add_done_callback(functools.partial(self._settled, item))
 
     def _settled(self, item: _Spooled, future: Future[None]) -> None:
         self._settle(item, future.exception())
@@ -428,6 +470,9 @@ class IotBridge:
                     "dropping a spooled publish to %s after %d tries: %s", item.topic, item.retries, error
                 )
                 self._forget(item, error)
+            # The spooler thread sends the next one: a publish handed to the CRT from its own
+            # event-loop thread (this callback's) is queued ahead of those other threads handed
+            # it before, and would leave out of order.
             self._cond.notify_all()
 
     # ------------------------------------------------------------------------------ subscribe
