@@ -63,6 +63,9 @@ class MqttProxy:
             future = bridge.publish(topic, payload, qos, bool(req.retain), request_properties(req))
         except PublishRefusedError as exc:
             raise ipc.service_error(f"Publish to topic {topic} failed with error {exc}") from None
+        # Classic answers once the spool holds the message, without waiting for IoT Core's PUBACK
+        # (MqttProxyIPCAgent's handler: `mqttClient.publish(...).getNow(0)`); the future is done
+        # then. Without a spooler (lite) it is done once the broker has the message.
         if not future.done():
             try:
                 await asyncio.wait_for(asyncio.wrap_future(future), PUBLISH_TIMEOUT_S)
