@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import threading
@@ -183,14 +181,9 @@ class Core:
 
     def stop(self) -> None:
         """The nucleus stops its components; whatever is left of its session is killed."""
+        from edgeinfer_bench.sim import sim_down
+
         proc, self.proc = self.proc, None
         if proc is not None:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(30)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(10)
+            sim_down(proc)
         self.broker.stop()

@@ -819,16 +819,8 @@ class InferenceServer:
             # Ready after its deadline: the client has given up on it, and an `ok` would say it was
             # in time. The timings stay, so it says where the time went.
             late_ms = (now - job.deadline) * 1000
-            result = error_result(
-                result.id,
-                ErrorCode.DEADLINE_EXCEEDED,
-                f"the result was ready {late_ms:.0f} ms after the deadline",
-                timestamp=result.timestamp,
-                latency=result.latency_ms,
-                placement=result.placement,
-                model=result.model,
-                provider=result.provider,
-            )
+            why = f"the result was ready {late_ms:.0f} ms after the deadline"
+            result = _instead(result, ErrorCode.DEADLINE_EXCEEDED, why)
             result.batch_size = computed.batch_size
         fmt = job.request.result_format
         if result.status == "ok" and (fmt == "dlr" or self.cfg.result_format == "dlr"):
@@ -840,17 +832,8 @@ class InferenceServer:
             payload = result.to_json()
         if job.target == "iot" and not fits_iot_core(payload):
             # The nucleus would refuse it and the client would hear nothing: a short answer that fits.
-            size = len(payload)
-            result = error_result(
-                result.id,
-                ErrorCode.TOO_LARGE,
-                f"the result is {size} bytes, over IoT Core's {IOT_CORE_MAX_BYTES}: ask for less",
-                timestamp=result.timestamp,
-                latency=result.latency_ms,
-                placement=result.placement,
-                model=result.model,
-                provider=result.provider,
-            )
+            why = f"the result is {len(payload)} bytes, over IoT Core's {IOT_CORE_MAX_BYTES}: ask for less"
+            result = _instead(result, ErrorCode.TOO_LARGE, why)
             payload = result.to_json()
         topic = job.reply_topic
         # Not waiting for the nucleus: the reply thread (or the transport thread that answers a bad
@@ -1041,3 +1024,17 @@ class InferenceServer:
     def batch_sizes(self) -> list[int]:
         with self._stats_lock:
             return list(self.stats.batches)
+
+
+def _instead(result: Result, code: ErrorCode, message: str) -> Result:
+    """An error answer in place of `result`, keeping where and how it was computed."""
+    return error_result(
+        result.id,
+        code,
+        message,
+        timestamp=result.timestamp,
+        latency=result.latency_ms,
+        placement=result.placement,
+        model=result.model,
+        provider=result.provider,
+    )
