@@ -296,6 +296,37 @@ def test_a_1080p_offload_is_re_encoded_at_the_models_size_and_fits_through_iot_c
     assert served == ["x"]  # served locally when the offload's time ran out at stop (no router here)
 
 
+def test_an_offloads_budget_loses_the_time_it_waited_for_its_re_encode() -> None:
+    from edgeinfer.messages import OffloadRequest, Request, offload_topic
+    from tests.helpers.clock import FakeClock
+
+    class SlowEncoderClock(FakeClock):
+        """Each reading is 40 ms after the one before: the encoder thread's reading comes later."""
+
+        def __call__(self) -> float:
+            self.now += 0.04
+            return self.now
+
+    clock = SlowEncoderClock()
+    bus = MemoryBus()
+    policy: OffloadPolicy[Any] = OffloadPolicy(OffloadConfig(), clock=clock)
+    hybrid = HybridPlacement(bus, THING, policy, image_side=256, image_keep=224, clock=clock)
+    try:
+        hybrid.offload(
+            Request("hd", image=_photo(1920, 1080), offload="always"), _ctx([], left=500.0), lambda r: None
+        )
+        assert wait_for(lambda: len(bus.messages_on(offload_topic(THING))) == 1, 10)
+    finally:
+        hybrid.stop()
+    (msg,) = bus.messages_on(offload_topic(THING))
+    origin = OffloadRequest.parse(msg.payload).origin
+    assert origin.deadline_left_ms is not None
+    # The router counts what is left from `origin.sent_at`, stamped when it was sent: what the
+    # re-encode took is gone from it, so the cloud does not answer "in time" after the deadline.
+    assert origin.deadline_left_ms < 500.0
+    assert origin.deadline_left_ms >= 500.0 - 40.0 * 10
+
+
 def test_an_offload_that_cannot_fit_is_served_locally_and_is_not_a_cloud_failure() -> None:
     from edgeinfer.messages import Request, offload_topic
 

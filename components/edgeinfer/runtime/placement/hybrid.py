@@ -250,20 +250,21 @@ class HybridPlacement:
         thread, which reads the next request meanwhile). At most `maxInflightPublishes` offloads are
         between here and the nucleus: the policy offers no more (`publish_started`)."""
         self.policy.publish_started()
+        decided = self.clock()
         if wire.image is None or not needs_reencode(wire.image, self.image_side):
-            self._send(ticket, wire, left, what)
+            self._send(ticket, wire, left, what, decided)
             return
         if self._encoder is None:
             self._encoder = concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="edgeinfer-offload-encode"
             )
         try:
-            self._encoder.submit(self._encode_and_send, ticket, wire, left, what)
+            self._encoder.submit(self._encode_and_send, ticket, wire, left, what, decided)
         except RuntimeError:  # shutting down: sent as it is
-            self._send(ticket, wire, left, what)
+            self._send(ticket, wire, left, what, decided)
 
     def _encode_and_send(
-        self, ticket: Ticket[_Pending], wire: Request, left: float | None, what: str
+        self, ticket: Ticket[_Pending], wire: Request, left: float | None, what: str, decided: float
     ) -> None:
         try:
             image, scale = reencode(
@@ -278,12 +279,18 @@ class HybridPlacement:
             wire = dataclasses.replace(wire, image=image)
         except Exception:
             log.exception("re-encoding the offload of %s failed; sending it as it is", ticket.request_id)
-        self._send(ticket, wire, left, what)
+        self._send(ticket, wire, left, what, decided)
 
-    def _send(self, ticket: Ticket[_Pending], wire: Request, left: float | None, what: str) -> None:
+    def _send(
+        self, ticket: Ticket[_Pending], wire: Request, left: float | None, what: str, decided: float
+    ) -> None:
         """Publish an offload without waiting for the nucleus; a publish that fails now or is refused
         later is served as the policy says. One that would not fit through IoT Core is not sent, and
-        is served here without counting against the cloud."""
+        is served here without counting against the cloud. `left` was what remained when the offload
+        was `decided`: the router counts it from the origin's `sent_at`, stamped now, so the time in
+        between (the re-encode, the wait for the encoder) comes off it."""
+        if left is not None:
+            left -= (self.clock() - decided) * 1000.0
         payload = OffloadRequest(wire, OffloadOrigin(self.thing, left, iso_utc(self.wall()))).to_json()
         if not fits_iot_core(payload):
             self.policy.publish_finished()
