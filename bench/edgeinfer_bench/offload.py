@@ -647,9 +647,92 @@ def run(args: argparse.Namespace) -> int:
             os.setpriority(os.PRIO_PROCESS, 0, nice)
 
 
-def _run(args: argparse.Namespace) -> int:
-    import tempfile
+@dataclass(frozen=True)
+class Plan:
+    """The command line, checked: what one run measures."""
 
+    model_dir: Path
+    rtt: tuple[float, float]
+    loads: list[float]
+    policies: dict[str, tuple[Any, dict[str, Any]]]  # mode -> (OffloadConfig, its keys as given)
+
+
+@dataclass(frozen=True)
+class Cores:
+    """Where the edge (this process) and the cloud (broker and routers) run; both empty: unpinned."""
+
+    edge: set[int]
+    cloud: set[int]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every phase reads: the arguments, the checked plan, the cores and the sample images."""
+
+    args: argparse.Namespace
+    plan: Plan
+    cores: Cores
+    images: list[bytes]
+
+
+@dataclass
+class Rig:
+    """The running set-up: the broker, the routers and the edge's MQTT client behind the injected round
+    trip; `close` stops them all."""
+
+    work: Path
+    broker: Any  # MosquittoBroker
+    routers: list[subprocess.Popen[str]] = field(default_factory=list)
+    client: Any = None  # MqttPubSub
+    delayed: DelayedPubSub | None = None
+    bus: EdgeBus | None = None
+
+    def owners(self, cores: Cores) -> dict[int, list[int]]:
+        """Pinned core -> the bench's pids there (none when unpinned)."""
+        if not (cores.edge and cores.cloud):
+            return {}
+        broker = [self.broker._proc.pid] if self.broker._proc else []
+        return {min(cores.edge): [os.getpid()], min(cores.cloud): [r.pid for r in self.routers] + broker}
+
+    def close(self) -> None:
+        if self.delayed is not None:
+            self.delayed.close()
+        if self.client is not None:
+            self.client.close()
+        for router in self.routers:
+            router.send_signal(signal.SIGINT)
+        for router in self.routers:
+            try:
+                router.wait(20)
+            except subprocess.TimeoutExpired:
+                router.kill()
+        self.broker.stop()
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The two saturated throughputs, each the median of `SAT_RUNS` closed-loop runs."""
+
+    edge_runs: list[float]
+    cloud_runs: list[float]
+    cloud_p90: float  # ms, the routers' round trip at capacity
+    cloud_fits: bool  # that round trip plus the network's fits the deadline
+
+    @property
+    def edge(self) -> float:
+        return statistics.median(self.edge_runs)
+
+    @property
+    def cloud(self) -> float:
+        return statistics.median(self.cloud_runs)
+
+    @property
+    def cloud_useful(self) -> float:
+        """What the cloud can add within the deadline."""
+        return self.cloud if self.cloud_fits else 0.0
+
+
+def _plan(args: argparse.Namespace) -> Plan:
     from edgeinfer.model.manifest import default_store_dir
 
     model_dir = Path(args.model_dir) if args.model_dir else default_store_dir()
@@ -669,226 +752,283 @@ def _run(args: argparse.Namespace) -> int:
     policies = {"on": policy_config("--policy", args.policy)}
     if args.compare is not None:
         policies["on-b"] = policy_config("--compare", args.compare)
+    return Plan(model_dir, rtt, loads, policies)
 
+
+def _pin_self(args: argparse.Namespace) -> Cores:
+    """Pin this process to the edge's core and set its niceness, before any thread exists: every
+    later thread and child inherits both."""
     cores = sorted(os.sched_getaffinity(0))
-    edge_cores, cloud_cores = ({cores[0]}, {cores[1]}) if len(cores) >= 2 else (set(), set())
-    if not edge_cores:
+    pinned = Cores({cores[0]}, {cores[1]}) if len(cores) >= 2 else Cores(set(), set())
+    if not pinned.edge:
         print("bench offload: fewer than 2 CPU cores, running unpinned", file=sys.stderr)
-    _pin(0, edge_cores)  # before any thread exists: every later thread of this process inherits it
+    _pin(0, pinned.edge)
     if args.nice:
         # On a machine shared with other work, the kernel moves that work onto whichever core is less
         # busy — the router's. A higher priority for the bench's processes keeps "one core each" true.
         try:
-            os.setpriority(os.PRIO_PROCESS, 0, args.nice)  # inherited by later threads and children
+            os.setpriority(os.PRIO_PROCESS, 0, args.nice)
         except OSError as exc:
             raise EdgeinferError(f"--nice {args.nice}: {exc.strerror} (negative values need root)") from None
+    return pinned
 
-    from edgeinfer.runtime.placement import HybridPlacement, OffloadPolicy
-    from edgeinfer.sim.broker import MosquittoBroker
+
+def _start_rig(rig: Rig, setup: Setup) -> Edge:
+    """The broker's pinning, the routers, the edge's client behind the injected RTT, the edge."""
     from edgeinfer.transport.mqtt import MqttPubSub
+
+    args, plan, cores = setup.args, setup.plan, setup.cores
+
+    broker = rig.broker
+    if broker._proc is not None:  # the broker is part of "the network/cloud"
+        _pin(broker._proc.pid, cores.cloud)
+    address = f"{broker.host}:{broker.port}"
+    print(f"bench offload: broker {address}; router on core(s) {sorted(cores.cloud)}", file=sys.stderr)
+    for _ in range(args.routers):
+        rig.routers.append(start_router(address, plan.model_dir, cores.cloud, args.router_batch_size))
+    rig.client = MqttPubSub.connect_tcp(broker.host, broker.port, client_id="bench-edge")
+    rig.delayed = DelayedPubSub(rig.client, plan.rtt, seed=args.seed)
+    rig.bus = EdgeBus(rig.delayed)
+    edge = Edge(plan.model_dir, rig.bus, args.max_batch_size, rig.work / "edge")
+    print(f"bench offload: edge on core(s) {sorted(cores.edge)}: {edge.engine.describe()}", file=sys.stderr)
+    return edge
+
+
+def _runs_text(runs: list[float]) -> str:
+    return ", ".join(f"{x:.1f}" for x in runs)
+
+
+def _measure_capacity(setup: Setup, rig: Rig, edge: Edge) -> Capacity:
+    """Both capacities, once before any load step, each as the median of several closed-loop runs: one
+    short run per step swung widely on a shared machine, so "1.5x" was sometimes more load than "2x".
+    Every step uses these figures."""
+    args, images = setup.args, setup.images
+    edge_runs = [saturated_rps(edge, images, seconds=3.0) for _ in range(SAT_RUNS)]
+    print(
+        f"bench offload: edge saturated throughput {statistics.median(edge_runs):.1f} req/s (median of "
+        f"{_runs_text(edge_runs)})",
+        file=sys.stderr,
+    )
+    # A window of twice the router's batch: enough to keep it busy, not so deep that the round
+    # trips measure a queue the edge's adaptive limit would never build.
+    window = 2 * args.router_batch_size * args.routers
+    side, keep = edge.engine.input_size, edge.engine.detail
+    measured = [
+        router_capacity(rig.client, images, image_side=side, image_keep=keep, window=window)
+        for _ in range(SAT_RUNS)
+    ]
+    cloud_p90 = statistics.median(p90 for _, p90 in measured)
+    # Nothing from the cloud when its round trip at capacity, plus the injected RTT, does not fit.
+    cap = Capacity(
+        edge_runs=edge_runs,
+        cloud_runs=[rps for rps, _ in measured],
+        cloud_p90=cloud_p90,
+        cloud_fits=cloud_p90 + sum(setup.plan.rtt) / 2 <= args.deadline_ms,
+    )
+    print(
+        f"bench offload: cloud saturated throughput {cap.cloud:.1f} req/s with {args.routers} router(s)"
+        f" (median of {_runs_text(cap.cloud_runs)}), p90 round trip {cap.cloud_p90:.0f} ms"
+        + ("" if cap.cloud >= cap.edge else ": less than the edge's, the cloud is no cloud here")
+        + ("" if cap.cloud_fits else f": too slow for a {args.deadline_ms:g} ms deadline over the RTT"),
+        file=sys.stderr,
+    )
+    return cap
+
+
+def _placements(setup: Setup, rig: Rig, edge: Edge) -> dict[str, Any]:
+    """A started `HybridPlacement` per policy, its estimates seeded from the edge's warm-up."""
+    from edgeinfer.runtime.placement import HybridPlacement, OffloadPolicy
+
+    assert rig.bus is not None
+    placements: dict[str, Any] = {}
+    for mode, (config, _doc) in setup.plan.policies.items():
+        policy: OffloadPolicy[Any] = OffloadPolicy(
+            config, max_batch_size=setup.args.max_batch_size, local_models=[edge.engine.manifest.name]
+        )
+        for n, ms in edge.engine.warmup_ms.items():  # seed a·n + b from the warm-up
+            policy.batch_finished(n, ms)
+        # Each placement takes only the answers to its own offloads (by request id).
+        placements[mode] = HybridPlacement(
+            rig.bus, THING, policy, image_side=edge.engine.input_size, image_keep=edge.engine.detail
+        ).start()
+    return placements
+
+
+@dataclass
+class Step:
+    """One load step's segments, as they ran: the trackers and core use of every mode."""
+
+    factor: float
+    rate: float
+    placements: dict[str, Any]
+    trackers: dict[str, Tracker]
+    # Per mode, segment by segment (arrivals and drain): the figures of all modes together average an
+    # overloaded off segment with an on segment, and hide how busy each core is while the policy runs.
+    by_mode: dict[str, dict[int, tuple[int, int, int]]]
+    core_use: dict[str, Any] = field(default_factory=dict)  # all modes, the step as a whole
+
+
+def _load_step(setup: Setup, rig: Rig, edge: Edge, cap: Capacity, *, k: int, factor: float) -> Step:
+    """Off and on (and on-b) alternating in short segments, so all meet the same background load."""
+    args = setup.args
+    placements = _placements(setup, rig, edge)
+    modes = ["off", *placements]
+    step = Step(
+        factor,
+        factor * cap.edge,
+        placements,
+        trackers={mode: Tracker() for mode in modes},
+        by_mode={mode: {} for mode in modes},
+    )
+    segment = args.duration / args.rounds
+    print(
+        f"bench offload: {factor:g}x: {step.rate:.1f} req/s, {args.rounds} x {segment:g} s "
+        + " and ".join(modes),
+        file=sys.stderr,
+    )
+    owners = rig.owners(setup.cores)
+    use = CoreUse(owners)
+    try:
+        for rnd in range(args.rounds):
+            for mode in modes:
+                segment_use = CoreUse(owners)
+                open_loop(
+                    edge,
+                    setup.images,
+                    step.trackers[mode],
+                    rate=step.rate,
+                    duration=segment,
+                    deadline_ms=args.deadline_ms,
+                    placement=placements.get(mode),
+                    seed=args.seed + 100 * k + rnd,
+                    tag=f"{factor:g}x-{mode}-{rnd}",
+                )
+                add_ticks(step.by_mode[mode], segment_use.ticks())
+    finally:
+        for placement in placements.values():
+            placement.stop()
+    step.core_use = use.result()
+    return step
+
+
+def _print_core_use(step: Step) -> None:
+    if not step.core_use:
+        return
+    print(
+        f"bench offload: {step.factor:g}x core use "
+        + "; ".join(
+            f"core {c}: busy {100 * u['busy']:.0f} %, other work {100 * u['other']:.0f} %"
+            for c, u in step.core_use.items()
+        )
+        + " (policy on alone: "
+        + ", ".join(f"core {c} {100 * u['busy']:.0f} %" for c, u in core_shares(step.by_mode["on"]).items())
+        + ")",
+        file=sys.stderr,
+    )
+
+
+def _step_rows(step: Step, cap: Capacity, deadline_ms: float) -> list[dict[str, Any]]:
+    """One report row per mode of a load step."""
+    ideal = min(1.0, (cap.edge + cap.cloud_useful) / step.rate)
+    rows = []
+    for mode, tracker in step.trackers.items():
+        row: dict[str, Any] = {
+            "load": step.factor,
+            "policy": mode,
+            "edge_saturated_rps": round(cap.edge, 2),
+            "rate_rps": round(step.rate, 2),
+            # the share an ideal placement could keep in time with both capacities
+            "ideal_within_deadline": round(ideal, 4),
+            **summarize(tracker, deadline_ms),
+            # both modes of a load share one measurement (their segments alternate)
+            "core_use": step.core_use,
+            # this mode's segments alone
+            "core_use_mode": core_shares(step.by_mode[mode]),
+        }
+        if mode in step.placements:
+            row["policy_state"] = step.placements[mode].policy.snapshot()
+        rows.append(row)
+    return rows
+
+
+def _report(
+    setup: Setup, edge: Edge, cap: Capacity, runs: list[dict[str, Any]], *, load_before: tuple[float, ...]
+) -> dict[str, Any]:
+    args, plan, cores = setup.args, setup.plan, setup.cores
+    return {
+        "scenario": "offload",
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "edge_cores": sorted(cores.edge),
+            "cloud_cores": sorted(cores.cloud),
+            "nice": args.nice,
+            # other work on the machine: the figures only mean something when this stays low
+            "loadavg_1min_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+        },
+        "model": {
+            "name": edge.engine.manifest.name,
+            "version": edge.engine.manifest.version,
+            "variant": edge.engine.variant.name,
+            "provider": edge.engine.provider,
+        },
+        "router_model": "the edge's own store",
+        "rtt_ms": list(plan.rtt),
+        "deadline_ms": args.deadline_ms,
+        "duration_s": args.duration,
+        "max_batch_size": args.max_batch_size,
+        "router_batch_size": args.router_batch_size,
+        "routers": args.routers,
+        "cloud_saturated_rps": round(cap.cloud, 2),
+        "cloud_saturated_rps_runs": [round(x, 2) for x in cap.cloud_runs],
+        "cloud_round_trip_ms_p90": round(cap.cloud_p90, 1),
+        "cloud_fits_deadline": cap.cloud_fits,
+        # the placement keys each policy ran with, over the recipe's defaults
+        "policies": {mode: doc for mode, (_config, doc) in plan.policies.items()},
+        "edge_saturated_rps": round(cap.edge, 2),
+        "edge_saturated_rps_runs": [round(x, 2) for x in cap.edge_runs],
+        "runs": runs,
+        "targets": targets(runs),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _write_json(path: Path, report: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    os.replace(tmp, path)
+    print(f"wrote {path}", file=sys.stderr)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Set up, measure both capacities, run every load step, report."""
+    import tempfile
+
+    plan = _plan(args)
+    cores = _pin_self(args)
+
+    from edgeinfer.sim.broker import MosquittoBroker
     from edgeinfer_cloud.router.router import Router  # noqa: F401  (import cost outside the runs)
 
-    images = _sample_images()
+    setup = Setup(args, plan, cores, _sample_images())
     load_before = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="edgeinfer-bench-offload-"))
-    broker = MosquittoBroker(work_dir=work / "mqtt").start()
-    routers: list[subprocess.Popen[str]] = []
-    client = None
-    delayed = None
+    rig = Rig(work, MosquittoBroker(work_dir=work / "mqtt").start())
     try:
-        if broker._proc is not None:  # the broker is part of "the network/cloud"
-            _pin(broker._proc.pid, cloud_cores)
-        address = f"{broker.host}:{broker.port}"
-        print(f"bench offload: broker {address}; router on core(s) {sorted(cloud_cores)}", file=sys.stderr)
-        for _ in range(args.routers):
-            routers.append(start_router(address, model_dir, cloud_cores, args.router_batch_size))
-        client = MqttPubSub.connect_tcp(broker.host, broker.port, client_id="bench-edge")
-        delayed = DelayedPubSub(client, rtt, seed=args.seed)
-        bus = EdgeBus(delayed)
-        edge = Edge(model_dir, bus, args.max_batch_size, work / "edge")
-        print(
-            f"bench offload: edge on core(s) {sorted(edge_cores)}: {edge.engine.describe()}", file=sys.stderr
-        )
-        # Measured once, before any load step, as the median of several closed-loop runs: one short
-        # run per step (as before) swung from 56 to 107 req/s on a shared machine, so "1.5x" was
-        # sometimes more load than "2x". Every step uses this one figure.
-        sat_runs = [saturated_rps(edge, images, seconds=3.0) for _ in range(SAT_RUNS)]
-        sat = statistics.median(sat_runs)
-        print(
-            f"bench offload: edge saturated throughput {sat:.1f} req/s (median of "
-            + ", ".join(f"{x:.1f}" for x in sat_runs)
-            + ")",
-            file=sys.stderr,
-        )
-        side, keep = edge.engine.input_size, edge.engine.detail
-        # A window of twice the router's batch: enough to keep it busy, not so deep that the round
-        # trips measure a queue the edge's adaptive limit would never build.
-        window = 2 * args.router_batch_size * args.routers
-        measured = [
-            router_capacity(client, images, image_side=side, image_keep=keep, window=window)
-            for _ in range(SAT_RUNS)
-        ]
-        cloud_runs = [rps for rps, _ in measured]
-        cloud_sat = statistics.median(cloud_runs)
-        cloud_p90 = statistics.median(p90 for _, p90 in measured)
-        # What the cloud can add within the deadline: nothing when its round trip at capacity, plus
-        # the injected network RTT, does not fit.
-        cloud_fits = cloud_p90 + sum(rtt) / 2 <= args.deadline_ms
-        cloud_useful = cloud_sat if cloud_fits else 0.0
-        print(
-            f"bench offload: cloud saturated throughput {cloud_sat:.1f} req/s with {args.routers} router(s)"
-            " (median of "
-            + ", ".join(f"{x:.1f}" for x in cloud_runs)
-            + ")"
-            + f", p90 round trip {cloud_p90:.0f} ms"
-            + ("" if cloud_sat >= sat else ": less than the edge's, the cloud is no cloud here")
-            + ("" if cloud_fits else f": too slow for a {args.deadline_ms:g} ms deadline over the RTT"),
-            file=sys.stderr,
-        )
+        edge = _start_rig(rig, setup)
+        cap = _measure_capacity(setup, rig, edge)
         runs: list[dict[str, Any]] = []
-        for k, factor in enumerate(loads):
-            step_sat = sat
-            # Off and on (and on-b) alternate in short segments, so all meet the same background load.
-            placements: dict[str, Any] = {}
-            for mode, (config, _doc) in policies.items():
-                policy: OffloadPolicy[Any] = OffloadPolicy(
-                    config, max_batch_size=args.max_batch_size, local_models=[edge.engine.manifest.name]
-                )
-                for n, ms in edge.engine.warmup_ms.items():  # seed a·n + b from the warm-up
-                    policy.batch_finished(n, ms)
-                # Each placement takes only the answers to its own offloads (by request id).
-                placements[mode] = HybridPlacement(
-                    bus, THING, policy, image_side=side, image_keep=keep
-                ).start()
-            modes = ["off", *placements]
-            rate = factor * step_sat
-            trackers = {mode: Tracker() for mode in modes}
-            segment = args.duration / args.rounds
-            print(
-                f"bench offload: {factor:g}x: {rate:.1f} req/s, {args.rounds} x {segment:g} s "
-                + " and ".join(modes),
-                file=sys.stderr,
-            )
-            owners: dict[int, list[int]] = {}
-            if edge_cores and cloud_cores:
-                owners[min(edge_cores)] = [os.getpid()]
-                owners[min(cloud_cores)] = [r.pid for r in routers] + (
-                    [broker._proc.pid] if broker._proc else []
-                )
-            use = CoreUse(owners)
-            # Also per mode, segment by segment (arrivals and drain): the figures of both together
-            # average an overloaded off segment with an on segment, and hide how busy each core is
-            # while the policy runs.
-            by_mode: dict[str, dict[int, tuple[int, int, int]]] = {mode: {} for mode in modes}
-            try:
-                for rnd in range(args.rounds):
-                    for mode in modes:
-                        segment_use = CoreUse(owners)
-                        open_loop(
-                            edge,
-                            images,
-                            trackers[mode],
-                            rate=rate,
-                            duration=segment,
-                            deadline_ms=args.deadline_ms,
-                            placement=placements.get(mode),
-                            seed=args.seed + 100 * k + rnd,
-                            tag=f"{factor:g}x-{mode}-{rnd}",
-                        )
-                        add_ticks(by_mode[mode], segment_use.ticks())
-            finally:
-                for placement in placements.values():
-                    placement.stop()
-            core_use = use.result()
-            if core_use:
-                print(
-                    f"bench offload: {factor:g}x core use "
-                    + "; ".join(
-                        f"core {c}: busy {100 * u['busy']:.0f} %, other work {100 * u['other']:.0f} %"
-                        for c, u in core_use.items()
-                    )
-                    + " (policy on alone: "
-                    + ", ".join(
-                        f"core {c} {100 * u['busy']:.0f} %" for c, u in core_shares(by_mode["on"]).items()
-                    )
-                    + ")",
-                    file=sys.stderr,
-                )
-            ideal = min(1.0, (step_sat + cloud_useful) / rate)
-            for mode in modes:
-                row: dict[str, Any] = {
-                    "load": factor,
-                    "policy": mode,
-                    "edge_saturated_rps": round(step_sat, 2),
-                    "rate_rps": round(rate, 2),
-                    # the share an ideal placement could keep in time with both capacities
-                    "ideal_within_deadline": round(ideal, 4),
-                    **summarize(trackers[mode], args.deadline_ms),
-                    # both modes of a load share one measurement (their segments alternate)
-                    "core_use": core_use,
-                    # this mode's segments alone
-                    "core_use_mode": core_shares(by_mode[mode]),
-                }
-                if mode in placements:
-                    row["policy_state"] = placements[mode].policy.snapshot()
-                runs.append(row)
-        report = {
-            "scenario": "offload",
-            "machine": {
-                "platform": platform.platform(),
-                "cpus": os.cpu_count(),
-                "edge_cores": sorted(edge_cores),
-                "cloud_cores": sorted(cloud_cores),
-                "nice": args.nice,
-                # other work on the machine: the figures only mean something when this stays low
-                "loadavg_1min_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
-            },
-            "model": {
-                "name": edge.engine.manifest.name,
-                "version": edge.engine.manifest.version,
-                "variant": edge.engine.variant.name,
-                "provider": edge.engine.provider,
-            },
-            "router_model": "the edge's own store",
-            "rtt_ms": list(rtt),
-            "deadline_ms": args.deadline_ms,
-            "duration_s": args.duration,
-            "max_batch_size": args.max_batch_size,
-            "router_batch_size": args.router_batch_size,
-            "routers": args.routers,
-            "cloud_saturated_rps": round(cloud_sat, 2),
-            "cloud_saturated_rps_runs": [round(x, 2) for x in cloud_runs],
-            "cloud_round_trip_ms_p90": round(cloud_p90, 1),
-            "cloud_fits_deadline": cloud_fits,
-            # the placement keys each policy ran with, over the recipe's defaults
-            "policies": {mode: doc for mode, (_config, doc) in policies.items()},
-            "edge_saturated_rps": round(sat, 2),
-            "edge_saturated_rps_runs": [round(x, 2) for x in sat_runs],
-            "runs": runs,
-            "targets": targets(runs),
-            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
+        for k, factor in enumerate(plan.loads):
+            step = _load_step(setup, rig, edge, cap, k=k, factor=factor)
+            _print_core_use(step)
+            runs.extend(_step_rows(step, cap, args.deadline_ms))
+        report = _report(setup, edge, cap, runs, load_before=load_before)
     finally:
-        if delayed is not None:
-            delayed.close()
-        if client is not None:
-            client.close()
-        for router in routers:
-            router.send_signal(signal.SIGINT)
-        for router in routers:
-            try:
-                router.wait(20)
-            except subprocess.TimeoutExpired:
-                router.kill()
-        broker.stop()
+        rig.close()
     print_table(report)
     if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(report, indent=2) + "\n")
-        os.replace(tmp, path)
-        print(f"wrote {path}", file=sys.stderr)
+        _write_json(Path(args.json), report)
     return 0
 
 
