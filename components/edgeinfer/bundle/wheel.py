@@ -1,10 +1,13 @@
-"""The device wheel: a deterministic, dependency-free wheel of what the device components import.
+"""The device wheel: a deterministic, dependency-free wheel of the device's side of `edgeinfer`.
 
-The wheel that `edgeinfer build` ships to every device holds only the modules the four components'
-Install and Run steps import (`DEVICE_MODULES`: the message contract, codec, transport, runtime,
-telemetry, installer and the model manifest reader); the simulator, the model build pipeline, the
-bundle tools, benchmarks and the cloud side stay on the developer's machine. A test checks the list
-against the import closure of the recipes' entry points.
+What a device gets is cut along packages, not listed module by module: the root package's own modules
+(the message contract, codec, configuration, errors, files, /proc, stats) and the device packages
+whole (`DEVICE_PACKAGES`: installer, runtime, telemetry, transport). Every other subpackage (the
+simulator, the bundle tools, the recipe model) stays on the developer's machine, and so do the root
+package's command line (`COMMAND_LINE`) and, of `model/`, everything but the store's manifest reader
+(`SPLIT_PACKAGES`: the build pipeline sits beside it). A module added to a device package ships
+without touching this file. A test checks that the wheel holds the import closure of the recipes'
+entry points, that every module in it imports only what it holds, and nothing of the developer's side.
 
 setuptools stamps every file with the build time, so two builds of the same sources differ and a
 second publish would look like a conflicting version. This builder writes entries in sorted order
@@ -30,39 +33,28 @@ else:  # pragma: no cover
 
 from edgeinfer.errors import EdgeinferError
 
-__all__ = ["DEVICE_MODULES", "SOURCE_ROOT", "WheelError", "build_wheel", "project_version", "wheel_name"]
+__all__ = [
+    "COMMAND_LINE",
+    "DEVICE_PACKAGES",
+    "SOURCE_ROOT",
+    "SPLIT_PACKAGES",
+    "WheelError",
+    "build_wheel",
+    "device_files",
+    "project_version",
+    "wheel_name",
+]
 
 SOURCE_ROOT = "components"  # the source root of the `edgeinfer` import package
-# Paths under SOURCE_ROOT; a folder stands for every module and data file below it.
-DEVICE_MODULES = (
-    "edgeinfer/__init__.py",
-    "edgeinfer/py.typed",
-    "edgeinfer/codec.py",
-    "edgeinfer/config.py",
-    "edgeinfer/errors.py",
-    "edgeinfer/files.py",
-    "edgeinfer/messages.py",
-    "edgeinfer/procfs.py",
-    "edgeinfer/stats.py",
-    "edgeinfer/installer/",
-    "edgeinfer/model/__init__.py",
-    "edgeinfer/model/manifest.py",
-    "edgeinfer/runtime/",
-    "edgeinfer/telemetry/__init__.py",
-    "edgeinfer/telemetry/__main__.py",
-    "edgeinfer/telemetry/component.py",
-    "edgeinfer/telemetry/histogram.py",
-    "edgeinfer/telemetry/prometheus.py",
-    "edgeinfer/telemetry/spool.py",
-    "edgeinfer/telemetry/system.py",
-    "edgeinfer/telemetry/window.py",
-    "edgeinfer/transport/__init__.py",
-    "edgeinfer/transport/_sdk_codec.py",
-    "edgeinfer/transport/base.py",
-    "edgeinfer/transport/ipc.py",
-    "edgeinfer/transport/ipc_config.py",
-    "edgeinfer/transport/memory.py",
-)
+PACKAGE = "edgeinfer"
+# Subpackages a device gets whole, with their data files.
+DEVICE_PACKAGES = ("installer", "runtime", "telemetry", "transport")
+# Subpackages that hold device code beside developer tools: of each, a device gets only these files.
+# model/: the runtime and installer read a model store through manifest.py; the rest is the pipeline
+# that builds the store (torch, onnx), which only a developer runs.
+SPLIT_PACKAGES = {"model": ("__init__.py", "manifest.py")}
+# The root package's command line: `edgeinfer` and what only its commands use.
+COMMAND_LINE = ("__main__.py", "cli.py", "demo.py", "progress.py")
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 _SKIP_DIRS = {"__pycache__"}
 _SKIP_FILES = {"gdk-config.json", "recipe.yaml", "recipe.json"}  # GDK project files, not package data
@@ -106,21 +98,31 @@ def _norm(name: str) -> str:
     return name.replace("-", "_").replace(".", "_")
 
 
-def _package_files(root: Path) -> Iterator[tuple[str, Path]]:
+def _shipped(file: Path) -> bool:
+    return file.is_file() and file.suffix in _DATA and file.name not in _SKIP_FILES
+
+
+def device_files(root: Path) -> Iterator[tuple[str, Path]]:
     """(path inside the wheel, source file) for every device module and data file."""
     base = root / SOURCE_ROOT
-    for entry in DEVICE_MODULES:
-        path = base / entry
-        if entry.endswith("/"):
-            for file in sorted(path.rglob("*")):
-                rel = file.relative_to(base)
-                skip = _SKIP_DIRS & set(rel.parts) or file.name in _SKIP_FILES
-                if file.is_file() and file.suffix in _DATA and not skip:
-                    yield rel.as_posix(), file
-        elif path.is_file():
-            yield entry, path
-        elif (base / "edgeinfer").is_dir():
-            raise WheelError(f"device module {path} is missing")
+    package = base / PACKAGE
+    if not package.is_dir():
+        return
+    for file in sorted(package.iterdir()):
+        if _shipped(file) and file.name not in COMMAND_LINE:
+            yield file.relative_to(base).as_posix(), file
+    for name in DEVICE_PACKAGES:
+        if not (package / name / "__init__.py").is_file():
+            raise WheelError(f"device package {package / name} is missing")
+        for file in sorted((package / name).rglob("*")):
+            rel = file.relative_to(base)
+            if _shipped(file) and not _SKIP_DIRS & set(rel.parts):
+                yield rel.as_posix(), file
+    for name, files in SPLIT_PACKAGES.items():
+        for file in (package / name / f for f in files):
+            if not file.is_file():
+                raise WheelError(f"device module {file} is missing")
+            yield file.relative_to(base).as_posix(), file
 
 
 def _metadata(data: dict[str, Any], root: Path) -> str:
@@ -161,7 +163,7 @@ def build_wheel(root: Path) -> tuple[str, bytes]:
     data = _project(root)
     project = data["project"]
     dist_info = f"{_norm(project['name'])}-{project['version']}.dist-info"
-    files: list[tuple[str, bytes]] = [(arc, src.read_bytes()) for arc, src in _package_files(root)]
+    files: list[tuple[str, bytes]] = [(arc, src.read_bytes()) for arc, src in device_files(root)]
     if not files:
         raise WheelError(f"no edgeinfer package under {root / SOURCE_ROOT}")
     files.sort()
