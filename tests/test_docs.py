@@ -1,5 +1,5 @@
-"""The documents agree with the tree: README's configuration tables are the recipes' defaults, and
-every repository path the documents name exists.
+"""The documents agree with the tree: docs/configuration.md's tables are the recipes' defaults, every
+repository path and relative link the documents name exists, and the README stays a short read.
 
 Regenerate the tables after changing a recipe's DefaultConfiguration:
 `.venv/bin/python -m tests.test_docs --write`.
@@ -21,6 +21,7 @@ import yaml
 from tests.helpers import PROJECT
 
 README = PROJECT / "README.md"
+CONFIGURATION = PROJECT / "docs" / "configuration.md"
 # Every Markdown page of the repository's own (not the recorded benchmark tables).
 DOCUMENTS = sorted(
     str(path.relative_to(PROJECT))
@@ -83,7 +84,7 @@ def _rows(config: dict[str, Any], notes: dict[str, str], prefix: str = "") -> li
 
 
 def config_table(component: str) -> str:
-    """The README table of one component's recipe keys, their defaults and the recipe's notes."""
+    """The table of one component's recipe keys, their defaults and the recipe's notes."""
     text = (PROJECT / "recipes" / f"{component}.yaml").read_text()
     config = yaml.safe_load(text)["ComponentConfiguration"]["DefaultConfiguration"]
     lines = ["| key | default | note |", "|---|---|---|", *_rows(config, _recipe_comments(text))]
@@ -91,7 +92,7 @@ def config_table(component: str) -> str:
 
 
 def placement_table() -> str:
-    """The README table of the runtime's `placement` keys: `OffloadConfig`'s fields and comments."""
+    """The table of the runtime's `placement` keys: `OffloadConfig`'s fields and comments."""
     import inspect
 
     from edgeinfer import config
@@ -122,11 +123,11 @@ def _marker(component: str) -> re.Pattern[str]:
     return re.compile(rf"(<!-- config {name} -->)(.*?)(<!-- /config {name} -->)", re.S)
 
 
-def render(readme: str) -> str:
-    """README with every configuration table regenerated from its recipe."""
+def render(document: str) -> str:
+    """The document with every configuration table regenerated from its recipe."""
     for name, table in TABLES.items():
-        readme = _marker(name).sub(_between_markers(table()), readme)
-    return readme
+        document = _marker(name).sub(_between_markers(table()), document)
+    return document
 
 
 def _between_markers(table: str) -> Callable[[re.Match[str]], str]:
@@ -134,11 +135,11 @@ def _between_markers(table: str) -> Callable[[re.Match[str]], str]:
 
 
 @pytest.mark.parametrize("name", list(TABLES))
-def test_readme_configuration_table_is_the_defaults(name: str) -> None:
-    found = _marker(name).search(README.read_text())
-    assert found is not None, f"README has no <!-- config {name} --> table"
+def test_configuration_table_is_the_defaults(name: str) -> None:
+    found = _marker(name).search(CONFIGURATION.read_text())
+    assert found is not None, f"docs/configuration.md has no <!-- config {name} --> table"
     assert found[2] == f"\n{TABLES[name]()}\n", (
-        "README's configuration table differs from the recipe (or OffloadConfig): "
+        "docs/configuration.md's table differs from the recipe (or OffloadConfig): "
         "run `.venv/bin/python -m tests.test_docs --write`"
     )
 
@@ -157,6 +158,26 @@ def test_paths_named_in_documents_exist(document: str) -> None:
         if not list(PROJECT.glob(path)) and not (PROJECT / path).exists():
             missing.append(path)
     assert not missing, f"{document} names paths that do not exist: {missing}"
+
+
+# A relative Markdown link: [text](target), the target neither a URL nor an anchor in the same page.
+_LINK = re.compile(r"\]\((?![a-z]+:|#)([^)\s#]+)(?:#[^)\s]*)?\)")
+
+
+@pytest.mark.parametrize("document", DOCUMENTS)
+def test_relative_links_in_documents_resolve(document: str) -> None:
+    path = PROJECT / document
+    missing = [target for target in _LINK.findall(path.read_text()) if not (path.parent / target).exists()]
+    assert not missing, f"{document} links to files that do not exist: {missing}"
+
+
+def test_readme_is_a_short_read() -> None:
+    # A user reads the README in ten minutes; reference belongs in docs/.
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines: move reference to docs/"
+    opening = "\n".join(lines[:30])
+    for command in ("make demo", "make test"):
+        assert command in opening, f"`{command}` belongs in the README's first 30 lines"
 
 
 def test_documents_name_no_old_layout() -> None:
@@ -183,4 +204,4 @@ def test_nothing_points_outside_the_repository() -> None:
 if __name__ == "__main__":
     if sys.argv[1:] != ["--write"]:
         sys.exit("usage: python -m tests.test_docs --write")
-    README.write_text(render(README.read_text()))
+    CONFIGURATION.write_text(render(CONFIGURATION.read_text()))

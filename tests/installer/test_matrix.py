@@ -2,7 +2,7 @@
 plan the installer makes with the default configuration, and — against the package index this
 machine reaches — that every wheel of that plan exists for that device's platform and interpreter.
 
-README's "Supported devices" section is generated from MATRIX and checked here:
+docs/devices.md's "Supported devices" section is generated from MATRIX and checked here:
 `.venv/bin/python -m tests.installer.test_matrix --write` rewrites it.
 
 The index checks are pip's own: a full `pip install --dry-run --only-binary=:all: --platform …
@@ -35,7 +35,7 @@ from edgeinfer.installer.probe import PlatformInfo, RecordedProbe, probe
 from tests.helpers import PROJECT
 
 PLATFORMS = Path(__file__).parent / "platforms"
-README = PROJECT / "README.md"
+DEVICES_DOC = PROJECT / "docs" / "devices.md"
 PYPI = "https://pypi.org/simple/"
 TRT, SHORT = TENSORRT, {TENSORRT: "TensorRT", CUDA: "CUDA", CPU: "CPU"}
 
@@ -48,7 +48,7 @@ class Row:
     onnxruntime: str = ""  # the plan's ONNX Runtime requirement
     providers: tuple[str, ...] = ()
     says: str = ""  # in the plan's one warning, or in the refusal: what to set or install
-    set_: str = ""  # README: what the user sets for this device
+    set_: str = ""  # docs/devices.md: what the user sets for this device
 
 
 VENV_310 = "nothing (`apt install python3.10-venv` where it is missing)"
@@ -366,7 +366,7 @@ def test_every_wheel_of_the_plan_exists_for_the_device(
     assert not missing, f"{row.device}: {missing}"
 
 
-# ------------------------------------------------------------------------------------ README
+# ------------------------------------------------------------------------------ docs/devices.md
 
 
 def _providers(row: Row) -> str:
@@ -412,13 +412,13 @@ _SECTION = re.compile(r"(<!-- devices -->\n)(.*?)(\n<!-- /devices -->)", re.S)
 
 
 def test_readme_supported_devices_is_the_matrix() -> None:
-    found = _SECTION.search(README.read_text())
-    assert found is not None, "README has no <!-- devices --> section"
+    found = _SECTION.search(DEVICES_DOC.read_text())
+    assert found is not None, "docs/devices.md has no <!-- devices --> section"
     assert found[2] == devices_section(), "run `.venv/bin/python -m tests.installer.test_matrix --write`"
 
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--write"]:
         sys.exit("usage: python -m tests.installer.test_matrix --write")
-    text = README.read_text()
-    README.write_text(_SECTION.sub(lambda m: m[1] + devices_section() + m[3], text))
+    text = DEVICES_DOC.read_text()
+    DEVICES_DOC.write_text(_SECTION.sub(lambda m: m[1] + devices_section() + m[3], text))
