@@ -8,6 +8,7 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from edgeinfer.transport import MemoryBus
 from tests.helpers import PROJECT
 from tests.helpers.config import lite_typed
 from tests.helpers.images import solid_jpeg
+from tests.helpers.tiny_store import write_tiny_store
 from tests.helpers.wait import eventually
 
 THING = "c1"
@@ -243,6 +245,47 @@ def test_engine_swap_rewires_the_placement_policy(tiny_store: Path, tmp_path: Pa
         # A new policy built for the new engine (batch size 2, not the old engine's 4).
         assert comp.server.offloader.policy.max_batch_size == 2
         assert ask(bus, "after-swap").status == "ok"
+    finally:
+        comp.stop()
+
+
+def at_each_swap(comp: Component, read: Callable[[], object]) -> list[object]:
+    """What `read()` returns at the moment each new engine is put in place."""
+    seen: list[object] = []
+    swap = comp.server.swap_engine
+
+    def recording(engine: Any) -> None:
+        seen.append(read())
+        swap(engine)
+
+    comp.server.swap_engine = recording  # type: ignore[method-assign]
+    return seen
+
+
+def test_a_new_store_folder_is_recorded_before_its_engine_is_swapped_in(
+    tiny_store: Path, tmp_path: Path
+) -> None:
+    comp, _ = make(tiny_store, tmp_path)
+    comp.start()
+    try:
+        v2 = str(write_tiny_store(tmp_path / "store-v2"))
+        seen = at_each_swap(comp, lambda: comp.args.model_dir)
+        comp._store_changed(v2)
+        assert seen == [v2]  # whoever sees the new engine finds its folder
+    finally:
+        comp.stop()
+
+
+def test_a_new_configuration_is_recorded_before_its_engine_is_swapped_in(
+    tiny_store: Path, tmp_path: Path
+) -> None:
+    comp, bus = make(tiny_store, tmp_path)
+    comp.start()
+    try:
+        seen = at_each_swap(comp, lambda: comp.cfg.max_batch_size)
+        assert bus.propose_configuration(dict(bus.config, maxBatchSize=2)) is None
+        eventually(lambda: bool(seen), what="the new engine")
+        assert seen == [2]
     finally:
         comp.stop()
 

@@ -208,12 +208,12 @@ class Component:
             record_drop=self.server.timings.record,
             letterboxed=self.server.engine.detector,
         )
+        self.source = runner  # recorded before its first frame is served
         try:
             runner.start()
         except OSError as exc:
+            self.source = None
             log.error("source not started: %s", exc)
-            return
-        self.source = runner
 
     # ------------------------------------------------------------------------------ live configuration
 
@@ -260,15 +260,17 @@ class Component:
             if not changed:
                 return
             log.info("configuration changed: %s", ", ".join(sorted(changed)))
-            swapped = False
+            engine = None
             if engine_keys_changed(self.cfg, cfg):
                 try:
                     engine = self.build_engine(cfg)
                 except Exception as exc:
                     log.error("new engine not built, keeping the running one: %s", exc)
-                else:
-                    self.server.swap_engine(engine)
-                    swapped = True
+            # Recorded before any of it takes effect: whoever sees the new engine (or batching, or
+            # source) and then reads `cfg` finds the configuration that made it.
+            self.cfg = cfg
+            if engine is not None:
+                self.server.swap_engine(engine)
             self.server.apply_config(cfg)
             if "cpu" in changed:
                 from edgeinfer.runtime.providers import apply_process_options
@@ -278,11 +280,9 @@ class Component:
                 if self.source is not None:
                     self.source.stop()
                     self.source = None
-                self.cfg = cfg
                 self._start_source(cfg)
-            self.cfg = cfg
             # A new engine means new local model names and a new a·n + b seed for the policy.
-            if "placement" in changed or (swapped and self.server.offloader is not None):
+            if "placement" in changed or (engine is not None and self.server.offloader is not None):
                 old = self.server.offloader
                 self.server.set_placement(EdgeOnly(), None)
                 if old is not None and hasattr(old, "stop"):
@@ -331,8 +331,9 @@ class Component:
                     exc,
                 )
                 return
-            self.server.swap_engine(engine)
+            # The folder is recorded before the swap: whoever sees the new engine finds its folder.
             self.args.model_dir = folder
+            self.server.swap_engine(engine)
             if self.server.offloader is not None:  # new local model names and service-time seed
                 from edgeinfer.runtime.placement import EdgeOnly
 
