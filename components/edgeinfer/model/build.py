@@ -241,8 +241,8 @@ def _logits(
 # --------------------------------------------------------------------------------------------- build
 
 
-def build(options: BuildOptions, *, quiet: bool = False) -> Manifest:
-    """Build the store (or return the cached one). Raises EdgeinferError / GateFailedError."""
+def _check_task(options: BuildOptions) -> None:
+    """The task and, for a detector, its layout and post-step defaults."""
     if options.arch == DETECTOR_ARCH and options.onnx is None:
         options.task = "detection"
     if options.task not in TASKS:
@@ -261,8 +261,10 @@ def build(options: BuildOptions, *, quiet: bool = False) -> Manifest:
             raise EdgeinferError(f"{flag} is a fraction between 0 and 1, not {value}")
     if options.max_detections < 1:
         raise EdgeinferError(f"--max-detections must be at least 1, not {options.max_detections}")
-    if options.sensitivity not in ("auto", "always", "off"):
-        raise EdgeinferError(f"--sensitivity must be auto, always or off, not {options.sensitivity!r}")
+
+
+def _check_preprocessing(options: BuildOptions) -> None:
+    """The crop, channel order, normalisation and input size."""
     if not 0 < options.crop_fraction <= 1:
         raise EdgeinferError(f"--crop must be in (0, 1], not {options.crop_fraction}")
     if options.channel_order.upper() not in ("RGB", "BGR"):
@@ -274,6 +276,12 @@ def build(options: BuildOptions, *, quiet: bool = False) -> Manifest:
         raise EdgeinferError("--std must be positive")
     if options.size is not None and not 16 <= options.size <= 4096:
         raise EdgeinferError(f"--size must be 16-4096 pixels, not {options.size}")
+
+
+def _check_gate(options: BuildOptions) -> None:
+    """The sensitivity search and the accuracy gate's thresholds."""
+    if options.sensitivity not in ("auto", "always", "off"):
+        raise EdgeinferError(f"--sensitivity must be auto, always or off, not {options.sensitivity!r}")
     if options.max_exclude < 0:
         raise EdgeinferError(f"--max-exclude must be 0 or more, not {options.max_exclude}")
     th = options.thresholds
@@ -289,12 +297,24 @@ def build(options: BuildOptions, *, quiet: bool = False) -> Manifest:
             raise EdgeinferError(f"{flag} is a fraction from 0 to 1 (0.95 for 95 %), not {value}")
     if th.max_mean_abs_logit_delta is not None and not th.max_mean_abs_logit_delta > 0:
         raise EdgeinferError(f"--max-logit-delta must be positive, not {th.max_mean_abs_logit_delta}")
+
+
+def _check_inputs(options: BuildOptions) -> None:
+    """The user's files that can be read now, not after the export: labels, a detector's layout."""
     if options.labels is not None:
-        _read_labels(options.labels, None)  # a bad file fails now, not after the export
+        _read_labels(options.labels, None)
     if options.task == "detection" and options.onnx is not None:
         from edgeinfer.model import export
 
-        export.load_user_model(options.onnx, detector=True, layout=options.layout)  # its layout, now
+        export.load_user_model(options.onnx, detector=True, layout=options.layout)
+
+
+def build(options: BuildOptions, *, quiet: bool = False) -> Manifest:
+    """Build the store (or return the cached one). Raises EdgeinferError / GateFailedError."""
+    _check_task(options)
+    _check_preprocessing(options)
+    _check_gate(options)
+    _check_inputs(options)
     if not options.force:
         hit = cached(options)
         if hit is not None:
