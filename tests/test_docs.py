@@ -160,15 +160,30 @@ def test_paths_named_in_documents_exist(document: str) -> None:
     assert not missing, f"{document} names paths that do not exist: {missing}"
 
 
-# A relative Markdown link: [text](target), the target neither a URL nor an anchor in the same page.
-_LINK = re.compile(r"\]\((?![a-z]+:|#)([^)\s#]+)(?:#[^)\s]*)?\)")
+# A relative Markdown link: [text](target#anchor), the target a path in the repository (or empty: this page).
+_LINK = re.compile(r"\]\((?![a-z]+:)([^)\s#]*)(?:#([^)\s]*))?\)")
+_HEADING = re.compile(r"^#+ (.*)$", re.M)
+
+
+def _anchors(markdown: str) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    return {
+        re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+        for title in _HEADING.findall(markdown)
+    }
 
 
 @pytest.mark.parametrize("document", DOCUMENTS)
 def test_relative_links_in_documents_resolve(document: str) -> None:
     path = PROJECT / document
-    missing = [target for target in _LINK.findall(path.read_text()) if not (path.parent / target).exists()]
-    assert not missing, f"{document} links to files that do not exist: {missing}"
+    broken = []
+    for target, anchor in _LINK.findall(path.read_text()):
+        linked = path.parent / target if target else path
+        if not linked.exists():
+            broken.append(target)
+        elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked.read_text()):
+            broken.append(f"{target}#{anchor}")
+    assert not broken, f"{document} links to files or headings that do not exist: {broken}"
 
 
 def test_readme_is_a_short_read() -> None:
