@@ -38,6 +38,7 @@ from edgeinfer.sim.simulator import SimError, Simulator
 from edgeinfer.sim.testing import wait_ready
 from tests.helpers import PROJECT
 from tests.helpers.tiny_store import TINY_CLASSES, TINY_LABELS, tiny_model_bytes
+from tests.helpers.wait import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -81,14 +82,14 @@ def red_request(request_id: str, **extra: Any) -> bytes:
 
 
 def answer(inbox: Any, request_id: str, timeout: float = 60.0) -> Result:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for message in inbox.wait_for(1, timeout=max(0.1, deadline - time.monotonic())):
-            result = Result.parse(message.payload)
-            if result.id == request_id:
-                return result
-        inbox.clear()
-    raise AssertionError(f"no result for {request_id} within {timeout} s")
+    """The answer to `request_id`, looked for among everything the inbox received (never cleared:
+    a message arriving between a read and a clear would be lost)."""
+
+    def answers() -> list[Result]:
+        return [r for r in (Result.parse(m.payload) for m in inbox.messages) if r.id == request_id]
+
+    eventually(lambda: bool(answers()), timeout, f"the result for {request_id}")
+    return answers()[0]
 
 
 @pytest.fixture
@@ -129,7 +130,6 @@ def test_the_bundle_as_built_runs_on_each_nucleus(
     windows = cloud.subscribe(f"edgeinfer/{thing}/telemetry")
     iot_results = cloud.subscribe(f"edgeinfer/{thing}/result")
     local_results = sim.local_client().subscribe(f"edgeinfer/{thing}/result")
-    time.sleep(0.3)
 
     sim.local_client().publish(f"edgeinfer/{thing}/infer", red_request("local-1"))
     local = answer(local_results, "local-1")
@@ -143,14 +143,12 @@ def test_the_bundle_as_built_runs_on_each_nucleus(
     assert iot.predictions[0].label == "red"
     assert len(iot.predictions) == 5  # topK's default
 
-    # Telemetry windows over IoT Core; one of them counts the two requests.
-    deadline = time.monotonic() + 30
-    counted = 0
-    while counted < 2 and time.monotonic() < deadline:
-        for message in windows.wait_for(1, timeout=max(0.1, deadline - time.monotonic())):
-            counted += TelemetryWindow.from_dict(json.loads(message.payload)).count
-        windows.clear()
-    assert counted >= 2
+    # Telemetry windows over IoT Core count the two requests.
+    eventually(
+        lambda: sum(TelemetryWindow.from_dict(json.loads(m.payload)).count for m in windows.messages) >= 2,
+        30,
+        "telemetry windows counting the two requests",
+    )
 
     # A live configuration change. The classic nucleus asks the runtime first and refuses what it
     # refuses; lite serves no validation, so the update lands and the runtime keeps its old values.

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -81,7 +80,6 @@ def test_person_horse_and_dog_over_iot_core_within_10_px_of_fp32(
     assert {"person", "horse", "dog"} <= set(reference)
     cloud = device.cloud_client()
     inbox = cloud.subscribe(RESULT)
-    time.sleep(0.3)
     cloud.publish(INFER, json.dumps(request("person", photo)).encode(), qos=1)
     (got,) = [Result.parse(m.payload) for m in inbox.wait_for(1, timeout=60)]
     assert got.status == "ok", got.error
@@ -103,7 +101,6 @@ def test_person_horse_and_dog_over_iot_core_within_10_px_of_fp32(
 def test_detections_per_request_settings_dlr_and_bad_input(device: Simulator, photo: bytes) -> None:
     local = device.local_client()
     inbox = local.subscribe(RESULT)
-    time.sleep(0.3)
     local.publish(INFER, request("two", photo, max_detections=2))
     local.publish(INFER, request("dlr", photo, result_format="dlr"))
     local.publish(INFER, request("trunc", photo[:5000]))

@@ -171,10 +171,10 @@ def test_an_update_waits_for_a_slow_request_in_flight(
     )
     update.start()
     try:
-        if queued:
-            eventually(lambda: "deferred update" in device.sim.logs(RUNTIME), 30, "a deferral")
-        # Queued, the nucleus asks again meanwhile and is deferred again; inline, its event lies
-        # unread behind the request. Either way nothing is updated.
+        if queued:  # the nucleus asks again and is deferred again
+            eventually(lambda: device.sim.logs(RUNTIME).count("deferred update") >= 2, 30, "two deferrals")
+        # Inline, the nucleus's event lies unread behind the request. Either way nothing is updated:
+        # room for a wrong update to show.
         time.sleep(1.5)
         assert update.is_alive()
         assert device.sim.history(STORE).count("FINISHED") == 1
@@ -198,7 +198,8 @@ def test_an_update_waits_for_a_slow_request_in_flight(
     assert device.ask("after").status == "ok"
     time.sleep(0.5)  # a second answer, if any, would come now
     assert len(device.answers("slow")) == 1
-    assert device.component.server.inflight.count == 0
+    # An answer need not follow the in-flight count's release: wait on the count itself.
+    eventually(lambda: device.component.server.inflight.count == 0, 10, "nothing in flight")
 
 
 @pytest.mark.parametrize("queued", [False, True], ids=["default", "queued"])
@@ -213,8 +214,13 @@ def test_a_new_store_version_is_swapped_in_without_a_restart(
     v2 = tiny(tmp_path / "store-v2", write_tiny_store, "0.0.2")
     server, engine = device.component.server, device.component.server.engine
     assert device.sim.update_component(STORE, merge={"folder": str(v2)}) == []  # nothing in flight
-    eventually(lambda: device.component.server.engine is not engine, 30, "the new store's engine")
-    assert device.component.args.model_dir == str(v2)
+    # The swap is done when every part of it holds: the engine object changes before `model_dir`
+    # follows, so waiting on the engine alone and then reading `model_dir` races the update.
+    eventually(
+        lambda: device.component.server.engine is not engine and device.component.args.model_dir == str(v2),
+        30,
+        "the new store's engine and model_dir",
+    )
     versions = [device.ask(f"after-{i}").model.version for i in range(3)]  # type: ignore[union-attr]
     assert versions == ["0.0.2"] * 3
     assert device.component.server is server  # the same server, never restarted

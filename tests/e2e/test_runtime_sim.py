@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from edgeinfer.model.samples import cat_image
 from edgeinfer.sim import MosquittoBroker, SimError, Simulator
 from edgeinfer.sim.testing import RUNTIME as COMPONENT
 from edgeinfer.sim.testing import prepare_device, wait_ready
+from tests.helpers.wait import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -75,7 +75,6 @@ def test_local_and_iot_requests_answered(device: Simulator, store: Path) -> None
     local_inbox = local.subscribe(RESULT)
     cloud = device.cloud_client()
     iot_inbox = cloud.subscribe(RESULT)
-    time.sleep(0.3)
     local.publish(INFER, request("local-cat", cat, top_k=3))
     cloud.publish(INFER, json.dumps(request("iot-cat", cat)).encode(), qos=1)
     (got_local,) = results(local_inbox.wait_for(1, timeout=30))
@@ -99,7 +98,6 @@ def test_bad_requests_answered_with_codes_over_both_buses(device: Simulator) -> 
     inbox = local.subscribe(RESULT)
     cloud = device.cloud_client()
     iot_inbox = cloud.subscribe(RESULT)
-    time.sleep(0.3)
     local.publish(INFER, b"{oops")
     local.publish(INFER, request("trunc", cat_image().read_bytes()[:5000]))
     local.publish(INFER, request("where", cat_image().read_bytes(), reply_to="not/ours"))
@@ -122,7 +120,6 @@ def burst(device: Simulator, n: int, prefix: str) -> list[Result]:
     cat = cat_image().read_bytes()
     local = device.local_client()
     inbox = local.subscribe(RESULT)
-    time.sleep(0.3)
     for i in range(n):
         local.publish(INFER, request(f"{prefix}{i}", cat))
     got = [r for r in results(inbox.wait_for(n, timeout=60)) if (r.id or "").startswith(prefix)]
@@ -142,13 +139,15 @@ def test_live_configuration_change_takes_effect(device: Simulator) -> None:
     with pytest.raises(SimError, match="maxBatchSize: must be from 1 to 256"):
         device.update_configuration(COMPONENT, merge={"maxBatchSize": 0})
     device.update_configuration(COMPONENT, merge={"maxBatchSize": 2, "topK": 3})
-    deadline = time.monotonic() + 30
-    while "configuration changed" not in device.logs(COMPONENT):
-        assert time.monotonic() < deadline, device.logs(COMPONENT)[-2000:]
-        time.sleep(0.05)
-    while "warmed up batch sizes 1-2" not in device.logs(COMPONENT):  # the new engine is in place
-        assert time.monotonic() < deadline, device.logs(COMPONENT)[-2000:]
-        time.sleep(0.05)
+    # The new engine's warm-up is logged before it is swapped in: wait for an answer made under the
+    # new configuration instead. The runtime swaps the engine (and with it the batch cap) before it
+    # applies topK, so three predictions say both are in place.
+    probes = iter(range(1_000_000))
+    eventually(
+        lambda: len(burst(device, 1, f"probe-{next(probes)}-")[0].predictions) == 3,
+        30,
+        "an answer with the new topK",
+    )
     got = burst(device, 16, "small-")
     assert all(r.status == "ok" for r in got)
     assert max(r.batch_size for r in got) <= 2
@@ -171,7 +170,6 @@ def test_video_file_source_produces_results(device: Simulator, tmp_path: Path) -
     write_video(video)
     local = device.local_client()
     inbox = local.subscribe(f"{RESULT}/video")
-    time.sleep(0.3)
     device.update_configuration(
         COMPONENT,
         merge={

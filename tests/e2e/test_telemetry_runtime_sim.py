@@ -22,6 +22,7 @@ from edgeinfer.model.samples import cat_image
 from edgeinfer.sim import MosquittoBroker, Simulator
 from edgeinfer.sim.testing import RUNTIME, prepare_device, recipes_dir, wait_ready
 from edgeinfer.telemetry.histogram import RELATIVE_PRECISION
+from tests.helpers.wait import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -67,6 +68,11 @@ def windows(inbox: Any) -> list[TelemetryWindow]:
     return [TelemetryWindow.from_dict(json.loads(m.payload)) for m in inbox.messages]
 
 
+def counted(inbox: Any, since: int, n: int) -> Callable[[], bool]:
+    """Whether the windows from the `since`-th on count `n` requests or more."""
+    return lambda: sum(w.count for w in windows(inbox)[since:]) >= n
+
+
 def nearest_rank(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[max(1, math.ceil(q * len(ordered))) - 1]
@@ -89,7 +95,9 @@ def test_telemetry_matches_the_results_of_the_same_run(device: Simulator) -> Non
             local.publish(INFER, {"id": f"{prefix}{i}", "image": cat})
         local.publish(INFER, b"{not json")  # one error result, counted by code
         got = [Result.parse(m.payload) for m in results_inbox.wait_for(n + 1, timeout=60)]
-        tele.wait_for(len(tele.messages) + 2, timeout=3 * WINDOW_S)  # the burst's window has closed
+        # The burst's timings reach telemetry after its results, in batches of their own: wait until
+        # closed windows count all of them, not for some number of windows.
+        eventually(counted(tele, seen, n + 1), 10 * WINDOW_S, "windows counting the burst")
         busy = [w for w in windows(tele)[seen:] if w.count]
         if len(busy) == 1:
             break

@@ -18,6 +18,14 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 30.0, interval: flo
     return predicate()
 
 
-def eventually(predicate: Callable[[], bool], timeout: float = 30.0, what: str = "the condition") -> None:
-    """Fail the test unless `predicate()` comes to hold within `timeout` seconds."""
-    assert wait_for(predicate, timeout), f"{what} did not hold within {timeout:g} s"
+def eventually(
+    predicate: Callable[[], bool],
+    timeout: float = 30.0,
+    what: str = "the condition",
+    detail: Callable[[], str] | None = None,
+) -> None:
+    """Fail the test unless `predicate()` comes to hold within `timeout` seconds; `detail()`, if
+    given, is added to the failure (a log's tail, say)."""
+    if not wait_for(predicate, timeout):
+        more = f"\n{detail()}" if detail is not None else ""
+        raise AssertionError(f"{what} did not hold within {timeout:g} s{more}")
