@@ -6,7 +6,7 @@
 * `bias_correct`: empirical bias correction (Nagel et al. 2019, §4.2): the expected output shift a
   layer's weight quantization causes, E[(W̃ − W) x] with x the layer's real (quantized) input, is
   taken out of the layer's int32 bias.
-* `cross_layer_equalize`: cross-layer equalization (Nagel et al. 2019, §4.1) on pairs of convs
+* `equalize_ranges`: cross-layer equalization (Nagel et al. 2019, §4.1) on pairs of convs
   joined by a ReLU-like activation.
 * `sensitivity`: per-layer ranking of where the quantized network's activations drift from FP32,
   so the worst layers can stay in float (`nodes_to_exclude`).
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -322,6 +323,103 @@ def save(model: Any, path: Path) -> None:
     atomic_write(path, model.SerializeToString())
 
 
+class _Weights:
+    """A model's graph as the equalization reads it: initializers by name, each tensor's consumers."""
+
+    def __init__(self, graph: Any) -> None:
+        self.inits = {i.name: i for i in graph.initializer}
+        self.consumers: dict[str, list[Any]] = {}
+        for n in graph.node:
+            for i in n.input:
+                self.consumers.setdefault(i, []).append(n)
+
+    def array(self, name: str) -> np.ndarray:
+        from onnx import numpy_helper
+
+        return numpy_helper.to_array(self.inits[name]).astype(np.float64)
+
+    def store(self, name: str, value: np.ndarray) -> None:
+        from onnx import numpy_helper
+
+        self.inits[name].CopyFrom(numpy_helper.from_array(value.astype(np.float32), name))
+
+    def only(self, name: str) -> Any:
+        """The one node reading `name`, or None (no reader, or several)."""
+        users = self.consumers.get(name, [])
+        return users[0] if len(users) == 1 else None
+
+
+def _attr(node: Any, key: str, default: int) -> int:
+    return next((a.i for a in node.attribute if a.name == key), default)
+
+
+@dataclass(frozen=True)
+class _Pair:
+    """conv A → ReLU-like → B: A's output channels scale up, B's matching input channels down."""
+
+    a: Any
+    bound: float | None  # the clip's upper limit (ReLU6: 6); None for a plain ReLU
+    b: Any
+    kind: str  # depthwise | dense | gemm
+
+
+def _relu_bound(w: _Weights, act: Any) -> tuple[bool, float | None]:
+    """Whether `act` is a ReLU or a Clip from 0, and its upper bound (None: unbounded)."""
+    if act.op_type == "Clip" and len(act.input) == 3 and all(x in w.inits for x in act.input[1:]):
+        lo, hi = float(w.array(act.input[1])), float(w.array(act.input[2]))
+        return lo == 0.0, hi
+    return act.op_type == "Relu", None
+
+
+def _pair_kind(w: _Weights, b: Any, channels: int) -> tuple[Any, str] | None:
+    """The node whose input channels undo A's scaling, and how its weights hold them."""
+    if b.op_type == "Conv" and b.input[1] in w.inits:
+        wb = w.array(b.input[1])
+        group = _attr(b, "group", 1)
+        if group == channels and wb.shape[1] == 1:
+            return b, "depthwise"
+        if group == 1 and wb.shape[1] == channels:
+            return b, "dense"
+    elif b.op_type == "GlobalAveragePool":
+        nxt = w.only(b.output[0])
+        while nxt is not None and nxt.op_type in ("Flatten", "Reshape"):
+            nxt = w.only(nxt.output[0])
+        if nxt is not None and nxt.op_type == "Gemm" and nxt.input[1] in w.inits:
+            return nxt, "gemm"
+    return None
+
+
+def _pair_from(w: _Weights, a: Any) -> _Pair | None:
+    """The pair starting at conv `a`, if its output reaches a scalable node through one ReLU-like."""
+    if a.op_type != "Conv" or len(a.input) < 3 or a.input[1] not in w.inits or a.input[2] not in w.inits:
+        return None
+    act = w.only(a.output[0])
+    if act is None:
+        return None
+    relu, bound = _relu_bound(w, act)
+    b = w.only(act.output[0]) if relu else None
+    if b is None:
+        return None
+    found = _pair_kind(w, b, w.array(a.input[1]).shape[0])
+    return _Pair(a, bound, found[0], found[1]) if found is not None else None
+
+
+def _rescale(w: _Weights, pair: _Pair, k: np.ndarray) -> None:
+    """A's output channels times k, B's input channels divided by k: the same function."""
+    a, b = pair.a, pair.b
+    wa, ba = w.array(a.input[1]), w.array(a.input[2])
+    w.store(a.input[1], wa * k.reshape((-1,) + (1,) * (wa.ndim - 1)))
+    w.store(a.input[2], ba * k)
+    wb = w.array(b.input[1])
+    if pair.kind == "depthwise":
+        wb = wb / k.reshape((-1,) + (1,) * (wb.ndim - 1))
+    elif pair.kind == "dense":
+        wb = wb / k.reshape((1, -1) + (1,) * (wb.ndim - 2))
+    else:  # Gemm: input features are the columns with transB=1, the rows otherwise
+        wb = wb / (k.reshape(1, -1) if _attr(b, "transB", 0) else k.reshape(-1, 1))
+    w.store(b.input[1], wb)
+
+
 def equalize_ranges(
     float_core: Any,
     input_name: str,
@@ -341,83 +439,21 @@ def equalize_ranges(
     ReLU6 the bound is 6, the clip's own limit, so scaled channels still clip at 6 — the result only
     differs from FP32 where a channel exceeds its calibrated maximum. Returns (model, pairs)."""
     import onnx
-    from onnx import numpy_helper
 
     model = onnx.ModelProto()
     model.CopyFrom(float_core)
-    graph = model.graph
-    inits = {i.name: i for i in graph.initializer}
-    consumers: dict[str, list[Any]] = {}
-    for n in graph.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
-
-    def arr(name: str) -> np.ndarray:
-        return numpy_helper.to_array(inits[name]).astype(np.float64)
-
-    def only(name: str) -> Any:
-        users = consumers.get(name, [])
-        return users[0] if len(users) == 1 else None
-
-    def attr(node: Any, key: str, default: int) -> int:
-        return next((a.i for a in node.attribute if a.name == key), default)
-
-    pairs = []  # (A, bound, B, kind)
-    for a in graph.node:
-        if a.op_type != "Conv" or len(a.input) < 3 or a.input[1] not in inits or a.input[2] not in inits:
-            continue
-        act = only(a.output[0])
-        if act is None:
-            continue
-        if act.op_type == "Clip" and len(act.input) == 3 and all(x in inits for x in act.input[1:]):
-            lo, hi = float(arr(act.input[1])), float(arr(act.input[2]))
-            if lo != 0.0:
-                continue
-            bound: float | None = hi
-        elif act.op_type == "Relu":
-            bound = None
-        else:
-            continue
-        b = only(act.output[0])
-        if b is None:
-            continue
-        channels = arr(a.input[1]).shape[0]
-        if b.op_type == "Conv" and b.input[1] in inits:
-            wb = arr(b.input[1])
-            group = attr(b, "group", 1)
-            if group == channels and wb.shape[1] == 1:
-                pairs.append((a, bound, b, "depthwise"))
-            elif group == 1 and wb.shape[1] == channels:
-                pairs.append((a, bound, b, "dense"))
-        elif b.op_type == "GlobalAveragePool":
-            nxt = only(b.output[0])
-            while nxt is not None and nxt.op_type in ("Flatten", "Reshape"):
-                nxt = only(nxt.output[0])
-            if nxt is not None and nxt.op_type == "Gemm" and nxt.input[1] in inits:
-                pairs.append((a, bound, nxt, "gemm"))
+    w = _Weights(model.graph)
+    pairs = [p for p in (_pair_from(w, a) for a in model.graph.node) if p is not None]
     if not pairs:
         return model, 0
-    got = _run_collect(float_core, input_name, data, [p[0].output[0] for p in pairs])
-    for a, bound, b, kind in pairs:
-        x = np.concatenate(got[a.output[0]]).astype(np.float64)
+    got = _run_collect(float_core, input_name, data, [p.a.output[0] for p in pairs])
+    for pair in pairs:
+        x = np.concatenate(got[pair.a.output[0]]).astype(np.float64)
         peak = x.max(axis=(0, 2, 3)) if x.ndim == 4 else x.max(axis=0)
-        top = bound if bound is not None else float(peak.max())
+        top = pair.bound if pair.bound is not None else float(peak.max())
         peak = np.minimum(peak, top)
         k = np.ones_like(peak)
         alive = peak > top * 1e-3
         k[alive] = np.clip((top / (headroom * peak[alive])) ** alpha, 1.0, max_scale)
-        wa, ba = arr(a.input[1]), arr(a.input[2])
-        shape_a = (-1,) + (1,) * (wa.ndim - 1)
-        inits[a.input[1]].CopyFrom(
-            numpy_helper.from_array((wa * k.reshape(shape_a)).astype(np.float32), a.input[1])
-        )
-        inits[a.input[2]].CopyFrom(numpy_helper.from_array((ba * k).astype(np.float32), a.input[2]))
-        wb = arr(b.input[1])
-        if kind == "depthwise":
-            wb = wb / k.reshape((-1,) + (1,) * (wb.ndim - 1))
-        elif kind == "dense":
-            wb = wb / k.reshape((1, -1) + (1,) * (wb.ndim - 2))
-        else:  # Gemm: input features are the columns with transB=1, the rows otherwise
-            wb = wb / (k.reshape(1, -1) if attr(b, "transB", 0) else k.reshape(-1, 1))
-        inits[b.input[1]].CopyFrom(numpy_helper.from_array(wb.astype(np.float32), b.input[1]))
+        _rescale(w, pair, k)
     return model, len(pairs)
