@@ -242,7 +242,7 @@ def test_a_flood_into_a_held_subscriber_waits_in_the_broker_while_publishes_are_
                 bridge.publish("up", str(i).encode(), 1)
             assert [int(m.payload) for m in up.wait_for(20, timeout=30)] == list(range(20))
             assert wait_for(lambda: bridge.pending() == (0, 0))
-            assert len(got) == 1
+            assert wait_for(lambda: len(got) == 1)  # the inbox may fill before the handler is reached
             stats = bridge.inbox_stats()
             assert stats["peak_messages"] <= 32
             assert stats["peak_bytes"] <= 64 * 1024

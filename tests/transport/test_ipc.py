@@ -18,6 +18,7 @@ from awsiot.greengrasscoreipc.model import JsonMessage, PublishMessage
 from edgeinfer.sim import Simulator
 from edgeinfer.transport import Message, TransportError, UnauthorizedError
 from edgeinfer.transport.ipc import GreengrassIpcBus
+from tests.helpers.wait import wait_for
 
 APP = "com.example.App"
 PEER = "com.example.Peer"
@@ -91,7 +92,7 @@ class Collector:
             return list(self.items)
 
 
-def test_local_pubsub_round_trip_with_wildcards_and_own_messages(bus_for: Any) -> None:
+def test_local_pubsub_round_trip_with_wildcards_and_own_messages(bus_for: Any, sim: Simulator) -> None:
     bus = bus_for(APP)
     got = Collector()
     sub = bus.subscribe("app/+", got)
@@ -102,7 +103,10 @@ def test_local_pubsub_round_trip_with_wildcards_and_own_messages(bus_for: Any) -
     assert got.wait(1) == [Message("app/a", b"\x00binary\xff", "local")]
     assert [m.topic for m in everything.wait(2)] == ["app/a", "app/a/deeper"]
     sub.close()
-    time.sleep(0.2)
+    # Closing a stream is not waited for: wait until the nucleus has dropped the subscription.
+    assert sim._nucleus is not None
+    pubsub = sim._nucleus.pubsub
+    assert wait_for(lambda: not any(s.topic_filter == "app/+" for s in pubsub.subs))
     bus.publish("app/b", b"after close")
     time.sleep(0.3)
     assert len(got.items) == 1
