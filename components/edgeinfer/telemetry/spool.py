@@ -78,10 +78,6 @@ class Spool:
     def __len__(self) -> int:
         return len(self._sizes)
 
-    @property
-    def size_bytes(self) -> int:
-        return sum(self._sizes.values())
-
     def seqs(self) -> list[int]:
         return sorted(self._sizes)
 
