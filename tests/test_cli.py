@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Iterator
+from importlib.metadata import EntryPoint, EntryPoints
+from pathlib import Path
 
 import pytest
 
-from edgeinfer.cli import _teach, build_parser, main
+from edgeinfer import cli
+from edgeinfer.cli import COMMANDS, Register, Subparsers, _teach, build_parser, main, registered
 
 
 def parsers(
@@ -67,3 +70,65 @@ def test_a_default_with_a_percent_sign_does_not_break_help(capsys: pytest.Captur
     _teach(parser)
     parser.print_help()
     assert "(default: %Y-%m-%d)" in capsys.readouterr().out
+
+
+def _choices(parser: argparse.ArgumentParser) -> list[str]:
+    return [
+        name
+        for action in parser._actions
+        if isinstance(action, argparse._SubParsersAction)
+        for name in action.choices
+    ]
+
+
+def test_the_packages_register_every_command_in_the_order_help_lists_them() -> None:
+    parser = build_parser()
+    assert _choices(parser) == [
+        *("model", "build", "sim", "publish", "deploy", "cloud", "watch", "report", "demo", "bench")
+    ]
+    children = dict(parsers(parser))
+    assert _choices(children["edgeinfer bench"]) == [
+        *("model", "sim", "runtime", "compare", "telemetry", "offload", "iot")
+    ]
+    assert _choices(children["edgeinfer cloud"]) == ["router", "policy"]
+
+
+def _adds(name: str) -> Register:
+    def register(subparsers: Subparsers) -> None:
+        subparsers.add_parser(name, help=name)
+
+    return register
+
+
+_FIRST, _SECOND = _adds("first"), _adds("second")
+
+
+def _group(monkeypatch: pytest.MonkeyPatch, *values: tuple[str, str]) -> None:
+    eps = EntryPoints(EntryPoint(name, value, COMMANDS) for name, value in values)
+    monkeypatch.setattr(cli, "entry_points", lambda group: eps if group == COMMANDS else EntryPoints(()))
+
+
+def test_commands_register_in_the_order_of_their_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    _group(monkeypatch, ("20-second", "tests.test_cli:_SECOND"), ("10-first", "tests.test_cli:_FIRST"))
+    assert list(registered(COMMANDS)) == [_FIRST, _SECOND]
+    assert _choices(build_parser()) == ["first", "second", "bench"]
+
+
+def test_a_command_whose_package_is_not_installed_is_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    _group(
+        monkeypatch,
+        ("10-first", "tests.test_cli:_FIRST"),
+        ("20-gone", "edgeinfer_not_installed.cli:register"),
+        ("30-gone-module", "tests.not_a_module:register"),
+    )
+    assert list(registered(COMMANDS)) == [_FIRST]
+
+
+def test_an_import_error_inside_a_registered_package_propagates(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "broken_commands.py").write_text("import edgeinfer_no_such_dependency\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _group(monkeypatch, ("10-broken", "broken_commands:register"))
+    with pytest.raises(ModuleNotFoundError, match="edgeinfer_no_such_dependency"):
+        list(registered(COMMANDS))

@@ -1,45 +1,32 @@
 """The `edgeinfer` command. Subcommands live next to the code they drive; this module only wires them.
 
-Each module named in `_COMMANDS` exposes `register(subparsers)`, which adds its parser and sets
-`func(args) -> int` as the default. Those modules import heavy libraries (onnxruntime, torch, boto3)
-inside their functions so that `edgeinfer --help` stays instant. Benchmark scenarios register under
-`edgeinfer bench` the same way through `register_bench(subparsers)`.
+Each package registers its commands itself, as an entry point in the `edgeinfer.commands` group
+(pyproject.toml): a `register(subparsers)` that adds its parser and sets `func(args) -> int` as the
+default. Those modules import heavy libraries (onnxruntime, torch, boto3) inside their functions so
+that `edgeinfer --help` stays instant. Benchmark scenarios register under `edgeinfer bench` the same
+way, in the `edgeinfer.benches` group.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from importlib.metadata import entry_points
+from typing import TypeAlias
 
 from edgeinfer import __version__
 from edgeinfer.errors import EdgeinferError
 
 log = logging.getLogger(__name__)
 
-_COMMANDS = (
-    "edgeinfer.model.cli",  # model build / classify / inspect
-    "edgeinfer.bundle.cli",  # build
-    "edgeinfer.sim.cli",  # sim up / status / logs / down
-    "edgeinfer_cloud.aws_cli",  # publish / deploy
-    "edgeinfer_cloud.router.cli",  # cloud router
-    "edgeinfer_cloud.policies.cli",  # cloud policy (after the router's CLI, which adds `cloud`)
-    "edgeinfer.telemetry.cli",  # watch / report
-    "edgeinfer.demo",  # demo
-)
+COMMANDS = "edgeinfer.commands"  # entry-point group: register(subparsers)
+BENCHES = "edgeinfer.benches"  # entry-point group: register_bench(subparsers) under `edgeinfer bench`
 
-_BENCHES = (
-    "edgeinfer_bench.model",  # bench model
-    "edgeinfer_bench.sim",  # bench sim
-    "edgeinfer_bench.runtime",  # bench runtime
-    "edgeinfer_bench.compare",  # bench compare
-    "edgeinfer_bench.telemetry",  # bench telemetry
-    "edgeinfer_bench.offload",  # bench offload
-    "edgeinfer_bench.iot",  # bench iot
-)
+# What a register function adds its parsers to.
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+Register: TypeAlias = Callable[[Subparsers], None]
 
 _EPILOG = """\
 examples:
@@ -57,11 +44,22 @@ Run 'edgeinfer COMMAND --help' for the options of each command.
 """
 
 
-def _present(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        return False
+def registered(group: str) -> Iterator[Register]:
+    """The register functions of an entry-point group, in the order of their names (the order
+    `edgeinfer --help` lists the commands in, whichever distribution or metadata writer they come from).
+
+    One whose package is not installed is left out, as is the command it would add; any other import
+    error is a fault in that package and propagates.
+    """
+    for ep in sorted(entry_points(group=group), key=lambda ep: ep.name):
+        try:
+            register: Register = ep.load()
+        except ModuleNotFoundError as exc:
+            if not exc.name or not (ep.module == exc.name or ep.module.startswith(f"{exc.name}.")):
+                raise
+            log.debug("%s: %s is not installed; no %s", group, exc.name, ep.name)
+            continue
+        yield register
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,18 +72,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"edgeinfer {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in _COMMANDS:
-        if _present(name):
-            importlib.import_module(name).register(sub)
+    for register in registered(COMMANDS):
+        register(sub)
     bench = sub.add_parser(
         "bench",
         help="benchmarks: each compares against the raw baseline side by side in one run",
         description="Benchmarks. Each prints a table and, with --json FILE, writes the figures as JSON.",
     )
     bench_sub = bench.add_subparsers(dest="scenario", metavar="SCENARIO")
-    for name in _BENCHES:
-        if _present(name):
-            importlib.import_module(name).register_bench(bench_sub)
+    for register_bench in registered(BENCHES):
+        register_bench(bench_sub)
     bench.set_defaults(func=lambda _args: _usage(bench))
     parser.set_defaults(func=lambda _args: _usage(parser))
     _teach(parser)
