@@ -30,6 +30,7 @@ class FakeBackend:
         self.delay_s = delay_s
         self.fail: str | None = None
         self.calls: list[int] = []
+        self.entered = 0  # infer() calls begun, counted before they wait on the gate
         self.gate = threading.Event()
         self.gate.set()
 
@@ -37,6 +38,7 @@ class FakeBackend:
         return model in (None, self.model_ref.name)
 
     def infer(self, jobs: Sequence[Job]) -> list[Outcome]:
+        self.entered += 1
         self.gate.wait(10)
         self.calls.append(len(jobs))
         if self.delay_s:
