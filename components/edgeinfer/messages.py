@@ -19,11 +19,12 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from edgeinfer import codec
 
 __all__ = [
+    "DEFAULT_TOP_K",
     "IOT_CORE_MAX_BYTES",
     "RAW_IMAGE_TYPES",
     "TIMINGS_TOPIC",
@@ -54,6 +55,7 @@ __all__ = [
     "parse_iso_utc",
     "parse_raw_request",
     "parse_request",
+    "read_raw_request",
     "read_request",
     "result_topic",
     "telemetry_topic",
@@ -199,6 +201,7 @@ _OFFLOAD_MODES = ("auto", "never", "always")
 _RESULT_FORMATS = ("edgeinfer", "dlr")
 _MAX_ID_LEN = 256
 _MAX_TOPIC_LEN = 256
+DEFAULT_TOP_K = 5  # what a request that leaves `top_k` out gets, before a runtime's `topK`
 MAX_TOP_K = 100
 MAX_DETECTIONS = 300
 
@@ -217,7 +220,7 @@ class Request:
     image_path: str | None = None
     reply_to: str | None = None
     deadline_ms: float | None = None
-    top_k: int = 5
+    top_k: int = DEFAULT_TOP_K
     offload: OffloadMode = "auto"
     model: str | None = None
     result_format: ResultFormat = "edgeinfer"
@@ -376,7 +379,48 @@ def read_request(
     max_bytes: int | None = None,
     allow_image_path: bool = True,
 ) -> RequestHead:
-    """`parse_request` up to the image's base64 (`RequestHead.decode` does that)."""
+    """`parse_request` up to the image's base64 (`RequestHead.decode` does that). Each field is read
+    and checked in the order below; the first that is wrong is the error."""
+    doc, cut = _load_request(payload, max_bytes)
+    rid = _required_id(doc, payload, cut)
+    image, image_b64, image_path = _read_image(doc, cut, rid, allow_image_path=allow_image_path)
+    reply_to = _read_reply_to(doc, rid)
+    deadline_ms = _read_deadline_ms(doc, rid)
+    top_k = _read_count(doc, "top_k", MAX_TOP_K, rid, default=DEFAULT_TOP_K)
+    offload = _read_choice(
+        doc, "offload", _OFFLOAD_MODES, rid, "'offload' must be one of auto, never, always"
+    )
+    model = _read_model(doc, rid)
+    result_format = _read_choice(
+        doc, "result_format", _RESULT_FORMATS, rid, "'result_format' must be 'edgeinfer' or 'dlr'"
+    )
+    max_detections = _read_count(doc, "max_detections", MAX_DETECTIONS, rid)
+    score_threshold = _read_score_threshold(doc, rid)
+    sent_at = _read_time(doc, "sent_at", rid)
+    deadline_at = _read_time(doc, "deadline_at", rid)
+    request = Request(
+        id=rid,
+        image=image,
+        image_path=image_path,
+        reply_to=reply_to,
+        deadline_ms=deadline_ms,
+        top_k=DEFAULT_TOP_K if top_k is None else top_k,
+        offload=cast("OffloadMode", offload),
+        model=model,
+        result_format=cast("ResultFormat", result_format),
+        sent_at=sent_at,
+        deadline_at=deadline_at,
+        max_detections=max_detections,
+        score_threshold=score_threshold,
+    )
+    whole = payload if cut is not None and isinstance(payload, bytes) else None
+    return RequestHead(request, image_b64, frozenset(doc), whole)
+
+
+def _load_request(
+    payload: bytes | str | Mapping[str, Any], max_bytes: int | None
+) -> tuple[dict[str, Any], tuple[bytes, memoryview] | None]:
+    """The payload's object (its image cut out unparsed where `_cut_image` can) and that cut."""
     size = len(payload) if isinstance(payload, (bytes, str)) else 0
     cut = _cut_image(payload) if isinstance(payload, bytes) else None
     if max_bytes is not None and size > max_bytes:
@@ -389,41 +433,47 @@ def read_request(
         )
     doc = _load_object(payload if cut is None else cut[0])
     if cut is not None and "image" not in doc:  # the cut key was a nested object's
-        cut = None
-        doc = _load_object(payload)
+        return _load_object(payload), None
+    return doc, cut
+
+
+def _required_id(
+    doc: Mapping[str, Any], payload: bytes | str | Mapping[str, Any], cut: tuple[bytes, memoryview] | None
+) -> str:
     rid = _request_id(doc)
     if rid is None:
         if cut is not None:
             _load_object(payload)  # the cut-out value may be what made the JSON invalid
         raise MessageError(ErrorCode.BAD_REQUEST, "'id' is required: a non-empty string of at most 256 chars")
+    return rid
 
-    def bad(message: str, code: ErrorCode = ErrorCode.BAD_REQUEST) -> MessageError:
-        return MessageError(code, message, rid)
 
-    image: bytes | None = None
-    image_b64: str | bytes | memoryview | None = None
-    image_path: str | None = None
+def _read_image(
+    doc: Mapping[str, Any], cut: tuple[bytes, memoryview] | None, rid: str, *, allow_image_path: bool
+) -> tuple[bytes | None, str | bytes | memoryview | None, str | None]:
+    """`(image bytes, image base64, image_path)`: exactly one of them is set."""
     raw_image = doc.get("image") if cut is None else cut[1]
     raw_path = doc.get("image_path")
     if raw_image is not None and raw_path is not None:
-        raise bad("give either 'image' or 'image_path', not both")
+        raise MessageError(ErrorCode.BAD_REQUEST, "give either 'image' or 'image_path', not both", rid)
     if cut is None and isinstance(raw_image, (bytes, bytearray)):  # raw MQTT 5 (`parse_raw_request`)
         if not raw_image:
-            raise bad("the image payload is empty", ErrorCode.BAD_IMAGE)
-        image = bytes(raw_image)
-    elif raw_image is not None:
+            raise MessageError(ErrorCode.BAD_IMAGE, "the image payload is empty", rid)
+        return bytes(raw_image), None, None
+    if raw_image is not None:
         if not isinstance(raw_image, (str, memoryview)) or not raw_image:
-            raise bad("'image' must be a non-empty base64 string", ErrorCode.BAD_IMAGE)
-        image_b64 = raw_image
-    elif raw_path is not None:
-        if not allow_image_path:
-            raise bad("'image_path' is only accepted on local pub/sub")
-        if not isinstance(raw_path, str) or not raw_path or "\x00" in raw_path:
-            raise bad("'image_path' must be a non-empty path string")
-        image_path = raw_path
-    else:
-        raise bad("one of 'image' (base64) or 'image_path' is required")
+            raise MessageError(ErrorCode.BAD_IMAGE, "'image' must be a non-empty base64 string", rid)
+        return None, raw_image, None
+    if raw_path is None:
+        raise MessageError(ErrorCode.BAD_REQUEST, "one of 'image' (base64) or 'image_path' is required", rid)
+    if not allow_image_path:
+        raise MessageError(ErrorCode.BAD_REQUEST, "'image_path' is only accepted on local pub/sub", rid)
+    if not isinstance(raw_path, str) or not raw_path or "\x00" in raw_path:
+        raise MessageError(ErrorCode.BAD_REQUEST, "'image_path' must be a non-empty path string", rid)
+    return None, None, raw_path
 
+
+def _read_reply_to(doc: Mapping[str, Any], rid: str) -> str | None:
     reply_to = doc.get("reply_to")
     if reply_to is not None and (
         not isinstance(reply_to, str)
@@ -431,81 +481,70 @@ def read_request(
         or len(reply_to) > _MAX_TOPIC_LEN
         or any(c in reply_to for c in "+#\x00")
     ):
-        raise bad("'reply_to' must be a topic name without wildcards")
+        raise MessageError(ErrorCode.BAD_REQUEST, "'reply_to' must be a topic name without wildcards", rid)
+    return reply_to
 
+
+def _is_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float))
+
+
+def _read_deadline_ms(doc: Mapping[str, Any], rid: str) -> float | None:
     deadline_ms = doc.get("deadline_ms")
-    if deadline_ms is not None:
-        if (
-            isinstance(deadline_ms, bool)
-            or not isinstance(deadline_ms, (int, float))
-            or not math.isfinite(deadline_ms)
-            or deadline_ms <= 0
-        ):
-            raise bad("'deadline_ms' must be a positive number")
-        deadline_ms = float(deadline_ms)
+    if deadline_ms is None:
+        return None
+    if not _is_number(deadline_ms) or not math.isfinite(deadline_ms) or deadline_ms <= 0:
+        raise MessageError(ErrorCode.BAD_REQUEST, "'deadline_ms' must be a positive number", rid)
+    return float(deadline_ms)
 
-    top_k = doc.get("top_k", 5)
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
-        raise bad(f"'top_k' must be an integer from 1 to {MAX_TOP_K}")
 
-    offload = doc.get("offload", "auto")
-    if offload not in _OFFLOAD_MODES:
-        raise bad("'offload' must be one of auto, never, always")
+def _read_count(
+    doc: Mapping[str, Any], key: str, most: int, rid: str, *, default: int | None = None
+) -> int | None:
+    """An integer from 1 to `most`; `default` when the key is missing (an explicit null is that
+    default only when there is none)."""
+    value = doc.get(key, default)
+    if value is None and default is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        raise MessageError(ErrorCode.BAD_REQUEST, f"'{key}' must be an integer from 1 to {most}", rid)
+    return value
 
+
+def _read_choice(doc: Mapping[str, Any], key: str, choices: tuple[str, ...], rid: str, why: str) -> str:
+    value = doc.get(key, choices[0])
+    if value not in choices:
+        raise MessageError(ErrorCode.BAD_REQUEST, why, rid)
+    return str(value)
+
+
+def _read_model(doc: Mapping[str, Any], rid: str) -> str | None:
     model = doc.get("model")
     if model is not None and (not isinstance(model, str) or not model):
-        raise bad("'model' must be a non-empty string")
+        raise MessageError(ErrorCode.BAD_REQUEST, "'model' must be a non-empty string", rid)
+    return model
 
-    result_format = doc.get("result_format", "edgeinfer")
-    if result_format not in _RESULT_FORMATS:
-        raise bad("'result_format' must be 'edgeinfer' or 'dlr'")
 
-    max_detections = doc.get("max_detections")
-    if max_detections is not None and (
-        isinstance(max_detections, bool)
-        or not isinstance(max_detections, int)
-        or not 1 <= max_detections <= MAX_DETECTIONS
-    ):
-        raise bad(f"'max_detections' must be an integer from 1 to {MAX_DETECTIONS}")
-    score_threshold = doc.get("score_threshold")
-    if score_threshold is not None:
-        if (
-            isinstance(score_threshold, bool)
-            or not isinstance(score_threshold, (int, float))
-            or not 0 <= score_threshold < 1
-        ):
-            raise bad("'score_threshold' must be a number from 0 to below 1")
-        score_threshold = float(score_threshold)
+def _read_score_threshold(doc: Mapping[str, Any], rid: str) -> float | None:
+    value = doc.get("score_threshold")
+    if value is None:
+        return None
+    if not _is_number(value) or not 0 <= value < 1:
+        raise MessageError(ErrorCode.BAD_REQUEST, "'score_threshold' must be a number from 0 to below 1", rid)
+    return float(value)
 
-    times: dict[str, float | None] = {}
-    for key in ("sent_at", "deadline_at"):
-        raw = doc.get(key)
-        times[key] = None
-        if raw is not None:
-            try:
-                if not isinstance(raw, str):
-                    raise ValueError(raw)
-                times[key] = parse_iso_utc(raw)
-            except (ValueError, OverflowError, OSError):
-                raise bad(f"'{key}' must be an ISO-8601 UTC time, e.g. 2026-11-29T14:52:13.123Z") from None
 
-    request = Request(
-        id=rid,
-        image=image,
-        image_path=image_path,
-        reply_to=reply_to,
-        deadline_ms=deadline_ms,
-        top_k=top_k,
-        offload=offload,
-        model=model,
-        result_format=result_format,
-        sent_at=times["sent_at"],
-        deadline_at=times["deadline_at"],
-        max_detections=max_detections,
-        score_threshold=score_threshold,
-    )
-    whole = payload if cut is not None and isinstance(payload, bytes) else None
-    return RequestHead(request, image_b64, frozenset(doc), whole)
+def _read_time(doc: Mapping[str, Any], key: str, rid: str) -> float | None:
+    raw = doc.get(key)
+    if raw is None:
+        return None
+    try:
+        if not isinstance(raw, str):
+            raise ValueError(raw)
+        return parse_iso_utc(raw)
+    except (ValueError, OverflowError, OSError):
+        why = f"'{key}' must be an ISO-8601 UTC time, e.g. 2026-11-29T14:52:13.123Z"
+        raise MessageError(ErrorCode.BAD_REQUEST, why, rid) from None
 
 
 _RAW_NUMBERS = {"deadline_ms": float, "top_k": int, "max_detections": int, "score_threshold": float}
@@ -524,6 +563,17 @@ def parse_raw_request(
     Without an `id` property the correlation data stands in for it (as text when it is printable
     UTF-8, else as hex), so the answer can still be matched. Raises `MessageError` as `parse_request` does.
     """
+    return read_raw_request(image, params, correlation_data=correlation_data, max_bytes=max_bytes).decode()
+
+
+def read_raw_request(
+    image: bytes,
+    params: Mapping[str, str],
+    *,
+    correlation_data: bytes | None = None,
+    max_bytes: int | None = None,
+) -> RequestHead:
+    """`parse_raw_request` as a `RequestHead` (its `given` names the parameters the request had)."""
     doc: dict[str, Any] = {k: v for k, v in params.items() if k not in ("image", "image_path")}
     if "id" not in doc and correlation_data:
         try:
@@ -543,7 +593,7 @@ def parse_raw_request(
             except ValueError:
                 raise MessageError(ErrorCode.BAD_REQUEST, f"'{key}' must be a number", rid) from None
     doc["image"] = bytes(image)
-    return parse_request(doc, allow_image_path=False)
+    return read_request(doc, allow_image_path=False)
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,6 @@ import numpy as np
 
 from edgeinfer.messages import (
     IOT_CORE_MAX_BYTES,
-    RAW_IMAGE_TYPES,
     ErrorCode,
     Latency,
     MessageError,
@@ -62,9 +61,7 @@ from edgeinfer.messages import (
     fits_iot_core,
     infer_topic,
     iso_utc,
-    parse_raw_request,
     parse_request,
-    read_request,
     result_topic,
 )
 from edgeinfer.runtime.batcher import BatchPoll, DynamicBatcher, Queued
@@ -77,6 +74,7 @@ from edgeinfer.runtime.decode import (
     warm_up_decoder,
 )
 from edgeinfer.runtime.engine import Engine
+from edgeinfer.runtime.inbound import Inbound, Refusal, ReplyTarget, read_message
 from edgeinfer.runtime.placement import (
     Decision,
     EdgeOnly,
@@ -95,7 +93,6 @@ from edgeinfer.transport import (
     TransportError,
     UnauthorizedError,
 )
-from edgeinfer.transport.base import topic_matches
 
 log = logging.getLogger(__name__)
 
@@ -351,126 +348,43 @@ class InferenceServer:
             self._handle(msg)
         except Exception:  # the last line of defence: still one answer, and keep serving
             log.exception("unexpected error handling a message on %s", msg.topic)
-            self._publish_error(
-                None, ErrorCode.INTERNAL, "internal error", target=msg.target, arrived=self.clock()
-            )
+            where = ReplyTarget(result_topic(self.thing), msg.target)
+            self._refuse(Refusal(ErrorCode.INTERNAL, "internal error", None, where), self.clock())
         finally:
             self._handled_at = self.clock()
 
     def _handle(self, msg: Message) -> None:
+        """Read → admit → decide → serve."""
         arrived = self.clock()
         with self._stats_lock:
             self.stats.received += 1
-        cfg = self.cfg
-        props = msg.properties if msg.target == "iot" else None
-        raw = props is not None and (props.content_type or "").lower() in RAW_IMAGE_TYPES
-        # MQTT 5 request/response: the answer goes back with the request's correlation data.
-        reply_props = None
-        if props is not None and props.correlation_data is not None:
-            reply_props = MqttProperties(
-                content_type="application/json",
-                correlation_data=props.correlation_data,
-                payload_format="utf8",
-            )
-        response_topic = props.response_topic if props is not None else None
-        if response_topic is not None and not self._reply_allowed(response_topic):
-            response_topic = None  # answered on the default topic (BAD_REQUEST below if no reply_to)
-        head: RequestHead | None = None
-        try:
-            if raw:
-                assert props is not None
-                req = parse_raw_request(
-                    msg.payload,
-                    dict(props.user_properties),
-                    correlation_data=props.correlation_data,
-                    max_bytes=cfg.max_payload_bytes,
-                )
-            else:
-                # Everything but the image's base64, which waits until the request is taken on: a
-                # request answered on its deadline or a full queue costs no decode.
-                head = read_request(
-                    msg.payload, max_bytes=cfg.max_payload_bytes, allow_image_path=msg.target == "local"
-                )
-                req = head.request
-        except MessageError as exc:
-            self._publish_error(
-                exc.request_id,
-                exc.code,
-                exc.message,
-                target=msg.target,
-                arrived=arrived,
-                topic=response_topic,
-                properties=reply_props,
-            )
+        read = read_message(msg, self.cfg, self.thing)
+        if isinstance(read, Refusal):
+            self._refuse(read, arrived)
             return
-        if raw and props is not None:
-            given_top_k = props.user("top_k") is not None
-        else:
-            given_top_k = head is not None and "top_k" in head.given
-        if cfg.top_k != 5 and not given_top_k:
-            req.top_k = cfg.top_k  # the request left it out: the configured default (topK)
-        if req.max_detections is None and cfg.max_detections:
-            req.max_detections = cfg.max_detections  # likewise maxDetections and scoreThreshold
-        if req.score_threshold is None and cfg.score_threshold:
-            req.score_threshold = cfg.score_threshold
-        default_topic = result_topic(self.thing)
-        if req.reply_to is None and props is not None and props.response_topic is not None:
-            if response_topic is None:
-                self._publish_error(
-                    req.id,
-                    ErrorCode.BAD_REQUEST,
-                    f"response topic {props.response_topic!r} is not a topic this component may publish to",
-                    target=msg.target,
-                    arrived=arrived,
-                    properties=reply_props,
-                )
-                return
-            req.reply_to = response_topic
-        if req.reply_to is not None and not self._reply_allowed(req.reply_to):
-            self._publish_error(
-                req.id,
-                ErrorCode.BAD_REQUEST,
-                f"'reply_to' {req.reply_to!r} is not a topic this component may publish to",
-                target=msg.target,
-                arrived=arrived,
-                properties=reply_props,
-            )
+        job = self._admit(read, arrived)
+        if job is None:
             return
-        engine = self.engine
-        if (
-            req.model is not None
-            and self.offloader is None  # with an offloader, the placement policy sends it to the cloud
-            and req.model not in (engine.manifest.name, engine.model_ref.variant)
-        ):
-            self._publish_error(
-                req.id,
-                ErrorCode.BAD_REQUEST,
-                f"unknown model {req.model!r}: this runtime serves {engine.manifest.name!r}",
-                target=msg.target,
-                arrived=arrived,
-                topic=req.reply_to,
-                properties=reply_props,
-            )
-            return
-        if req.image_path is not None and not self._path_allowed(req.image_path):
-            self._publish_error(
-                req.id,
-                ErrorCode.BAD_REQUEST,
-                "'image_path' is not inside a folder listed in imageFolders",
-                target=msg.target,
-                arrived=arrived,
-                topic=req.reply_to,
-                properties=reply_props,
-            )
-            return
+        decision = self._place(job)
+        if decision is not None:
+            self._serve(job, decision)
+
+    def _admit(self, read: Inbound, arrived: float) -> Job | None:
+        """The request as a job in flight, or None when it was answered here: a model this runtime
+        does not serve, a path outside `imageFolders`, a deadline that passed before it arrived."""
+        req = read.request
+        why = self._not_served_here(req)
+        if why is not None:
+            self._refuse(Refusal(ErrorCode.BAD_REQUEST, why, req.id, read.reply), arrived)
+            return None
         job = Job(
             request=req,
-            target=msg.target,
-            reply_topic=req.reply_to or default_topic,
+            target=read.reply.bus,
+            reply_topic=read.reply.topic,
             arrived=arrived,
-            deadline=self._deadline(req, props, arrived),
-            reply_properties=reply_props,
-            head=head if head is not None and head.image_b64 is not None else None,
+            deadline=read.deadline(arrived, self.wall()),
+            reply_properties=read.reply.properties,
+            head=read.head,
             counted=True,
         )
         self.inflight.enter()
@@ -483,7 +397,23 @@ class InferenceServer:
             )
             # What placement never decides on is the plainest sign of a backlog in front of it.
             self._placement_hook("on_late_arrival", self._age_ms(req), -waited_ms)
-            return
+            return None
+        return job
+
+    def _not_served_here(self, req: Request) -> str | None:
+        engine = self.engine
+        if (
+            req.model is not None
+            and self.offloader is None  # with an offloader, the placement policy sends it to the cloud
+            and req.model not in (engine.manifest.name, engine.model_ref.variant)
+        ):
+            return f"unknown model {req.model!r}: this runtime serves {engine.manifest.name!r}"
+        if req.image_path is not None and not self._path_allowed(req.image_path):
+            return "'image_path' is not inside a folder listed in imageFolders"
+        return None
+
+    def _place(self, job: Job) -> Decision | None:
+        """The placement policy's decision, or None when the job was answered (a bad image)."""
         if job.head is not None and not isinstance(self.placement, EdgeOnly):
             # A policy weighs (and an offload carries) the image: decode it now. Edge-only, it is
             # decoded after admission, with the JPEG (a full queue answers OVERLOADED without it).
@@ -492,49 +422,38 @@ class InferenceServer:
                 head.decode()
             except MessageError as exc:
                 self._fail(job, exc.code, exc.message)
-                return
-        decision = self._decide(job)
+                return None
+        return self._decide(job)
+
+    def _serve(self, job: Job, decision: Decision) -> None:
         if decision.where == "reject":
             self._fail(job, decision.code or ErrorCode.OVERLOADED, decision.reason or "refused by placement")
             return
         if decision.where == "cloud" and self.offloader is not None:
-            with self._stats_lock:
-                self.stats.offloaded += 1
-            ctx = dataclasses.replace(self._context(job), local=lambda: self._serve_local(job, fallback=True))
-            try:
-                self.offloader.offload(req, ctx, lambda result: self._reply_offloaded(job, result))
-            except Exception as exc:
-                log.warning("offload of %s failed, answering with an error: %s", req.id, exc)
-                self._fail(job, ErrorCode.INTERNAL, f"offload failed: {exc}")
+            self._offload(job, self.offloader)
             return
         # Run to completion on this (the transport's) thread when nothing else is in flight and the
-        # message did not follow the previous one at once: a hand-off to a decode worker costs
-        # ~0.3 ms and there is nothing to overlap with. A message right on the heels of the last
-        # one was waiting in the socket while this thread was busy: load, so pipeline it. So is any
-        # request while recent arrivals found work in flight (`batcher.quiet`): near capacity the
-        # next arrival would wait in the socket for the whole inline run.
+        # message did not follow the previous one at once: a hand-off to a decode worker has its cost
+        # and there is nothing to overlap with. A message right on the heels of the last one was
+        # waiting in the socket while this thread was busy: load, so pipeline it. So is any request
+        # while recent arrivals found work in flight (`batcher.quiet`): near capacity the next
+        # arrival would wait in the socket for the whole inline run.
         inline = (
-            cfg.run_inline_when_idle and arrived - self._handled_at >= BACKLOG_GAP_S and self.batcher.quiet
+            self.cfg.run_inline_when_idle
+            and job.arrived - self._handled_at >= BACKLOG_GAP_S
+            and self.batcher.quiet
         )
         self._serve_local(job, inline=inline)
 
-    def _deadline(self, req: Request, props: MqttProperties | None, arrived: float) -> float | None:
-        """The request's deadline on this server's clock: the earliest of `deadline_ms` (from
-        `sent_at` when given, else from arrival; `defaultDeadlineMs` when it has none), `deadline_at`,
-        and what is left of its MQTT 5 message expiry."""
-        ends: list[float] = []
-        expires = req.expires_at()
-        if expires is not None:
-            ends.append(arrived + (expires - self.wall()))
-        deadline_ms = req.deadline_ms or self.cfg.default_deadline_ms or None
-        if deadline_ms and req.sent_at is None:
-            ends.append(arrived + deadline_ms / 1000)
-        elif deadline_ms and req.deadline_ms is None and req.sent_at is not None:
-            # The configured default counts from the sending too, as a request's own would.
-            ends.append(arrived + (req.sent_at + deadline_ms / 1000 - self.wall()))
-        if props is not None and props.message_expiry_s is not None:
-            ends.append(arrived + props.message_expiry_s)
-        return min(ends, default=None)
+    def _offload(self, job: Job, offloader: Offloader) -> None:
+        with self._stats_lock:
+            self.stats.offloaded += 1
+        ctx = dataclasses.replace(self._context(job), local=lambda: self._serve_local(job, fallback=True))
+        try:
+            offloader.offload(job.request, ctx, lambda result: self._reply_offloaded(job, result))
+        except Exception as exc:
+            log.warning("offload of %s failed, answering with an error: %s", job.request.id, exc)
+            self._fail(job, ErrorCode.INTERNAL, f"offload failed: {exc}")
 
     def _serve_local(self, job: Job, *, fallback: bool = False, inline: bool = False) -> None:
         """Admit and decode on the edge (`inline`: on this thread). `fallback`: an offload came back
@@ -928,22 +847,12 @@ class InferenceServer:
         )
         self._send(job, result)
 
-    def _publish_error(
-        self,
-        request_id: str | None,
-        code: ErrorCode,
-        message: str,
-        *,
-        target: Target,
-        arrived: float,
-        topic: str | None = None,
-        properties: MqttProperties | None = None,
-    ) -> None:
-        """An error for a request that never became a job (bad payload, refused reply_to)."""
-        req = Request(id=request_id or "")
-        job = Job(req, target, topic or result_topic(self.thing), arrived, reply_properties=properties)
-        result = error_result(request_id, code, message, timestamp="")
-        self._send(job, result)
+    def _refuse(self, refusal: Refusal, arrived: float) -> None:
+        """An error for a request that never became a job (bad payload, refused reply topic)."""
+        reply = refusal.reply
+        job = Job(Request(id=refusal.request_id or ""), reply.bus, reply.topic, arrived)
+        job.reply_properties = reply.properties
+        self._send(job, error_result(refusal.request_id, refusal.code, refusal.message, timestamp=""))
 
     def _reply_offloaded(self, job: Job, result: Result) -> None:
         if result.id is None:
@@ -997,11 +906,6 @@ class InferenceServer:
     def _age_ms(self, req: Request) -> float | None:
         """How long ago the request was sent, when it says (on the sender's clock: see docs)."""
         return None if req.sent_at is None else (self.wall() - req.sent_at) * 1000
-
-    def _reply_allowed(self, topic: str) -> bool:
-        if topic == result_topic(self.thing):
-            return True
-        return any(topic_matches(f.replace("{thing}", self.thing), topic) for f in self.cfg.reply_to_topics)
 
     def _path_allowed(self, path: str) -> bool:
         real = os.path.realpath(path)
