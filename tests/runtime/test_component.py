@@ -18,7 +18,9 @@ import yaml
 from edgeinfer.config import ConfigError
 from edgeinfer.messages import Result
 from edgeinfer.runtime.component import Component, main, process_age_ms
-from edgeinfer.runtime.config import default_recipe_configuration
+from edgeinfer.runtime.config import RuntimeConfig, default_recipe_configuration
+from edgeinfer.runtime.engine import Engine
+from edgeinfer.runtime.placement import HybridPlacement
 from edgeinfer.transport import MemoryBus
 from tests.helpers import PROJECT
 from tests.helpers.config import lite_typed
@@ -154,7 +156,7 @@ def test_a_burst_of_update_events_is_one_re_read(tiny_store: Path, tmp_path: Pat
     reads: list[object] = []
     read = comp.read_config
 
-    def counting(doc: object = None) -> object:
+    def counting(doc: dict[str, Any] | None = None) -> RuntimeConfig:
         reads.append(doc)
         return read(doc)
 
@@ -191,7 +193,7 @@ def test_requests_during_start_up_are_served(tiny_store: Path, tmp_path: Path) -
     build = comp.build_engine
     payload = json.dumps({"id": "early", "image": base64.b64encode(solid_jpeg((3, 240, 3))).decode()})
 
-    def slow_build(cfg: object) -> object:
+    def slow_build(cfg: RuntimeConfig) -> Engine:
         bus.publish(f"edgeinfer/{THING}/infer", payload.encode())  # arrives while the engine is built
         bus.publish(
             f"edgeinfer/{THING}/infer", payload.encode().replace(b"early", b"early-iot"), target="iot"
@@ -243,7 +245,9 @@ def test_engine_swap_rewires_the_placement_policy(tiny_store: Path, tmp_path: Pa
         eventually(lambda: comp.server.offloader not in (None, offloader))
         assert comp.server.engine is not engine
         # A new policy built for the new engine (batch size 2, not the old engine's 4).
-        assert comp.server.offloader.policy.max_batch_size == 2
+        rewired = comp.server.offloader
+        assert isinstance(rewired, HybridPlacement)
+        assert rewired.policy.max_batch_size == 2
         assert ask(bus, "after-swap").status == "ok"
     finally:
         comp.stop()

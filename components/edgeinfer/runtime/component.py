@@ -24,9 +24,19 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from edgeinfer import procfs
+from edgeinfer.transport import Bus, Message, Subscription
+
+if TYPE_CHECKING:  # imported where used: `main` answers a bad command line before numpy is loaded
+    from edgeinfer.runtime.config import RuntimeConfig
+    from edgeinfer.runtime.engine import Engine
+    from edgeinfer.runtime.server import InferenceServer
+    from edgeinfer.runtime.sources import SourceRunner
+    from edgeinfer.runtime.updates import StoreWatcher
 
 _T0 = time.monotonic()
 
@@ -43,6 +53,26 @@ def _thing() -> str:
     return os.environ.get("AWS_IOT_THING_NAME", "") or "edgeinfer-local"
 
 
+@dataclass
+class RuntimeArgs:
+    """The command line: `--model-dir`, `--work-dir`, `--thing` and the `-o KEY=VALUE` options.
+    `model_dir` follows the ModelStore when its pointer moves (see `Component._store_changed`)."""
+
+    model_dir: str = ""
+    work_dir: str = ""
+    thing: str = ""
+    option: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace) -> RuntimeArgs:
+        return cls(
+            model_dir=str(ns.model_dir or ""),
+            work_dir=str(ns.work_dir or ""),
+            thing=str(ns.thing or ""),
+            option=[str(o) for o in getattr(ns, "option", None) or []],
+        )
+
+
 class EarlyInbox:
     """Subscribed before the engine exists, so requests sent while the runtime starts are served, not
     lost (the nucleus calls a Run component RUNNING as soon as its process starts). Buffers until
@@ -50,19 +80,19 @@ class EarlyInbox:
 
     def __init__(self, limit: int = 1024) -> None:
         self.limit = limit
-        self.server: Any = None
-        self.buffer: list[Any] = []
+        self.server: InferenceServer | None = None
+        self.buffer: list[Message] = []
         self.overflow = 0
-        self.subs: list[Any] = []
+        self.subs: list[Subscription] = []
         self._lock = threading.Lock()
 
-    def subscribe(self, bus: Any, topic: str, *, local: bool, iot: bool) -> None:
+    def subscribe(self, bus: Bus, topic: str, *, local: bool, iot: bool) -> None:
         if local:
             self.subs.append(bus.subscribe(topic, self, target="local", inline=True))
         if iot:
             self.subs.append(bus.subscribe(topic, self, target="iot", qos=1, inline=True))
 
-    def __call__(self, message: Any) -> None:
+    def __call__(self, message: Message) -> None:
         with self._lock:
             server = self.server
             if server is None:
@@ -73,7 +103,7 @@ class EarlyInbox:
                 return
         server.handle_message(message)
 
-    def attach(self, server: Any) -> int:
+    def attach(self, server: InferenceServer) -> int:
         replayed = 0
         while True:
             with self._lock:
@@ -92,28 +122,35 @@ class EarlyInbox:
 
 
 class Component:
-    def __init__(self, bus: Any, args: argparse.Namespace) -> None:
+    def __init__(self, bus: Bus, args: RuntimeArgs | argparse.Namespace) -> None:
         from edgeinfer.config import parse_overrides
         from edgeinfer.runtime.config import RuntimeConfig
 
         self.bus = bus
-        self.args = args
-        self.overrides = parse_overrides(getattr(args, "option", None) or [])
-        self.thing = args.thing or _thing()
-        self.work_dir = args.work_dir or os.getcwd()
+        self.args = args if isinstance(args, RuntimeArgs) else RuntimeArgs.from_namespace(args)
+        self.overrides = parse_overrides(self.args.option)
+        self.thing = self.args.thing or _thing()
+        self.work_dir = self.args.work_dir or os.getcwd()
         self.cfg = RuntimeConfig()
-        self.server: Any = None
-        self.source: Any = None
+        self._server: InferenceServer | None = None
+        self.source: SourceRunner | None = None
         self._lock = threading.Lock()
         self._queue_lock = threading.Lock()
         self._update_queued = False
         self._stop = threading.Event()
-        self.store_watcher: Any = None
-        self.updates: Any = None
+        self.store_watcher: StoreWatcher | None = None
+        self.updates: Subscription | None = None
+
+    @property
+    def server(self) -> InferenceServer:
+        """The server `start` built (there is none before)."""
+        if self._server is None:
+            raise RuntimeError("the runtime has not started")
+        return self._server
 
     # ------------------------------------------------------------------------------------------ start
 
-    def read_config(self, doc: Any = None) -> Any:
+    def read_config(self, doc: dict[str, Any] | None = None) -> RuntimeConfig:
         """The configuration the nucleus holds (or `doc`), under the command line's overrides, with
         the placement object read too. Raises ConfigError naming every refused key."""
         from edgeinfer.config import merge
@@ -127,13 +164,13 @@ class Component:
         OffloadConfig.from_recipe(cfg.placement)  # refused here, before the policy is built
         return cfg
 
-    def model_dir(self, cfg: Any) -> str:
+    def model_dir(self, cfg: RuntimeConfig) -> str:
         return str(cfg.model_dir or self.args.model_dir or "")
 
-    def build_engine(self, cfg: Any) -> Any:
+    def build_engine(self, cfg: RuntimeConfig) -> Engine:
         return self.build_engine_in(cfg, self.model_dir(cfg))
 
-    def build_engine_in(self, cfg: Any, model_dir: str) -> Any:
+    def build_engine_in(self, cfg: RuntimeConfig, model_dir: str) -> Engine:
         """A warmed-up engine on the model store in `model_dir`."""
         from edgeinfer.model.manifest import Manifest
         from edgeinfer.runtime.engine import Engine
@@ -160,16 +197,16 @@ class Component:
         early = EarlyInbox(limit=max(1024, cfg.max_queue_size))
         early.subscribe(self.bus, infer_topic(self.thing), local=cfg.subscribe_local, iot=cfg.subscribe_iot)
         engine = self.build_engine(cfg)
-        self.server = InferenceServer(self.bus, engine, cfg, self.thing)
+        server = self._server = InferenceServer(self.bus, engine, cfg, self.thing)
         self._wire_placement()
-        self.server.start(subscribe=False)
-        if not self.server.self_test():
+        server.start(subscribe=False)
+        if not server.self_test():
             log.warning("the self-test requests did not come back; starting anyway")
-        self.server.timings.hello()
+        server.timings.hello()
         gc.collect()
         gc.freeze()  # start-up objects out of the collector's way: shorter pauses while serving
-        self.server.adopt_subscriptions(early.subs)
-        replayed = early.attach(self.server)
+        server.adopt_subscriptions(early.subs)
+        replayed = early.attach(server)
         if replayed:
             log.info("serving %d requests that arrived during start-up", replayed)
         self._start_source(cfg)
@@ -195,7 +232,18 @@ class Component:
         policy, offloader = create_placement(self.bus, self.cfg, self.thing, engine=self.server.engine)
         self.server.set_placement(policy, offloader)
 
-    def _start_source(self, cfg: Any) -> None:
+    def _rewire_placement(self) -> None:
+        """A new policy for a new engine or placement object: the old offloader stops first, its open
+        offloads served locally or answered, with the server edge-only meanwhile."""
+        from edgeinfer.runtime.placement import EdgeOnly
+
+        old = self.server.offloader
+        self.server.set_placement(EdgeOnly(), None)
+        if old is not None and hasattr(old, "stop"):
+            old.stop()
+        self._wire_placement()
+
+    def _start_source(self, cfg: RuntimeConfig) -> None:
         from edgeinfer.runtime.sources import SourceRunner
 
         if cfg.source.kind == "none":
@@ -243,7 +291,6 @@ class Component:
     def _apply_update(self) -> None:
         from edgeinfer.config import ConfigError
         from edgeinfer.runtime.config import diff_keys, engine_keys_changed
-        from edgeinfer.runtime.placement import EdgeOnly
 
         with self._lock:
             with self._queue_lock:
@@ -260,7 +307,7 @@ class Component:
             if not changed:
                 return
             log.info("configuration changed: %s", ", ".join(sorted(changed)))
-            engine = None
+            engine: Engine | None = None
             if engine_keys_changed(self.cfg, cfg):
                 try:
                     engine = self.build_engine(cfg)
@@ -283,11 +330,7 @@ class Component:
                 self._start_source(cfg)
             # A new engine means new local model names and a new a·n + b seed for the policy.
             if "placement" in changed or (engine is not None and self.server.offloader is not None):
-                old = self.server.offloader
-                self.server.set_placement(EdgeOnly(), None)
-                if old is not None and hasattr(old, "stop"):
-                    old.stop()  # open offloads are served locally or answered
-                self._wire_placement()
+                self._rewire_placement()
 
     # ------------------------------------------------------------------------------------ model updates
 
@@ -335,13 +378,7 @@ class Component:
             self.args.model_dir = folder
             self.server.swap_engine(engine)
             if self.server.offloader is not None:  # new local model names and service-time seed
-                from edgeinfer.runtime.placement import EdgeOnly
-
-                offloader = self.server.offloader
-                self.server.set_placement(EdgeOnly(), None)
-                if hasattr(offloader, "stop"):
-                    offloader.stop()
-                self._wire_placement()
+                self._rewire_placement()
             log.info(
                 "model store updated: %s %s -> %s %s (%s)",
                 old.name,
@@ -363,11 +400,11 @@ class Component:
             self.updates.close()
         if self.source is not None:
             self.source.stop()
-        if self.server is not None:
-            offloader = self.server.offloader
+        if self._server is not None:
+            offloader = self._server.offloader
             if offloader is not None and hasattr(offloader, "stop"):
                 offloader.stop()  # open offloads are served here while the server still runs
-            self.server.stop()
+            self._server.stop()
         self._stop.set()
 
 
@@ -403,9 +440,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (EdgeinferError, TransportError) as exc:
         print(f"edgeinfer.runtime: error: {exc}", file=sys.stderr)
         return 2
-    component = Component(bus, args)
+    component = Component(bus, RuntimeArgs.from_namespace(args))
 
-    def on_signal(signum: int, _frame: Any) -> None:
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %d: stopping", signum)
         component._stop.set()
 
@@ -427,7 +464,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _errored(bus: Any) -> None:
+def _errored(bus: Bus) -> None:
     try:
         bus.update_state("ERRORED")
     except Exception:

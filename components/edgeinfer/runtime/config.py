@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -238,7 +239,7 @@ class RuntimeConfig:
     # ----------------------------------------------------------------------------------- recipe I/O
 
     @classmethod
-    def from_recipe(cls, doc: Any) -> RuntimeConfig:
+    def from_recipe(cls, doc: Mapping[str, Any] | None) -> RuntimeConfig:
         """Build from the component's configuration (camelCase keys, either nucleus's typing).
         Raises ConfigError naming every refused key."""
         cfg = reader.read(cls, doc, component=COMPONENT)

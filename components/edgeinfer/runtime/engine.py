@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -50,6 +50,9 @@ from edgeinfer.runtime.providers import (
     serving_provider,
     session_options,
 )
+
+if TYPE_CHECKING:  # decode loads OpenCV, which an engine does not need
+    from edgeinfer.runtime.decode import Letterbox
 
 log = logging.getLogger(__name__)
 
@@ -306,14 +309,11 @@ class Engine:
         *,
         max_detections: int | None = None,
         score_threshold: float | None = None,
-        geometry: Any = None,
+        geometry: Letterbox | None = None,
     ) -> list[Detection]:
         """One image's row of `run` → its detections in the source image's pixels, best first.
-        `geometry` (a decode.Letterbox): how the runtime letterboxed the image before the graph."""
+        `geometry`: how the runtime letterboxed the image before the graph (None: it did not)."""
         spec = self.manifest.detection
-        kwargs: dict[str, Any] = {}
-        if geometry is not None:
-            kwargs = {"scale": geometry.scale, "offset": geometry.offset, "limit": geometry.limit}
         found = postprocess.detections(
             row[:, :4],
             row[:, 4:],
@@ -322,7 +322,9 @@ class Engine:
             else (spec.score_threshold if spec else 0.25),
             iou_threshold=spec.iou_threshold if spec else 0.45,
             max_detections=max_detections or (spec.max_detections if spec else 100),
-            **kwargs,
+            scale=geometry.scale if geometry else (1.0, 1.0),
+            offset=geometry.offset if geometry else (0.0, 0.0),
+            limit=geometry.limit if geometry else None,
         )
         return [
             Detection(

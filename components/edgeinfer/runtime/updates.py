@@ -30,7 +30,9 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, Protocol, runtime_checkable
+
+from edgeinfer.transport import Bus, Subscription, TransportError
 
 log = logging.getLogger("edgeinfer.runtime")
 
@@ -41,6 +43,17 @@ MAX_DEFER_S = 30.0  # half the nucleus's default policy timeout
 POLL_S = 2.0
 
 UpdateKind = Literal["pre", "post"]
+UpdateHandler = Callable[[UpdateKind, str], None]
+
+
+@runtime_checkable
+class ComponentUpdates(Protocol):
+    """What a bus that carries SubscribeToComponentUpdates adds to `Bus` (the IPC bus; nucleus lite
+    refuses the subscription with a TransportError)."""
+
+    def on_component_update(self, handler: UpdateHandler) -> Subscription: ...
+
+    def defer_component_update(self, deployment_id: str, message: str, recheck_after_ms: int) -> None: ...
 
 
 class InFlight:
@@ -106,13 +119,30 @@ class DeferPolicy:
 
 
 def follow_component_updates(
-    bus: Any, policy: DeferPolicy, on_post: Callable[[], None], component: str
-) -> Any | None:
+    bus: Bus, policy: DeferPolicy, on_post: Callable[[], None], component: str
+) -> Subscription | None:
     """Subscribe to component updates where the nucleus serves them (classic) and answer each
     PreComponentUpdateEvent by `policy`; `on_post` after each PostComponentUpdateEvent. Where the
     nucleus does not (lite: ServiceError), say so once and return None."""
-    from edgeinfer.transport.base import TransportError
+    reason: str | Exception = "this transport has no component updates"
+    if isinstance(bus, ComponentUpdates):
+        try:
+            return bus.on_component_update(_answering(bus, policy, on_post))
+        except TransportError as exc:
+            reason = exc
+    log.warning(
+        "%s: deployments do not wait for requests in flight, the nucleus does not serve "
+        "SubscribeToComponentUpdates (%s); a new %s is taken up from its %s",
+        component,
+        reason,
+        STORE,
+        POINTER,
+    )
+    return None
 
+
+def _answering(updates: ComponentUpdates, policy: DeferPolicy, on_post: Callable[[], None]) -> UpdateHandler:
+    """The handler of component-update events: each Pre answered by `policy`, each Post `on_post`."""
     deferring: set[str] = set()
 
     def on_event(kind: UpdateKind, deployment_id: str) -> None:
@@ -129,26 +159,11 @@ def follow_component_updates(
             deferring.discard(deployment_id)
             log.info("deployment %s may proceed: %s", deployment_id, message)
         try:
-            bus.defer_component_update(deployment_id, message, recheck_ms)
+            updates.defer_component_update(deployment_id, message, recheck_ms)
         except TransportError as exc:
             log.warning("DeferComponentUpdate for deployment %s failed: %s", deployment_id, exc)
 
-    subscribe = getattr(bus, "on_component_update", None)
-    reason: str | Exception = "this transport has no component updates"
-    if subscribe is not None:
-        try:
-            return subscribe(on_event)
-        except TransportError as exc:
-            reason = exc
-    log.warning(
-        "%s: deployments do not wait for requests in flight, the nucleus does not serve "
-        "SubscribeToComponentUpdates (%s); a new %s is taken up from its %s",
-        component,
-        reason,
-        STORE,
-        POINTER,
-    )
-    return None
+    return on_event
 
 
 def store_pointer(work_dir: str) -> Path:
