@@ -29,7 +29,8 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -157,104 +158,145 @@ class _Weights:
         return out
 
 
+@dataclass
+class _Net:
+    """The network as its layers are read: the graph so far, the weights still to read, the current
+    tensor with its channels and spatial size, and every earlier layer's (for `[route]`)."""
+
+    body: GraphBuilder
+    blob: _Weights
+    x: str
+    c: int
+    g: int
+    outs: list[str] = field(default_factory=list)  # each layer's output tensor
+    chans: list[int] = field(default_factory=list)  # ... its channels
+    grids: list[int] = field(default_factory=list)  # ... its spatial size
+    heads: list[tuple[str, int, int, np.ndarray, int]] = field(default_factory=list)
+    # (tensor, grid, channels, anchors, classes) per [yolo] head
+
+
+def _convolutional(net: _Net, sec: Section, name: str, _index: int) -> None:
+    const, node, blob, c = net.body.const, net.body.node, net.blob, net.c
+    filters, k = sec.number("filters"), sec.number("size")
+    stride = sec.number("stride", 1)
+    pad = k // 2 if sec.number("pad", 0) else sec.number("padding", 0)
+    groups = sec.number("groups", 1)
+    bn = sec.number("batch_normalize", 0)
+    bias = blob.take(filters)
+    if bn:
+        scales, mean, var = blob.take(filters), blob.take(filters), blob.take(filters)
+    w = blob.take(filters * (c // groups) * k * k).reshape(filters, c // groups, k, k)
+    if bn:
+        factor = scales / (np.sqrt(var) + 1e-6)  # Darknet's normalize_cpu, not ONNX's eps form
+        w = w * factor[:, None, None, None]
+        bias = bias - mean * factor
+    x = node(
+        "Conv",
+        [net.x, const(f"{name}.w", w.astype(np.float32)), const(f"{name}.b", bias.astype(np.float32))],
+        name,
+        kernel_shape=[k, k],
+        strides=[stride, stride],
+        pads=[pad] * 4,
+        group=groups,
+    )
+    net.c, net.g = filters, (net.g + 2 * pad - k) // stride + 1
+    act = sec.options.get("activation", "logistic")
+    if act == "leaky":
+        x = node("LeakyRelu", [x], name + "_act", alpha=0.1)
+    elif act == "relu":
+        x = node("Relu", [x], name + "_act")
+    elif act != "linear":
+        raise DarknetError(f"activation {act!r} is not supported")
+    net.x = x
+
+
+def _maxpool(net: _Net, sec: Section, name: str, _index: int) -> None:
+    g = net.g
+    k, stride = sec.number("size"), sec.number("stride", 1)
+    pad = sec.number("padding", k - 1)
+    # Darknet offsets by -pad/2 and lets the window run past the end: the rest pads right/bottom.
+    before, after = pad // 2, pad - pad // 2
+    out_g = (g + pad - k) // stride + 1
+    # ONNX's floor-mode output is (g + pad - k) // stride + 1 too; trim a pad that adds nothing.
+    pooled = net.body.node(
+        "MaxPool",
+        [net.x],
+        name,
+        kernel_shape=[k, k],
+        strides=[stride, stride],
+        pads=[before, before, after, after] if stride == 1 else [0, 0, 0, 0],
+    )
+    if stride != 1 and (g - k) // stride + 1 != out_g:
+        raise DarknetError(f"[maxpool] size={k} stride={stride} on {g} pixels is not supported")
+    net.x, net.g = pooled, out_g
+
+
+def _upsample(net: _Net, sec: Section, name: str, _index: int) -> None:
+    stride = sec.number("stride", 2)
+    factors = net.body.const(f"{name}.scales", np.array([1, 1, stride, stride], np.float32))
+    net.x = net.body.node("Resize", [net.x, "", factors], name, mode="nearest")
+    net.g = net.g * stride
+
+
+def _route(net: _Net, sec: Section, name: str, index: int) -> None:
+    refs = [r if r >= 0 else index + r for r in sec.ints("layers")]
+    if not refs or any(not 0 <= r < index for r in refs):
+        raise DarknetError(f"[route] layers={sec.options.get('layers')} refers outside the network")
+    outs = net.outs
+    net.x = (
+        outs[refs[0]] if len(refs) == 1 else net.body.node("Concat", [outs[r] for r in refs], name, axis=1)
+    )
+    net.c, net.g = sum(net.chans[r] for r in refs), net.grids[refs[0]]
+
+
+def _shortcut(net: _Net, sec: Section, name: str, index: int) -> None:
+    ref = sec.number("from")
+    ref = ref if ref >= 0 else index + ref
+    net.x = net.body.node("Add", [net.x, net.outs[ref]], name)
+
+
+def _yolo(net: _Net, sec: Section, _name: str, _index: int) -> None:
+    mask = sec.ints("mask")
+    anchors = np.array(sec.ints("anchors"), np.float32).reshape(-1, 2)[mask]
+    classes = sec.number("classes", 80)
+    if net.c != len(mask) * (5 + classes):
+        raise DarknetError(f"[yolo] after {net.c} channels, expected {len(mask) * (5 + classes)}")
+    net.heads.append((net.x, net.g, net.c, anchors, classes))
+
+
+# Each layer kind reads its section (and weights) and moves the net's current tensor on.
+_LAYERS: dict[str, Callable[[_Net, Section, str, int], None]] = {
+    "convolutional": _convolutional,
+    "maxpool": _maxpool,
+    "upsample": _upsample,
+    "route": _route,
+    "shortcut": _shortcut,
+    "yolo": _yolo,
+}
+
+
 def convert(cfg_text: str, weights: bytes, opset: int = 17) -> tuple[Any, int]:
     """The ONNX model `[N, 3, S, S]` → `[N, A, 5 + C]` and the network input size S."""
     import onnx
     from onnx import TensorProto, helper
 
     sections = parse_cfg(cfg_text)
-    net = sections[0]
-    size = net.number("width", 416)
-    if net.number("height", size) != size:
+    net_sec = sections[0]
+    size = net_sec.number("width", 416)
+    if net_sec.number("height", size) != size:
         raise DarknetError("only square Darknet inputs are supported")
-    channels = net.number("channels", 3)
-    blob = _Weights(weights)
-    body = GraphBuilder("")  # the layers keep Darknet's own names, l<index>_<kind>
-    const, node = body.const, body.node
-    outs: list[str] = []  # each layer's output tensor
-    chans: list[int] = []  # ... its channels
-    grids: list[int] = []  # ... its spatial size
-    heads: list[tuple[str, int, int, np.ndarray, int]] = []  # tensor, grid, channels, anchors, classes
-
-    x, c, g = "input", channels, size
+    channels = net_sec.number("channels", 3)
+    # the layers keep Darknet's own names, l<index>_<kind>
+    net = _Net(GraphBuilder(""), _Weights(weights), "input", channels, size)
     for index, sec in enumerate(sections[1:]):
-        name = f"l{index}_{sec.kind}"
-        if sec.kind == "convolutional":
-            filters, k = sec.number("filters"), sec.number("size")
-            stride = sec.number("stride", 1)
-            pad = k // 2 if sec.number("pad", 0) else sec.number("padding", 0)
-            groups = sec.number("groups", 1)
-            bn = sec.number("batch_normalize", 0)
-            bias = blob.take(filters)
-            if bn:
-                scales, mean, var = blob.take(filters), blob.take(filters), blob.take(filters)
-            w = blob.take(filters * (c // groups) * k * k).reshape(filters, c // groups, k, k)
-            if bn:
-                factor = scales / (np.sqrt(var) + 1e-6)  # Darknet's normalize_cpu, not ONNX's eps form
-                w = w * factor[:, None, None, None]
-                bias = bias - mean * factor
-            x = node(
-                "Conv",
-                [x, const(f"{name}.w", w.astype(np.float32)), const(f"{name}.b", bias.astype(np.float32))],
-                name,
-                kernel_shape=[k, k],
-                strides=[stride, stride],
-                pads=[pad] * 4,
-                group=groups,
-            )
-            c, g = filters, (g + 2 * pad - k) // stride + 1
-            act = sec.options.get("activation", "logistic")
-            if act == "leaky":
-                x = node("LeakyRelu", [x], name + "_act", alpha=0.1)
-            elif act == "relu":
-                x = node("Relu", [x], name + "_act")
-            elif act != "linear":
-                raise DarknetError(f"activation {act!r} is not supported")
-        elif sec.kind == "maxpool":
-            k, stride = sec.number("size"), sec.number("stride", 1)
-            pad = sec.number("padding", k - 1)
-            # Darknet offsets by -pad/2 and lets the window run past the end: the rest pads right/bottom.
-            before, after = pad // 2, pad - pad // 2
-            out_g = (g + pad - k) // stride + 1
-            # ONNX's floor-mode output is (g + pad - k) // stride + 1 too; trim a pad that adds nothing.
-            pooled = node(
-                "MaxPool",
-                [x],
-                name,
-                kernel_shape=[k, k],
-                strides=[stride, stride],
-                pads=[before, before, after, after] if stride == 1 else [0, 0, 0, 0],
-            )
-            if stride != 1 and (g - k) // stride + 1 != out_g:
-                raise DarknetError(f"[maxpool] size={k} stride={stride} on {g} pixels is not supported")
-            x, g = pooled, out_g
-        elif sec.kind == "upsample":
-            stride = sec.number("stride", 2)
-            factors = const(f"{name}.scales", np.array([1, 1, stride, stride], np.float32))
-            x = node("Resize", [x, "", factors], name, mode="nearest")
-            g = g * stride
-        elif sec.kind == "route":
-            refs = [r if r >= 0 else index + r for r in sec.ints("layers")]
-            if not refs or any(not 0 <= r < index for r in refs):
-                raise DarknetError(f"[route] layers={sec.options.get('layers')} refers outside the network")
-            x = outs[refs[0]] if len(refs) == 1 else node("Concat", [outs[r] for r in refs], name, axis=1)
-            c, g = sum(chans[r] for r in refs), grids[refs[0]]
-        elif sec.kind == "shortcut":
-            ref = sec.number("from")
-            ref = ref if ref >= 0 else index + ref
-            x = node("Add", [x, outs[ref]], name)
-        elif sec.kind == "yolo":
-            mask = sec.ints("mask")
-            anchors = np.array(sec.ints("anchors"), np.float32).reshape(-1, 2)[mask]
-            classes = sec.number("classes", 80)
-            if c != len(mask) * (5 + classes):
-                raise DarknetError(f"[yolo] after {c} channels, expected {len(mask) * (5 + classes)}")
-            heads.append((x, g, c, anchors, classes))
-        else:
+        layer = _LAYERS.get(sec.kind)
+        if layer is None:
             raise DarknetError(f"[{sec.kind}] layers are not supported")
-        outs.append(x)
-        chans.append(c)
-        grids.append(g)
+        layer(net, sec, f"l{index}_{sec.kind}", index)
+        net.outs.append(net.x)
+        net.chans.append(net.c)
+        net.grids.append(net.g)
+    blob, heads = net.blob, net.heads
     if blob.pos != len(blob.floats):
         raise DarknetError(
             f"weights file has {len(blob.floats) - blob.pos} floats left over (a cfg of another network?)"
@@ -264,7 +306,7 @@ def convert(cfg_text: str, weights: bytes, opset: int = 17) -> tuple[Any, int]:
     decoded = [_decode_head(i, head, size) for i, head in enumerate(heads)]
     tail = GraphBuilder(DECODE_PREFIX)
     tail.node("Concat", [out for _, out in decoded], "concat", output="output", axis=1)
-    parts = [body, *(part for part, _ in decoded), tail]
+    parts = [net.body, *(part for part, _ in decoded), tail]
     classes = heads[0][4]
     graph = helper.make_graph(
         [n for part in parts for n in part.nodes],
