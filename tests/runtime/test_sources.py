@@ -10,19 +10,25 @@ import numpy as np
 
 from edgeinfer.messages import TimingRecord
 from edgeinfer.runtime.config import SourceConfig
-from edgeinfer.runtime.sources import FolderReader, SourceRunner, VideoReader
+from edgeinfer.runtime.decode import Letterbox
+from edgeinfer.runtime.sources import FolderReader, FrameReader, SourceRunner, VideoReader
 from tests.helpers.images import solid_png
 
 
 class Sink:
-    def __init__(self, accept: bool = True) -> None:
+    def __init__(self, accept: bool = True, *, answer: bool = False) -> None:
         self.accept = accept
+        self.answer = answer  # each frame answered at once, as a fast engine would
         self.frames: list[tuple[str, Callable[[], None] | None]] = []
+        self.geometries: list[object] = []
 
     def submit_frame(self, frame_id: str, image: np.ndarray, **kw: object) -> bool:
         assert image.shape == (32, 32, 3)
         on_done = kw.get("on_done")
         self.frames.append((frame_id, on_done if callable(on_done) else None))
+        self.geometries.append(kw.get("geometry"))
+        if self.answer and callable(on_done):
+            on_done()
         return self.accept
 
 
@@ -98,3 +104,40 @@ def test_video_reader(tmp_path: Path) -> None:
     assert frames[0][0, 0, 1] > 150  # RGB
     assert reader.period == 1 / 25.0
     reader.close()
+
+
+class Letterboxed(FrameReader):
+    """Two frames, each with the geometry a detector's letterbox gave it."""
+
+    def __init__(self) -> None:
+        self.boxes = [
+            Letterbox(scale=(0.5, 0.5), offset=(0.0, 4.0), limit=(64.0, 48.0)),
+            Letterbox(scale=(0.25, 0.25), offset=(0.0, 8.0), limit=(128.0, 96.0)),
+        ]
+        self.closed = False
+
+    def read(self) -> np.ndarray | None:
+        if not self.boxes:
+            return None
+        self.geometry = self.boxes.pop(0)
+        return frame()
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_each_frame_reaches_the_sink_with_its_reader_geometry() -> None:
+    sink, reader = Sink(answer=True), Letterboxed()
+    runner = SourceRunner(SourceConfig(kind="folder", uri="x", rate_hz=1000), sink, "t", 32)
+    expected = list(reader.boxes)
+    runner._run(reader)
+    assert sink.geometries == expected
+    assert reader.closed
+    assert runner.finished.is_set()
+
+
+def test_a_reader_without_a_letterbox_says_so() -> None:
+    sink = Sink()
+    runner = SourceRunner(SourceConfig(kind="folder", uri="x"), sink, "t", 32)
+    assert runner.offer(frame())
+    assert sink.geometries == [None]

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -36,14 +36,21 @@ log = logging.getLogger(__name__)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 
 
-class FrameReader(Protocol):
+class FrameReader:
+    """A source's frames, one at a time. `geometry`: how the frame `read` returned last was
+    letterboxed (a detector's input, its boxes mapped back to the frame's pixels); None when not."""
+
+    geometry: Letterbox | None = None
+
     def read(self) -> np.ndarray | None:
         """The next frame as RGB `[size, size, 3]`, or None at the end."""
+        raise NotImplementedError
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release what the reader holds (nothing, unless it says otherwise)."""
 
 
-class VideoReader:
+class VideoReader(FrameReader):
     """cv2.VideoCapture on a camera (index or device path) or a video file / stream URL."""
 
     def __init__(
@@ -95,7 +102,7 @@ class VideoReader:
         self._cap.release()
 
 
-class FolderReader:
+class FolderReader(FrameReader):
     """Every image in a folder, in name order, at `rate_hz`; unreadable files are skipped and logged."""
 
     def __init__(
@@ -152,12 +159,10 @@ class FolderReader:
             except (OSError, DecodeError) as exc:
                 log.warning("skipping %s: %s", path, exc)
 
-    def close(self) -> None:
-        pass
-
 
 class FrameSink(Protocol):
-    """The server side of a source (InferenceServer implements it)."""
+    """The server side of a source (InferenceServer implements it). `geometry`: how a detector's
+    frame was letterboxed, so its boxes come back in the frame's pixels."""
 
     def submit_frame(
         self,
@@ -169,6 +174,7 @@ class FrameSink(Protocol):
         target: Target,
         top_k: int,
         on_done: Callable[[], None] | None = None,
+        geometry: Letterbox | None = None,
     ) -> bool: ...
 
 
@@ -254,7 +260,6 @@ class SourceRunner:
         self._seq += 1
         self._busy.set()
         topic = self.cfg.result_topic or result_topic(self.thing)
-        extra: dict[str, Any] = {"geometry": geometry} if geometry is not None else {}
         ok = self.sink.submit_frame(
             f"{self.cfg.kind}-{self._seq}",
             frame,
@@ -263,7 +268,7 @@ class SourceRunner:
             target="iot" if self.cfg.publish_to_iot else "local",
             top_k=self.cfg.top_k,
             on_done=self._done,
-            **extra,
+            geometry=geometry,
         )
         if not ok:
             self._busy.clear()
@@ -289,7 +294,7 @@ class SourceRunner:
                 if frame is None:
                     log.info("source %s ended after %d frames", self.cfg.uri, self.stats.read)
                     break
-                self.offer(frame, geometry=getattr(reader, "geometry", None))
+                self.offer(frame, geometry=reader.geometry)
         except Exception:
             log.exception("source %s failed", self.cfg.uri)
         finally:
