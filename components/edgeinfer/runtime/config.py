@@ -250,12 +250,26 @@ class RuntimeConfig:
         return reader.to_recipe(self)
 
     def check(self) -> list[tuple[str, str]]:
+        return [
+            *self._check_providers(),
+            *self._check_batching(),
+            *self._check_images(),
+            *self._check_answers(),
+            *self._check_threads(),
+            *self._check_paths(),
+        ]
+
+    def _check_providers(self) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
         if not self.execution_providers:
             out.append(("executionProviders", "must name at least one provider"))
         for name in self.execution_providers:
             if not is_known_provider(name):
                 out.append(("executionProviders", f"unknown provider {name!r}"))
+        return out
+
+    def _check_batching(self) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
         if not 1 <= self.max_batch_size <= 256:
             out.append(("maxBatchSize", "must be from 1 to 256"))
         if not 0 <= self.max_queue_delay_us <= 1_000_000:
@@ -266,6 +280,10 @@ class RuntimeConfig:
             out.append(("decodeThreads", "must be from 1 to 64"))
         if not 0 <= self.decode_nice <= 19:
             out.append(("decodeNice", "must be from 0 to 19"))
+        return out
+
+    def _check_images(self) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
         if self.max_payload_bytes < 1024:
             out.append(("maxPayloadBytes", "must be at least 1024"))
         if self.max_image_pixels < 64 * 64:
@@ -274,6 +292,10 @@ class RuntimeConfig:
             out.append(("minImageSide", "must be from 1 to 4096"))
         if self.input_size and not 16 <= self.input_size <= 4096:
             out.append(("inputSize", "must be 0 (from the manifest) or from 16 to 4096"))
+        return out
+
+    def _check_answers(self) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
         if self.default_deadline_ms < 0:
             out.append(("defaultDeadlineMs", "must be 0 (none) or positive"))
         if not 1 <= self.top_k <= 100:
@@ -284,6 +306,10 @@ class RuntimeConfig:
             out.append(("scoreThreshold", "must be 0 (the model's) or a fraction below 1"))
         if self.result_format not in RESULT_FORMATS:
             out.append(("resultFormat", "must be 'edgeinfer' or 'dlr'"))
+        return out
+
+    def _check_threads(self) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
         if not 50 <= self.python_switch_interval_us <= 100_000:
             out.append(("pythonSwitchIntervalUs", "must be from 50 to 100000"))
         if not 0 <= self.lanes <= 64:
@@ -292,6 +318,10 @@ class RuntimeConfig:
             out.append(("laneMaxBatchSize", "must be from 0 (the lane's share of maxBatchSize) to 1024"))
         if not 0 <= self.full_session_max_contention <= 1:
             out.append(("fullSessionMaxContention", "must be from 0 (never) to 1 (always)"))
+        return out
+
+    def _check_paths(self) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
         for topic in self.reply_to_topics:
             if not topic or "#" in topic[:-1]:
                 out.append(("replyToTopics", f"{topic!r} is not a topic filter"))
