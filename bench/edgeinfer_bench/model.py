@@ -17,6 +17,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -94,6 +95,156 @@ def _time(fn: Callable[[], object], runs: int, clock: Callable[[], float] = time
     return out
 
 
+@dataclass
+class _Sessions:
+    """The variants that run here, their inputs, and each one's figures as they accrue."""
+
+    threads: int
+    batch1: np.ndarray
+    batch8: np.ndarray
+    sessions: dict[str, tuple[Any, str]] = field(default_factory=dict)  # variant -> (session, input)
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def first_runs(self, vname: str, sess: Any) -> float:
+        """The first batch-1 run (ms), then an untimed batch-8 run to warm that shape too."""
+        name = sess.get_inputs()[0].name
+        start = time.perf_counter()
+        sess.run(None, {name: self.batch1})
+        first = (time.perf_counter() - start) * 1e3
+        sess.run(None, {name: self.batch8})
+        self.sessions[vname] = (sess, name)
+        return first
+
+
+def _load_manifest(store: Path | None, detector: bool) -> Any:
+    from edgeinfer.model.manifest import Manifest, default_store_dir
+
+    if store is None and detector:
+        from edgeinfer.model.build import BuildOptions
+
+        store = BuildOptions(task="detection").output_dir()
+    return Manifest.load(store if store is not None else default_store_dir())
+
+
+def _open_variant(bench: _Sessions, manifest: Any, variant: Any) -> None:
+    """A published variant's session, created three times for its median create time; skipped (with
+    the reason) when this build of ORT cannot run it on the CPU."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from edgeinfer.model import infer
+    from edgeinfer.model.manifest import CPU
+
+    path = manifest.path(variant)
+    creates = []
+    sess = None
+    for _ in range(3):
+        start = time.perf_counter()
+        try:
+            sess = ort.InferenceSession(str(path), infer.session_options(bench.threads), providers=[CPU])
+        except Exception as exc:  # a variant this build of ORT cannot run on the CPU
+            bench.results[variant.name] = {"skipped": str(exc).splitlines()[0][:200]}
+            return
+        creates.append((time.perf_counter() - start) * 1e3)
+    first = bench.first_runs(variant.name, sess)
+    bench.results[variant.name] = {
+        "file": variant.file,
+        "precision": variant.precision,
+        "quant_format": variant.quant_format,
+        "session_create_ms": round(float(np.median(creates)), 2),
+        "first_run_ms": round(first, 2),
+        "_b1": [],
+        "_b8": [],
+    }
+
+
+def _open_naive(bench: _Sessions, manifest: Any) -> None:
+    """The reference row: the CPU INT8 graph with float preprocessing in front of it (not published)."""
+    import onnx
+    import onnxruntime as ort
+
+    from edgeinfer.model import infer
+    from edgeinfer.model.graph import naive_preprocessing
+    from edgeinfer.model.manifest import CPU
+
+    slow = naive_preprocessing(onnx.load(str(manifest.path(manifest.variant("int8-cpu")))))
+    if slow is None:
+        return
+    start = time.perf_counter()
+    sess = ort.InferenceSession(
+        slow.SerializeToString(), infer.session_options(bench.threads), providers=[CPU]
+    )
+    create = (time.perf_counter() - start) * 1e3
+    first = bench.first_runs(NAIVE, sess)
+    bench.results[NAIVE] = {
+        "file": "(int8-cpu with Cast/Sub/Mul/QuantizeLinear preprocessing; reference, not published)",
+        "precision": "int8",
+        "quant_format": "",
+        "session_create_ms": round(create, 2),
+        "first_run_ms": round(first, 2),
+        "_b1": [],
+        "_b8": [],
+    }
+
+
+def _interleave(bench: _Sessions, rounds: int, runs: int) -> None:
+    """Interleaved rounds, so every variant sees the same noise; the order rotates each round and a few
+    untimed runs after each switch let the previous session's spinning threads settle."""
+
+    def runner(sess: Any, name: str, batch: np.ndarray) -> Callable[[], object]:
+        return lambda: sess.run(None, {name: batch})
+
+    order = list(bench.sessions)
+    for round_ in range(rounds):
+        turn = order[round_ % len(order) :] + order[: round_ % len(order)]
+        for batch, key, count in ((bench.batch1, "_b1", runs), (bench.batch8, "_b8", max(1, runs // 4))):
+            for vname in turn:
+                sess, name = bench.sessions[vname]
+                _time(runner(sess, name, batch), 2)
+                bench.results[vname][key] += _time(runner(sess, name, batch), count)
+
+
+def _latency_figures(r: dict[str, Any]) -> None:
+    """A variant's timed runs → its medians, p99s and throughputs."""
+    import numpy as np
+
+    b1, b8 = r.pop("_b1"), r.pop("_b8")
+    r["b1_median_ms"] = round(float(np.median(b1)), 3)
+    r["b1_p99_ms"] = round(percentile(b1, 99), 3)
+    r["b8_median_ms"] = round(float(np.median(b8)), 3)
+    r["b8_p99_ms"] = round(percentile(b8, 99), 3)
+    r["images_per_s_b1"] = round(1e3 / r["b1_median_ms"], 1)
+    r["images_per_s_b8"] = round(8e3 / r["b8_median_ms"], 1)
+    r["runs"] = {"b1": len(b1), "b8": len(b8)}
+
+
+def _agreement(
+    r: dict[str, Any], manifest: Any, outs: list[Any], reference: Any, held_out: dict[str, Any] | None
+) -> None:
+    """A variant's agreement with FP32 on the bench's inputs (`reference`: FP32's detections, or its
+    logits), and the build's on its held-out set."""
+    from edgeinfer.model import gate
+
+    if manifest.is_detector:
+        bench_agreement = gate.detection_agreement(reference, _found(manifest, outs))
+        r["agreement_bench_inputs"] = {
+            k: round(bench_agreement[k], 4) for k in ("precision", "recall", "mean_iou")
+        }
+        keys: tuple[str, ...] = (
+            "precision",
+            "recall",
+            "mean_iou",
+            "matched",
+            "reference_detections",
+            "images",
+        )
+    else:
+        r["agreement_bench_inputs"] = round(gate.agreement(reference, outs[0])["top1"], 4)
+        keys = ("top1", "top1_confident", "top5", "mean_abs_logit_delta", "count")
+    if held_out:
+        r["agreement_held_out"] = {k: held_out[k] for k in keys}
+
+
 def run_bench(
     store: Path | None,
     *,
@@ -104,139 +255,41 @@ def run_bench(
     naive: bool = True,
     detector: bool = False,
 ) -> dict[str, Any]:
-    import numpy as np
     import onnxruntime as ort
 
-    from edgeinfer.model import gate, infer
-    from edgeinfer.model.manifest import CPU, Manifest, default_store_dir
+    from edgeinfer.model.manifest import CPU
 
-    if store is None and detector:
-        from edgeinfer.model.build import BuildOptions
-
-        store = BuildOptions(task="detection").output_dir()
-    manifest = Manifest.load(store if store is not None else default_store_dir())
+    manifest = _load_manifest(store, detector)
     detector = manifest.is_detector
     if detector:
         size = int(manifest.preprocessing.preferred_input[0])
     threads = threads or (os.cpu_count() or 1)
     batch8 = _inputs(size, detector=detector)
-    batch1 = batch8[:1]
-    sessions: dict[str, Any] = {}
-    results: dict[str, dict[str, Any]] = {}
+    bench = _Sessions(threads, batch8[:1], batch8)
     for variant in manifest.variants:
-        path = manifest.path(variant)
-        creates = []
-        sess = None
-        for _ in range(3):
-            start = time.perf_counter()
-            try:
-                sess = ort.InferenceSession(str(path), infer.session_options(threads), providers=[CPU])
-            except Exception as exc:  # a variant this build of ORT cannot run on the CPU
-                results[variant.name] = {"skipped": str(exc).splitlines()[0][:200]}
-                sess = None
-                break
-            creates.append((time.perf_counter() - start) * 1e3)
-        if sess is None:
-            continue
-        name = sess.get_inputs()[0].name
-        start = time.perf_counter()
-        sess.run(None, {name: batch1})
-        first = (time.perf_counter() - start) * 1e3
-        sess.run(None, {name: batch8})  # warm the batch-8 shape too
-        sessions[variant.name] = (sess, name)
-        results[variant.name] = {
-            "file": variant.file,
-            "precision": variant.precision,
-            "quant_format": variant.quant_format,
-            "session_create_ms": round(float(np.median(creates)), 2),
-            "first_run_ms": round(first, 2),
-            "_b1": [],
-            "_b8": [],
-        }
-    if naive and "int8-cpu" in sessions:
-        # reference row: the CPU INT8 graph with float preprocessing in front of it (not published)
-        import onnx
-
-        from edgeinfer.model.graph import naive_preprocessing
-
-        slow = naive_preprocessing(onnx.load(str(manifest.path(manifest.variant("int8-cpu")))))
-        if slow is not None:
-            start = time.perf_counter()
-            sess = ort.InferenceSession(
-                slow.SerializeToString(), infer.session_options(threads), providers=[CPU]
-            )
-            create = (time.perf_counter() - start) * 1e3
-            name = sess.get_inputs()[0].name
-            start = time.perf_counter()
-            sess.run(None, {name: batch1})
-            first = (time.perf_counter() - start) * 1e3
-            sess.run(None, {name: batch8})
-            sessions[NAIVE] = (sess, name)
-            results[NAIVE] = {
-                "file": "(int8-cpu with Cast/Sub/Mul/QuantizeLinear preprocessing; reference, not published)",
-                "precision": "int8",
-                "quant_format": "",
-                "session_create_ms": round(create, 2),
-                "first_run_ms": round(first, 2),
-                "_b1": [],
-                "_b8": [],
-            }
-    if "fp32" not in sessions:
+        _open_variant(bench, manifest, variant)
+    if naive and "int8-cpu" in bench.sessions:
+        _open_naive(bench, manifest)
+    if "fp32" not in bench.sessions:
         raise EdgeinferError("the store's FP32 variant does not run here; nothing to compare against")
-
-    def runner(sess: Any, name: str, batch: np.ndarray) -> Callable[[], object]:
-        return lambda: sess.run(None, {name: batch})
-
-    # Interleaved rounds, so every variant sees the same noise; the order rotates each round and a few
-    # untimed runs after each switch let the previous session's spinning threads settle.
-    order = list(sessions)
-    for round_ in range(rounds):
-        turn = order[round_ % len(order) :] + order[: round_ % len(order)]
-        for batch, key, count in ((batch1, "_b1", runs), (batch8, "_b8", max(1, runs // 4))):
-            for vname in turn:
-                sess, name = sessions[vname]
-                _time(runner(sess, name, batch), 2)
-                results[vname][key] += _time(runner(sess, name, batch), count)
-    ref_out = sessions["fp32"][0].run(None, {sessions["fp32"][1]: batch8})
-    ref_logits = ref_out[0]
-    ref_found = _found(manifest, ref_out) if detector else []
-    for vname in sessions:
-        r = results[vname]
-        b1, b8 = r.pop("_b1"), r.pop("_b8")
-        r["b1_median_ms"] = round(float(np.median(b1)), 3)
-        r["b1_p99_ms"] = round(percentile(b1, 99), 3)
-        r["b8_median_ms"] = round(float(np.median(b8)), 3)
-        r["b8_p99_ms"] = round(percentile(b8, 99), 3)
-        r["images_per_s_b1"] = round(1e3 / r["b1_median_ms"], 1)
-        r["images_per_s_b8"] = round(8e3 / r["b8_median_ms"], 1)
-        r["runs"] = {"b1": len(b1), "b8": len(b8)}
+    _interleave(bench, rounds, runs)
+    ref_sess, ref_name = bench.sessions["fp32"]
+    ref_out = ref_sess.run(None, {ref_name: batch8})
+    reference = _found(manifest, ref_out) if detector else ref_out[0]
+    results = bench.results
+    for vname in bench.sessions:
+        _latency_figures(results[vname])
     base = results["fp32"]
-    for vname, (sess, name) in sessions.items():
+    for vname, (sess, name) in bench.sessions.items():
         r = results[vname]
         r["speedup_b1"] = round(base["b1_median_ms"] / r["b1_median_ms"], 3)
         r["speedup_b8"] = round(base["b8_median_ms"] / r["b8_median_ms"], 3)
-        outs = sess.run(None, {name: batch8})
         held_out = (
             manifest.validation.get("variants", {})
             .get(vname if vname != NAIVE else "int8-cpu", {})
             .get("final")
         )
-        if detector:
-            bench_agreement = gate.detection_agreement(ref_found, _found(manifest, outs))
-            r["agreement_bench_inputs"] = {
-                k: round(bench_agreement[k], 4) for k in ("precision", "recall", "mean_iou")
-            }
-            if held_out:
-                r["agreement_held_out"] = {
-                    k: held_out[k]
-                    for k in ("precision", "recall", "mean_iou", "matched", "reference_detections", "images")
-                }
-            continue
-        r["agreement_bench_inputs"] = round(gate.agreement(ref_logits, outs[0])["top1"], 4)
-        if held_out:
-            r["agreement_held_out"] = {
-                k: held_out[k] for k in ("top1", "top1_confident", "top5", "mean_abs_logit_delta", "count")
-            }
+        _agreement(r, manifest, sess.run(None, {name: batch8}), reference, held_out)
     report: dict[str, Any] = {}
     if detector:
         report["post_step"] = _post_step(manifest, ref_out, threads, rounds)
