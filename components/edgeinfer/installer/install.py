@@ -512,23 +512,41 @@ def _read_platform(paths: Paths) -> dict[str, Any] | None:
 # ------------------------------------------------------------------------------------------------ run
 
 
-def run_installer(
-    config: InstallerConfig,
-    paths: Paths,
-    *,
-    source: ProbeSource | None = None,
-    python: str = sys.executable,
-    is_root: Callable[[], bool] = lambda: hasattr(os, "geteuid") and os.geteuid() == 0,
-    clock: Callable[[], float] = time.monotonic,
-) -> Outcome:
-    """The Install step: probe, allow-list, plan, fingerprint → skip, or build + verify + activate."""
-    start = clock()
-    existing = config.existing_venv.strip()
+@dataclass
+class _Inputs:
+    """What an install reads before it decides: the plan, what ships beside it, and their fingerprint."""
+
+    info: PlatformInfo
+    plan: Plan
+    existing: str
+    wheels: list[Path]
+    wheelhouse: Path | None
+    listing: list[dict[str, Any]]
+    fingerprint: str
+
+
+@dataclass
+class _Environment:
+    """The environment to activate: its root, how it came ("install" or "existing"), its verification,
+    and the venv this run built (removed again if it is not activated)."""
+
+    target: Path
+    mode: str
+    verified: dict[str, Any]
+    built: Path | None
+
+
+def _refuse_root(config: InstallerConfig, existing: str, is_root: Callable[[], bool]) -> None:
     if is_root() and not config.allow_root and not existing:
         raise InstallError(
             "refusing to install as root: run the component as the default Greengrass user "
             "(or set allowRoot: true)"
         )
+
+
+def _inputs(config: InstallerConfig, paths: Paths, source: ProbeSource | None, python: str) -> _Inputs:
+    """Probe, allow-list and plan; find the wheels and the wheelhouse; fingerprint all of it."""
+    existing = config.existing_venv.strip()
     info = probe(source)
     if source is None and python != sys.executable:
         info.python = _python_version(python)
@@ -543,73 +561,94 @@ def run_installer(
     if config.install_project and not existing and not wheels and paths.artifacts is not None:
         log.warning("no edgeinfer wheel in %s: installing the third-party stack only", paths.artifacts)
     fp = fingerprint(info, plan, python=python, wheels=wheels, wheelhouse=listing, existing=existing)
+    return _Inputs(info, plan, existing, wheels, wheelhouse, listing, fp)
 
+
+def _unchanged(paths: Paths, fp: str) -> dict[str, Any] | None:
+    """The active environment's report when it was built for this fingerprint and is still there."""
     previous = _read_platform(paths)
-    link = paths.venv_link
-    if previous is not None and previous.get("fingerprint") == fp and (link / "bin" / "python").exists():
-        seconds = clock() - start
-        log.info("platform and plan unchanged (fingerprint %s): nothing to do", fp[:12])
-        return Outcome(skipped=True, fingerprint=fp, seconds=seconds, report=previous)
+    if (
+        previous is not None
+        and previous.get("fingerprint") == fp
+        and (paths.venv_link / "bin" / "python").exists()
+    ):
+        return previous
+    return None
 
-    if not existing:
-        refusal = venv_refusal(python, info.python, os_id=info.os_id)
-        if refusal:
-            raise InstallError(refusal)
-    if not existing and not ("--no-index" in _index_args(plan, config, wheelhouse) or config.use_pip_config):
+
+def _check_can_build(inputs: _Inputs, config: InstallerConfig, python: str) -> None:
+    """Before anything is created: a Python that can make a venv, and a package index that answers."""
+    refusal = venv_refusal(python, inputs.info.python, os_id=inputs.info.os_id)
+    if refusal:
+        raise InstallError(refusal)
+    plan = inputs.plan
+    if not ("--no-index" in _index_args(plan, config, inputs.wheelhouse) or config.use_pip_config):
         for url in [plan.index_url or PYPI, *plan.extra_index_urls]:
             check_index(url, min(config.pip_timeout_seconds, 30))
-    paths.work.mkdir(parents=True, exist_ok=True)
-    built: Path | None = None
-    if existing:
-        env_root = Path(existing).expanduser().absolute()
-        if not (env_root / "bin" / "python").exists():
-            raise InstallError(f"existingVenv {env_root} has no bin/python")
-        verified = verify_environment(env_root / "bin" / "python", plan.expected_providers)
-        target = env_root
-        mode = "existing"
-    else:
-        venvs = paths.work / "venvs"
-        venvs.mkdir(parents=True, exist_ok=True)
-        built = venvs / f"{fp[:12]}-{int(time.time() * 1000)}"
-        try:
-            missing = _build_venv(built, plan, config, python=python, wheels=wheels, wheelhouse=wheelhouse)
-            if missing and TENSORRT in plan.expected_providers:
-                plan.expected_providers.remove(TENSORRT)
-                plan.notes.append(f"TensorRT's libraries did not install ({', '.join(missing)}): CUDA runs")
-            verified = verify_environment(built / "bin" / "python", plan.expected_providers)
-        except BaseException:
-            shutil.rmtree(built, ignore_errors=True)
-            with contextlib.suppress(OSError):
-                venvs.rmdir()  # only if empty: the first install left nothing behind
-            raise
-        target = built
-        mode = "install"
 
-    failed = {p: r for p, r in verified["failed"].items() if p != CPU}
-    if failed:
-        message = "; ".join(f"{p}: {r}" for p, r in failed.items())
-        if config.require_providers:
-            if built is not None:
-                shutil.rmtree(built, ignore_errors=True)
-            raise InstallError(f"expected execution providers do not load: {message}")
-        log.warning("expected execution providers do not load (the runtime will use the CPU): %s", message)
 
-    report = {
+def _existing_environment(existing: str, plan: Plan) -> _Environment:
+    env_root = Path(existing).expanduser().absolute()
+    if not (env_root / "bin" / "python").exists():
+        raise InstallError(f"existingVenv {env_root} has no bin/python")
+    verified = verify_environment(env_root / "bin" / "python", plan.expected_providers)
+    return _Environment(env_root, "existing", verified, None)
+
+
+def _new_environment(inputs: _Inputs, config: InstallerConfig, paths: Paths, python: str) -> _Environment:
+    """Build and verify a venv of its own under the work folder; nothing is left of it on failure."""
+    plan = inputs.plan
+    venvs = paths.work / "venvs"
+    venvs.mkdir(parents=True, exist_ok=True)
+    built = venvs / f"{inputs.fingerprint[:12]}-{int(time.time() * 1000)}"
+    try:
+        missing = _build_venv(
+            built, plan, config, python=python, wheels=inputs.wheels, wheelhouse=inputs.wheelhouse
+        )
+        if missing and TENSORRT in plan.expected_providers:
+            plan.expected_providers.remove(TENSORRT)
+            plan.notes.append(f"TensorRT's libraries did not install ({', '.join(missing)}): CUDA runs")
+        verified = verify_environment(built / "bin" / "python", plan.expected_providers)
+    except BaseException:
+        shutil.rmtree(built, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            venvs.rmdir()  # only if empty: the first install left nothing behind
+        raise
+    return _Environment(built, "install", verified, built)
+
+
+def _check_providers(env: _Environment, config: InstallerConfig) -> None:
+    """An expected provider that does not load: refused with requireProviders, else the CPU runs."""
+    failed = {p: r for p, r in env.verified["failed"].items() if p != CPU}
+    if not failed:
+        return
+    message = "; ".join(f"{p}: {r}" for p, r in failed.items())
+    if config.require_providers:
+        if env.built is not None:
+            shutil.rmtree(env.built, ignore_errors=True)
+        raise InstallError(f"expected execution providers do not load: {message}")
+    log.warning("expected execution providers do not load (the runtime will use the CPU): %s", message)
+
+
+def _report(inputs: _Inputs, env: _Environment, link: Path, seconds: float) -> dict[str, Any]:
+    """platform.json: what was found, planned, installed and loaded."""
+    plan, verified, wheels = inputs.plan, env.verified, inputs.wheels
+    return {
         "schema_version": SCHEMA_VERSION,
         "component": COMPONENT,
         "installer_version": __version__,
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "fingerprint": fp,
-        "mode": mode,
-        "found": info.to_dict(),
+        "fingerprint": inputs.fingerprint,
+        "mode": env.mode,
+        "found": inputs.info.to_dict(),
         "allowed_by": plan.rule,
         "plan": plan.to_dict(),
         "installed": {
             "venv": str(link),
-            "venv_target": str(target),
+            "venv_target": str(env.target),
             "python": verified["python"],
             "onnxruntime": {"package": verified["onnxruntime_package"], "version": verified["version"]},
-            "wheelhouse": [w["name"] for w in listing],
+            "wheelhouse": [w["name"] for w in inputs.listing],
             "project_wheel": wheels[-1].name if wheels else None,
             "packages": dict(sorted(verified["packages"].items())),
         },
@@ -620,21 +659,61 @@ def run_installer(
             "failed": verified["failed"],
             "tensorrt": verified.get("tensorrt") or {},
         },
-        "install_seconds": round(clock() - start, 3),
+        "install_seconds": round(seconds, 3),
     }
+
+
+def _activate(paths: Paths, env: _Environment, report: dict[str, Any]) -> Path | None:
+    """Point the venv link at the environment and write platform.json; on failure the link points back
+    at the environment it replaced. The replaced environment's root, if any."""
+    link = paths.venv_link
     old_target = link.resolve() if link.is_symlink() else None
     try:
-        _link_atomic(link, target, paths.work / "venvs" / f"replaced-{int(time.time())}")
+        _link_atomic(link, env.target, paths.work / "venvs" / f"replaced-{int(time.time())}")
         atomic_write(paths.platform_file, (json.dumps(report, indent=2) + "\n").encode("utf-8"))
     except OSError as exc:
-        if built is not None and old_target is not None:
+        if env.built is not None and old_target is not None:
             _link_atomic(link, old_target, paths.work / "venvs" / "unused")
-            shutil.rmtree(built, ignore_errors=True)
+            shutil.rmtree(env.built, ignore_errors=True)
         raise InstallError(f"cannot activate the environment: {exc}") from None
-    _gc(paths, target.resolve(), old_target, config.keep_venvs)
+    return old_target
+
+
+def run_installer(
+    config: InstallerConfig,
+    paths: Paths,
+    *,
+    source: ProbeSource | None = None,
+    python: str = sys.executable,
+    is_root: Callable[[], bool] = lambda: hasattr(os, "geteuid") and os.geteuid() == 0,
+    clock: Callable[[], float] = time.monotonic,
+) -> Outcome:
+    """The Install step: probe, allow-list, plan, fingerprint → skip, or build + verify + activate."""
+    start = clock()
+    _refuse_root(config, config.existing_venv.strip(), is_root)
+    inputs = _inputs(config, paths, source, python)
+    fp = inputs.fingerprint
+    previous = _unchanged(paths, fp)
+    if previous is not None:
+        seconds = clock() - start
+        log.info("platform and plan unchanged (fingerprint %s): nothing to do", fp[:12])
+        return Outcome(skipped=True, fingerprint=fp, seconds=seconds, report=previous)
+
+    if not inputs.existing:
+        _check_can_build(inputs, config, python)
+    paths.work.mkdir(parents=True, exist_ok=True)
+    if inputs.existing:
+        env = _existing_environment(inputs.existing, inputs.plan)
+    else:
+        env = _new_environment(inputs, config, paths, python)
+    _check_providers(env, config)
+    report = _report(inputs, env, paths.venv_link, clock() - start)
+    old_target = _activate(paths, env, report)
+    _gc(paths, env.target.resolve(), old_target, config.keep_venvs)
+    verified = env.verified
     log.info(
         "%s ready: %s %s, providers %s (%.1f s)",
-        link,
+        paths.venv_link,
         verified["onnxruntime_package"],
         verified["version"],
         ", ".join(verified["loaded"]),
