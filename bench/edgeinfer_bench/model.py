@@ -316,7 +316,7 @@ def run_bench(
 
 def _found(manifest: Any, outs: list[Any]) -> list[list[tuple[int, float, list[float]]]]:
     """Each image's detections with the store's defaults, as the gate compares them."""
-    from edgeinfer.runtime import postprocess
+    from edgeinfer import postprocess
 
     spec = manifest.detection
     found = []
@@ -341,9 +341,9 @@ def _post_step(manifest: Any, outs: list[Any], threads: int, rounds: int) -> dic
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
+    from edgeinfer import postprocess
     from edgeinfer.model import infer
     from edgeinfer.model.manifest import CPU
-    from edgeinfer.runtime import postprocess
 
     spec = manifest.detection
     boxes, scores = outs[0], outs[1]

@@ -9,10 +9,10 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from edgeinfer import postprocess
 from edgeinfer.model import detect
 from edgeinfer.model.graph import ModelInputError
 from edgeinfer.model.manifest import Preprocessing
-from edgeinfer.runtime import postprocess
 from tests.helpers.tiny_detector import (
     TINY_ANCHORS,
     TINY_CLASSES,

@@ -59,7 +59,7 @@ _SOURCES = (
     "manifest.py",
     "darknet.py",
     "detect.py",
-    "../runtime/postprocess.py",
+    "../postprocess.py",
 )
 LABELS_FILE = "labels.json"
 FP32_FILE = "model_fp32.onnx"
@@ -694,7 +694,7 @@ def _answers(run: _Run, path: Path, tick: Callable[[int], None], *, simulated: b
         return _logits(path, run.valid, tick, unfused=simulated)
     import onnxruntime as ort
 
-    from edgeinfer.runtime import postprocess
+    from edgeinfer import postprocess
 
     assert run.classes is not None
     spec = _detection_spec(run.options)

@@ -9,7 +9,7 @@ grey `pad_value` (centred, as Darknet does), NCHW, normalise, the network, then 
 * `scores [N, A, C]`: per class, objectness × class probability where the network has objectness.
 
 Score thresholding, non-maximum suppression and the top `max_detections` are the runtime's post step
-(`edgeinfer.runtime.postprocess.detections`), per request. The network's output is read in one of
+(`edgeinfer.postprocess.detections`), per request. The network's output is read in one of
 the two layouts YOLO exports write: `objectness` `[N, A, 5 + C]` (YOLOv3/v5/v7, and the Darknet
 converter's) or `anchor_free` `[N, 4 + C, A]` (YOLOv8 and later), boxes as cx, cy, w, h in the
 network input's pixels.

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.errors import GateFailedError
-from edgeinfer.runtime.postprocess import iou, softmax
+from edgeinfer.postprocess import iou, softmax
 
 CONFIDENT = 0.5  # FP32 top-1 probability above which an input counts as "confident"
 

@@ -89,7 +89,7 @@ def prepare(image: np.ndarray, manifest: Manifest) -> np.ndarray:
 
 def top_k(logits: np.ndarray, labels: Sequence[str], k: int = 5) -> list[tuple[int, str, float]]:
     """[(class index, label, softmax probability)] for one row of logits, best first."""
-    from edgeinfer.runtime import postprocess
+    from edgeinfer import postprocess
 
     probs = postprocess.softmax(np.asarray(logits).reshape(-1))
     return [(i, labels[i] if i < len(labels) else str(i), p) for i, p in postprocess.top_k(probs, k)]
@@ -102,9 +102,9 @@ def detect(
     score_threshold: float | None = None,
     max_detections: int | None = None,
 ) -> list[Any]:
-    """One RGB image of any size → its detections (runtime.postprocess.Detection) in its own pixels:
+    """One RGB image of any size → its detections (edgeinfer.postprocess.Detection) in its own pixels:
     the graph letterboxes and maps the boxes back itself."""
-    from edgeinfer.runtime import postprocess
+    from edgeinfer import postprocess
 
     spec = manifest.detection
     if spec is None:

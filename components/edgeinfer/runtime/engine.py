@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edgeinfer import postprocess
 from edgeinfer.files import sha256_file
 from edgeinfer.messages import Box, Detection, ModelRef, Prediction
 from edgeinfer.model.manifest import Manifest, ManifestError, Variant
-from edgeinfer.runtime import postprocess
 from edgeinfer.runtime.config import RuntimeConfig
 from edgeinfer.runtime.providers import (
     CPU,

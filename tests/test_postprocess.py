@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from edgeinfer import postprocess
 from edgeinfer.messages import Box, Detection, Result
-from edgeinfer.runtime import postprocess
 
 
 def test_softmax_is_stable_and_sums_to_one() -> None:
