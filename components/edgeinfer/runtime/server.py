@@ -43,27 +43,21 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from edgeinfer.messages import (
-    IOT_CORE_MAX_BYTES,
     ErrorCode,
     Latency,
     MessageError,
     Request,
-    RequestHead,
     Result,
-    TimingRecord,
-    error_result,
-    fits_iot_core,
     infer_topic,
-    iso_utc,
     parse_request,
     result_topic,
 )
+from edgeinfer.runtime.answer import AnswerHook, Answers, Job, Stats
 from edgeinfer.runtime.batcher import BatchPoll, DynamicBatcher, Queued
 from edgeinfer.runtime.config import RuntimeConfig
 from edgeinfer.runtime.decode import (
@@ -87,11 +81,8 @@ from edgeinfer.runtime.updates import InFlight
 from edgeinfer.transport import (
     Bus,
     Message,
-    MqttProperties,
     Subscription,
     Target,
-    TransportError,
-    UnauthorizedError,
 )
 
 log = logging.getLogger(__name__)
@@ -112,48 +103,6 @@ def _lower_priority(nice: int) -> None:
             os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
         except OSError as exc:
             log.debug("decode worker priority unchanged: %s", exc)
-
-
-@dataclass
-class Job:
-    """One accepted request (or source frame) on its way through the pipeline."""
-
-    request: Request
-    target: Target
-    reply_topic: str
-    arrived: float
-    deadline: float | None = None
-    image: np.ndarray | None = None
-    geometry: Letterbox | None = None  # a detector's input: how the image was letterboxed
-    decode_start: float = 0.0
-    decode_end: float = 0.0
-    source: str | None = None  # set for frames from a camera/video/folder source
-    on_done: Callable[[], None] | None = None
-    discard: bool = False  # a self-test job: the whole path runs, nothing is published
-    reply_properties: MqttProperties | None = None  # MQTT 5: the request's correlation data, echoed
-    head: RequestHead | None = None  # the image's base64 not yet decoded (done once it is taken on)
-    answered: bool = False
-    counted: bool = False  # in the server's in-flight count until answered (what deployments wait for)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def claim(self) -> bool:
-        """True exactly once: the caller is the one that answers this job."""
-        with self.lock:
-            if self.answered:
-                return False
-            self.answered = True
-            return True
-
-
-@dataclass
-class Stats:
-    received: int = 0
-    ok: int = 0
-    errors: dict[str, int] = field(default_factory=dict)
-    batches: list[int] = field(default_factory=list)  # sizes of recent executions (last 1000)
-    offloaded: int = 0
-    publish_failures: int = 0
-    expired_on_arrival: int = 0  # answered DEADLINE_EXCEEDED before any work: they waited upstream
 
 
 class InferenceServer:
@@ -198,6 +147,19 @@ class InferenceServer:
         self.stats = Stats()
         self.inflight = InFlight()
         self._stats_lock = threading.Lock()
+        self.answers = Answers(
+            bus,
+            thing,
+            timings=self.timings,
+            inflight=self.inflight,
+            stats=self.stats,
+            stats_lock=self._stats_lock,
+            queue_depth=lambda: self.batcher.depth,
+            result_format=cfg.result_format,
+            clock=clock,
+            wall=wall,
+        )
+        self.answers.hooks.append(_PlacementFeedback(self))
         self._decode_pool = self._new_decode_pool(cfg)
         self._replies: queue.SimpleQueue[tuple[Job, Result] | None] = queue.SimpleQueue()
         self._subs: list[Subscription] = []
@@ -326,6 +288,7 @@ class InferenceServer:
         self.timings.max_records = cfg.timings.max_records
         self.timings.flush_interval_ms = cfg.timings.flush_interval_ms
         self.timings.enabled = cfg.timings.enabled
+        self.answers.result_format = cfg.result_format
 
     def swap_engine(self, engine: Engine) -> None:
         """Put a new, warmed-up engine in place; batches running now finish on the old one."""
@@ -379,11 +342,9 @@ class InferenceServer:
             return None
         job = Job(
             request=req,
-            target=read.reply.bus,
-            reply_topic=read.reply.topic,
+            reply=read.reply,
             arrived=arrived,
             deadline=read.deadline(arrived, self.wall()),
-            reply_properties=read.reply.properties,
             head=read.head,
             counted=True,
         )
@@ -502,7 +463,7 @@ class InferenceServer:
         for i in range(n):
             payload = Request(f"self-test-{i}", image=bytes(buf)).to_json()
             req = parse_request(payload, max_bytes=self.cfg.max_payload_bytes)
-            job = Job(req, "local", "", self.clock(), discard=True, on_done=left.release)
+            job = Job(req, ReplyTarget("", "local"), self.clock(), discard=True, on_done=left.release)
             if not self.batcher.admit():
                 return False
             self._decode_pool.submit(self._decode, job)
@@ -528,8 +489,7 @@ class InferenceServer:
         now = self.clock()
         job = Job(
             req,
-            target,
-            topic,
+            ReplyTarget(topic, target),
             now,
             image=image,
             geometry=geometry,
@@ -712,152 +672,23 @@ class InferenceServer:
 
     def _reply(self, job: Job, result: Result) -> None:
         try:
-            self._send(job, result)
+            self.answers.send(job, result)
         except Exception:
             log.exception("publishing the result of %s failed", job.request.id)
-
-    def _send(self, job: Job, result: Result, *, postprocess_from: float | None = None) -> None:
-        """Finish the latency figures, publish once, record the timing."""
-        if not job.claim():
-            return
-        if job.counted:
-            self.inflight.leave()
-        if job.on_done is not None:
-            job.on_done()
-        if job.discard:
-            result.to_json()
-            return
-        now = self.clock()
-        lat = result.latency_ms
-        if result.status == "ok" and result.placement == "edge":
-            lat.postprocess = max(0.0, (now - job.arrived) * 1000 - lat.queue - lat.decode - lat.inference)
-        lat.total = (now - job.arrived) * 1000
-        result.timestamp = iso_utc(self.wall())
-        computed = result
-        if result.status == "ok" and job.deadline is not None and now > job.deadline:
-            # Ready after its deadline: the client has given up on it, and an `ok` would say it was
-            # in time. The timings stay, so it says where the time went.
-            late_ms = (now - job.deadline) * 1000
-            why = f"the result was ready {late_ms:.0f} ms after the deadline"
-            result = _instead(result, ErrorCode.DEADLINE_EXCEEDED, why)
-            result.batch_size = computed.batch_size
-        fmt = job.request.result_format
-        if result.status == "ok" and (fmt == "dlr" or self.cfg.result_format == "dlr"):
-            doc: dict[str, Any] = {"id": result.id, "status": "ok", **result.to_dlr_dict()}
-            import json
-
-            payload = json.dumps(doc, separators=(",", ":")).encode()
-        else:
-            payload = result.to_json()
-        if job.target == "iot" and not fits_iot_core(payload):
-            # The nucleus would refuse it and the client would hear nothing: a short answer that fits.
-            why = f"the result is {len(payload)} bytes, over IoT Core's {IOT_CORE_MAX_BYTES}: ask for less"
-            result = _instead(result, ErrorCode.TOO_LARGE, why)
-            payload = result.to_json()
-        topic = job.reply_topic
-        # Not waiting for the nucleus: the reply thread (or the transport thread that answers a bad
-        # request inline) goes on at once; a refusal comes back through `_published`.
-        try:
-            self.bus.publish_nowait(
-                topic,
-                payload,
-                target=job.target,
-                qos=1 if job.target == "iot" else 0,
-                on_done=lambda exc: self._published(job, result, exc),
-                properties=job.reply_properties,
-            )
-        except TransportError as exc:
-            self._publish_failed(job, exc)
-        # The policy learns from what the edge really took, in time or not.
-        self._placement_hook("on_result", job.request.id, computed)
-        self._count(result, +1)
-        self.timings.record(
-            TimingRecord(
-                id=result.id,
-                status=result.status,
-                latency_ms=result.latency_ms,
-                batch_size=result.batch_size,
-                provider=result.provider,
-                placement=result.placement,
-                code=result.error.code if result.error else None,
-                offloaded=result.placement == "cloud",
-                queue_depth=self.batcher.depth,
-                end=self.wall(),
-            )
-        )
-
-    def _count(self, result: Result, n: int) -> None:
-        with self._stats_lock:
-            if result.status == "ok":
-                self.stats.ok += n
-            elif result.error is not None:
-                self.stats.errors[result.error.code.value] = (
-                    self.stats.errors.get(result.error.code.value, 0) + n
-                )
-
-    def _published(self, job: Job, result: Result, exc: TransportError | None) -> None:
-        """The nucleus's answer to a result's publish (on a transport thread). A `reply_to` it refuses
-        still gets its one answer: BAD_REQUEST on the default topic, which the recipe grants."""
-        if exc is None:
-            return
-        default = result_topic(self.thing)
-        if not isinstance(exc, UnauthorizedError) or job.reply_topic == default:
-            self._publish_failed(job, exc)
-            return
-        log.warning("reply_to %s refused by the nucleus: %s", job.reply_topic, exc)
-        err = error_result(
-            result.id,
-            ErrorCode.BAD_REQUEST,
-            f"'reply_to' {job.reply_topic!r} is not a topic this component may publish to",
-            timestamp=result.timestamp,
-            latency=Latency(total=result.latency_ms.total),
-            model=result.model,
-            provider=result.provider,
-        )
-        self._count(result, -1)
-        self._count(err, +1)
-        try:
-            self.bus.publish_nowait(
-                default,
-                err.to_json(),
-                target=job.target,
-                on_done=lambda exc2: self._publish_failed(job, exc2),
-                properties=job.reply_properties,
-            )
-        except TransportError as exc2:
-            self._publish_failed(job, exc2)
-
-    def _publish_failed(self, job: Job, exc: Exception | None) -> None:
-        if exc is None:
-            return
-        with self._stats_lock:
-            self.stats.publish_failures += 1
-        log.warning("result of %s not published on %s: %s", job.request.id, job.reply_topic, exc)
 
     # -------------------------------------------------------------------------------------- answers
 
     def _fail(self, job: Job, code: ErrorCode, message: str) -> None:
-        result = error_result(
-            job.request.id,
-            code,
-            message,
-            timestamp="",
-            model=self.engine.model_ref,
-            provider=self.engine.provider,
-        )
-        self._send(job, result)
+        engine = self.engine
+        self.answers.fail(job, code, message, model=engine.model_ref, provider=engine.provider)
 
     def _refuse(self, refusal: Refusal, arrived: float) -> None:
-        """An error for a request that never became a job (bad payload, refused reply topic)."""
-        reply = refusal.reply
-        job = Job(Request(id=refusal.request_id or ""), reply.bus, reply.topic, arrived)
-        job.reply_properties = reply.properties
-        self._send(job, error_result(refusal.request_id, refusal.code, refusal.message, timestamp=""))
+        self.answers.refuse(refusal, arrived)
 
     def _reply_offloaded(self, job: Job, result: Result) -> None:
         if result.id is None:
             result.id = job.request.id
-        self._send(job, result)
+        self.answers.send(job, result)
 
     # ------------------------------------------------------------------------------------- helpers
 
@@ -891,7 +722,7 @@ class InferenceServer:
     def _context(self, job: Job) -> PlacementContext:
         return PlacementContext(
             thing=self.thing,
-            target=job.target,
+            target=job.reply.bus,
             queue_depth=self.batcher.depth,
             outstanding=self.batcher.outstanding,
             max_queue_size=self.batcher.max_queue_size,
@@ -930,15 +761,11 @@ class InferenceServer:
             return list(self.stats.batches)
 
 
-def _instead(result: Result, code: ErrorCode, message: str) -> Result:
-    """An error answer in place of `result`, keeping where and how it was computed."""
-    return error_result(
-        result.id,
-        code,
-        message,
-        timestamp=result.timestamp,
-        latency=result.latency_ms,
-        placement=result.placement,
-        model=result.model,
-        provider=result.provider,
-    )
+class _PlacementFeedback(AnswerHook):
+    """The placement policy learns from what the edge really took, in time or not."""
+
+    def __init__(self, server: InferenceServer) -> None:
+        self.server = server
+
+    def on_answer(self, job: Job, computed: Result, answered: Result) -> None:
+        self.server._placement_hook("on_result", job.request.id, computed)

@@ -1,0 +1,176 @@
+"""The answer layer: exactly once, late and too-large substitutions, the format, publishing, records."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+from edgeinfer.messages import (
+    ErrorCode,
+    Latency,
+    ModelRef,
+    Prediction,
+    Request,
+    Result,
+    result_topic,
+)
+from edgeinfer.runtime.answer import AnswerHook, Answers, Job, Stats
+from edgeinfer.runtime.inbound import Refusal, ReplyTarget
+from edgeinfer.runtime.timings import TimingPublisher
+from edgeinfer.runtime.updates import InFlight
+from edgeinfer.transport import MemoryBus, MqttProperties, Target, UnauthorizedError
+
+THING = "dev1"
+DEFAULT = result_topic(THING)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Recorder(AnswerHook):
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str]] = []
+
+    def on_answer(self, job: Job, computed: Result, answered: Result) -> None:
+        code = answered.error.code.value if answered.error else "ok"
+        self.seen.append((job.request.id, computed.status, code))
+
+
+class Broken(AnswerHook):
+    def on_answer(self, job: Job, computed: Result, answered: Result) -> None:
+        raise RuntimeError("a hook's bug")
+
+
+class RefusingBus(MemoryBus):
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        target: Target = "local",
+        qos: int = 0,
+        properties: MqttProperties | None = None,
+    ) -> None:
+        if topic.startswith("forbidden/"):
+            raise UnauthorizedError(f"not authorized to publish to {topic}")
+        super().publish(topic, payload, target=target, qos=qos, properties=properties)
+
+
+def make(bus: MemoryBus | None = None) -> tuple[Answers, MemoryBus, Clock, Recorder]:
+    bus = bus or MemoryBus()
+    clock = Clock()
+    timings = TimingPublisher(bus, THING, enabled=False, clock=clock, wall=lambda: 1_800_000_000.0)
+    answers = Answers(
+        bus,
+        THING,
+        timings=timings,
+        inflight=InFlight(),
+        stats=Stats(),
+        stats_lock=threading.Lock(),
+        clock=clock,
+        wall=lambda: 1_800_000_000.0,
+    )
+    rec = Recorder()
+    answers.hooks += [Broken(), rec]
+    return answers, bus, clock, rec
+
+
+def ok(rid: str, n: int = 1) -> Result:
+    preds = [Prediction(i, f"class {i}", 0.5) for i in range(n)]
+    lat = Latency(queue=1.0, decode=2.0, inference=3.0)
+    return Result(
+        rid, "ok", "", predictions=preds, model=ModelRef("m", "1", "int8"), batch_size=2, latency_ms=lat
+    )
+
+
+def test_a_job_is_answered_exactly_once_and_leaves_the_in_flight_count() -> None:
+    answers, bus, clock, rec = make()
+    done: list[int] = []
+    job = Job(Request("a"), ReplyTarget(DEFAULT), clock(), counted=True, on_done=lambda: done.append(1))
+    answers.inflight.enter()
+    clock.now += 0.010
+    answers.send(job, ok("a"))
+    answers.fail(job, ErrorCode.INTERNAL, "too late to matter")
+    assert len(bus.published) == 1
+    assert answers.inflight.count == 0
+    assert done == [1]
+    out = Result.parse(bus.published[0].payload)
+    assert out.status == "ok"
+    assert abs(out.latency_ms.total - 10.0) < 1e-6
+    assert abs(out.latency_ms.postprocess - 4.0) < 1e-6  # what the stages left of the total
+    assert out.timestamp
+    assert answers.stats.ok == 1
+    assert rec.seen == [("a", "ok", "ok")]  # a broken hook does not keep the others from seeing it
+
+
+def test_a_result_ready_after_its_deadline_is_answered_deadline_exceeded() -> None:
+    answers, bus, clock, rec = make()
+    job = Job(Request("late"), ReplyTarget(DEFAULT), clock(), deadline=clock() + 0.005)
+    clock.now += 0.020
+    answers.send(job, ok("late"))
+    out = Result.parse(bus.published[0].payload)
+    assert out.error is not None
+    assert out.error.code is ErrorCode.DEADLINE_EXCEEDED
+    assert out.batch_size == 2  # where the time went stays
+    assert rec.seen == [("late", "ok", "DEADLINE_EXCEEDED")]
+    assert answers.stats.errors == {"DEADLINE_EXCEEDED": 1}
+
+
+def test_dlr_format_from_the_request_or_the_runtime() -> None:
+    answers, bus, clock, _ = make()
+    answers.send(Job(Request("d", result_format="dlr"), ReplyTarget(DEFAULT), clock()), ok("d"))
+    answers.send(Job(Request("e"), ReplyTarget(DEFAULT), clock()), ok("e"))
+    answers.result_format = "dlr"
+    answers.send(Job(Request("f"), ReplyTarget(DEFAULT), clock()), ok("f"))
+    docs = [json.loads(m.payload) for m in bus.published]
+    assert [("inference-results" in d, d["id"]) for d in docs] == [(True, "d"), (False, "e"), (True, "f")]
+
+
+def test_a_result_iot_core_would_refuse_is_answered_too_large() -> None:
+    answers, bus, clock, _ = make()
+    answers.send(Job(Request("big"), ReplyTarget(DEFAULT, "iot"), clock()), ok("big", n=3000))
+    answers.send(Job(Request("local"), ReplyTarget(DEFAULT, "local"), clock()), ok("local", n=3000))
+    iot, local = (Result.parse(m.payload) for m in bus.published)
+    assert iot.error is not None
+    assert iot.error.code is ErrorCode.TOO_LARGE
+    assert local.status == "ok"
+
+
+def test_a_refusal_is_answered_where_it_says_with_its_correlation_data() -> None:
+    answers, bus, clock, rec = make()
+    props = MqttProperties(correlation_data=b"c")
+    where = ReplyTarget("edgeinfer/dev1/result/app", "iot", props)
+    answers.refuse(Refusal(ErrorCode.BAD_REQUEST, "no", "r1", where), clock())
+    (msg,) = bus.published
+    assert msg.topic == "edgeinfer/dev1/result/app"
+    assert msg.properties == props
+    assert Result.parse(msg.payload).id == "r1"
+    assert rec.seen == [("r1", "error", "BAD_REQUEST")]
+
+
+def test_a_reply_to_the_nucleus_refuses_is_answered_bad_request_on_the_default_topic() -> None:
+    answers, bus, clock, _ = make(RefusingBus())
+    answers.send(Job(Request("x"), ReplyTarget("forbidden/x"), clock()), ok("x"))
+    (msg,) = bus.published
+    assert msg.topic == DEFAULT
+    out = Result.parse(msg.payload)
+    assert out.error is not None
+    assert out.error.code is ErrorCode.BAD_REQUEST
+    assert answers.stats.ok == 0
+    assert answers.stats.errors == {"BAD_REQUEST": 1}
+
+
+def test_a_self_test_job_publishes_nothing() -> None:
+    answers, bus, clock, rec = make()
+    done: list[int] = []
+    answers.send(
+        Job(Request("s"), ReplyTarget(""), clock(), discard=True, on_done=lambda: done.append(1)), ok("s")
+    )
+    assert bus.published == []
+    assert rec.seen == []
+    assert done == [1]
