@@ -50,7 +50,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Generic, TypeVar
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Generic, NamedTuple, TypeVar
 
 from edgeinfer import stats
 from edgeinfer.messages import ErrorCode, Request, Result
@@ -81,6 +83,60 @@ def _sliding_min(window: deque[tuple[float, float]], now: float, value: float, s
 
 def _round3(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
+
+
+class _Verdict(NamedTuple):
+    where: Where
+    reason: str
+    code: ErrorCode | None = None
+
+
+@dataclass
+class _Situation(Generic[T]):
+    """One decision's request and what the policy predicts for it. The expected latencies, the load
+    and the cloud's room are worked out when the first rule that reads them asks (the rules before
+    decide on the sure predictions alone)."""
+
+    policy: OffloadPolicy[T]
+    request: Request
+    ahead: int
+    payload_bytes: int
+    now: float
+    behind: str | None  # why the device is behind a backlog upstream, None while it is not
+    local_ms: float  # the sure predictions (certainty quantiles)
+    cloud_ms: float
+    budget: float | None  # the deadline left less the margin; None: no deadline
+
+    @property
+    def missing_model(self) -> bool:
+        model = self.request.model
+        return model is not None and model not in self.policy.local_models
+
+    @cached_property
+    def local_exp(self) -> float:
+        return self.policy.predict_local_ms(self.ahead, self.now, conservative=False)
+
+    @cached_property
+    def utilization(self) -> float | None:
+        return self.policy.utilization(self.now)
+
+    @cached_property
+    def queued(self) -> float | None:
+        return self.policy.queued_share(self.now)
+
+    @cached_property
+    def ready(self) -> bool:
+        """The cloud can take a deadline offload: ready, and room under the adaptive limit (more in
+        flight than the router answers in time only turns into late answers, each served here again)."""
+        return self.policy._deadline_offload_ready()
+
+    @cached_property
+    def cloud_exp(self) -> float:
+        return self.policy.predict_cloud_ms(self.payload_bytes, 0.5) if self.ready else math.inf
+
+    @property
+    def cloud_why(self) -> str:
+        return f"cloud {self.cloud_exp:.0f} ms" if self.ready else "no room in the cloud"
 
 
 class OffloadPolicy(Generic[T]):
@@ -359,118 +415,174 @@ class OffloadPolicy(Generic[T]):
         `lag_ms`: how long after its sending the request arrived (None: it did not say when it was
         sent)."""
         now = self.clock() if now is None else now
-        cfg = self.config
         with self._lock:
             self._arrivals.append((now, ahead >= max(1, self.max_batch_size)))
             if lag_ms is not None:
                 self.observe_lag(lag_ms, deadline_left_ms, now)
             behind = self.behind(now)
             self._forget_stale_cloud(now)
-            local_ms = self.predict_local_ms(ahead, now)
-            cloud_ms = self.predict_cloud_ms(payload_bytes)
             budget = None
             if deadline_left_ms is not None:
-                budget = deadline_left_ms - cfg.deadline_margin_ms
+                budget = deadline_left_ms - self.config.deadline_margin_ms
+            s = _Situation(
+                self,
+                request,
+                ahead,
+                payload_bytes,
+                now,
+                behind,
+                self.predict_local_ms(ahead, now),
+                self.predict_cloud_ms(payload_bytes),
+                budget,
+            )
+            where, reason, code = self._verdict(s)
+            self.counters[_COUNTER[where]] += 1
+            return Decision(where, code, reason, s.local_ms, s.cloud_ms, budget)
 
-            def result(where: Where, reason: str, code: ErrorCode | None = None) -> Decision:
-                self.counters[_COUNTER[where]] += 1
-                return Decision(where, code, reason, local_ms, cloud_ms, budget)
+    # Decisions: a table of small named rules, each asked in order; the first with a verdict decides.
+    # Rules that take the breaker's probe slot (`breaker.allow()`) ask for it last, as the slot is
+    # taken only by a request that goes.
 
-            missing_model = request.model is not None and request.model not in self.local_models
-            if request.offload == "never":
-                if missing_model:
-                    return result(
-                        "reject",
-                        f"model {request.model!r} is not on this device and offload is 'never'",
-                        ErrorCode.BAD_REQUEST,
-                    )
-                if budget is not None and local_ms > budget:
-                    return result(
-                        "reject",
-                        f"predicted {local_ms:.0f} ms here, over the {budget:.0f} ms left",
-                        ErrorCode.DEADLINE_EXCEEDED,
-                    )
-                return result("edge", "offload is 'never'")
-            if missing_model:
-                if self._cloud_ready() and self.breaker.allow():
-                    return result("cloud", f"model {request.model!r} is not on this device")
-                return result(
-                    "reject",
-                    f"model {request.model!r} is not on this device and the cloud is unavailable",
-                    ErrorCode.OVERLOADED,
-                )
-            if request.offload == "always":
-                if self._cloud_ready() and self.breaker.allow():
-                    return result("cloud", "offload is 'always'")
-                return result("edge", "offload is 'always' but the cloud is unavailable")
-            if budget is None:
-                return result("edge", "no deadline")
-            if (
-                behind is not None
-                and self._cloud_ready()
-                and len(self._ledger) < self.cloud_limit
-                and cloud_ms <= budget
-                and self.breaker.allow()
-            ):
-                # The edge's own prediction sees only its queue, not the backlog in front of it: every
-                # request the cloud takes is one the device need not drain.
-                self.counters["behind"] += 1
-                why = f"behind ({behind}): the cloud ({cloud_ms:.0f} ms) meets the {budget:.0f} ms left"
-                return result("cloud", why)
-            if local_ms <= budget:
-                return result("edge", f"local {local_ms:.0f} ms meets the {budget:.0f} ms budget")
-            local_exp = self.predict_local_ms(ahead, now, conservative=False)
-            utilization = self.utilization(now)
-            queued = self.queued_share(now)
-            if (
-                behind is None
-                and utilization is not None
-                and utilization < cfg.offload_min_utilization
-                and (queued is None or queued < cfg.offload_min_utilization)
-            ):
-                # Light load: the device has capacity to spare and keeps its own work; what is in
-                # doubt is a Poisson burst or a jitter spike, over in a moment (bench offload at 0.5x:
-                # 0.5-3 % offloaded without this rule, for a share within the deadline of 99-100 %
-                # either way).
-                return result(
-                    "edge",
-                    f"light load ({100 * utilization:.0f} % busy): local expected {local_exp:.0f} ms"
-                    f" of {budget:.0f} ms",
-                )
-            # Deadline offloads also wait for room under the adaptive limit: more in flight than the
-            # router answers in time only turns into late answers, each served here again (late).
-            ready = self._cloud_ready() and len(self._ledger) < self.cloud_limit
-            cloud_exp = self.predict_cloud_ms(payload_bytes, 0.5) if ready else math.inf
-            # Only the cloud is sure to meet it, and it is also expected to be faster. (Without the
-            # second condition, a jitter spike in the edge's feedback residuals offloads requests at
-            # light load that the edge serves in a fraction of the cloud's round trip: bench offload
-            # saw 1 % offloaded at 0.5x.)
-            if ready and cloud_ms <= budget and cloud_exp < local_exp and self.breaker.allow():
-                return result("cloud", f"only the cloud ({cloud_ms:.0f} ms) meets the {budget:.0f} ms budget")
-            # Neither is sure to (quantiles): go where the *expected* latency still fits, if any.
-            if cloud_exp < local_exp and cloud_exp <= budget and self.breaker.allow():
-                return result("cloud", f"cloud expected {cloud_exp:.0f} ms of {budget:.0f} ms left")
-            if local_exp <= budget:
-                return result("edge", f"local expected {local_exp:.0f} ms of {budget:.0f} ms left")
-            why = f"cloud {cloud_exp:.0f} ms" if ready else "no room in the cloud"
-            if (
-                ready
-                and cfg.cloud_probe_s > 0
-                and self.cloud.samples  # a measured verdict (the prior alone is never this slow)
-                and budget >= cfg.min_cloud_wait_ms  # time enough for the router to try it
-                and not self._ledger
-                and now - max(self._cloud_seen, self._cloud_probed) >= cfg.cloud_probe_s
-                and self.breaker.allow()
-            ):
-                # It would fail here anyway: send it, so that a prediction learnt from a burst or a
-                # cold router is measured again instead of keeping the cloud out until it is forgotten.
-                self._cloud_probed = now
-                return result("cloud", f"probe: neither meets the {budget:.0f} ms left ({why})")
-            return result(
+    def _verdict(self, s: _Situation[T]) -> _Verdict:
+        for rule in self._REQUEST_RULES:
+            verdict = rule(self, s)
+            if verdict is not None:
+                return verdict
+        if s.budget is None:
+            return _Verdict("edge", "no deadline")
+        for deadline_rule in self._DEADLINE_RULES:
+            verdict = deadline_rule(self, s, s.budget)
+            if verdict is not None:
+                return verdict
+        return self._neither(s, s.budget)
+
+    def _offload_never(self, s: _Situation[T]) -> _Verdict | None:
+        if s.request.offload != "never":
+            return None
+        if s.missing_model:
+            return _Verdict(
                 "reject",
-                f"neither meets the {budget:.0f} ms left: local {local_exp:.0f} ms, {why} (expected)",
+                f"model {s.request.model!r} is not on this device and offload is 'never'",
+                ErrorCode.BAD_REQUEST,
+            )
+        if s.budget is not None and s.local_ms > s.budget:
+            return _Verdict(
+                "reject",
+                f"predicted {s.local_ms:.0f} ms here, over the {s.budget:.0f} ms left",
                 ErrorCode.DEADLINE_EXCEEDED,
             )
+        return _Verdict("edge", "offload is 'never'")
+
+    def _model_missing(self, s: _Situation[T]) -> _Verdict | None:
+        if not s.missing_model:
+            return None
+        if self._cloud_ready() and self.breaker.allow():
+            return _Verdict("cloud", f"model {s.request.model!r} is not on this device")
+        return _Verdict(
+            "reject",
+            f"model {s.request.model!r} is not on this device and the cloud is unavailable",
+            ErrorCode.OVERLOADED,
+        )
+
+    def _offload_always(self, s: _Situation[T]) -> _Verdict | None:
+        if s.request.offload != "always":
+            return None
+        if self._cloud_ready() and self.breaker.allow():
+            return _Verdict("cloud", "offload is 'always'")
+        return _Verdict("edge", "offload is 'always' but the cloud is unavailable")
+
+    def _behind_backlog(self, s: _Situation[T], budget: float) -> _Verdict | None:
+        # The edge's own prediction sees only its queue, not the backlog in front of it: every
+        # request the cloud takes is one the device need not drain.
+        if (
+            s.behind is not None
+            and self._deadline_offload_ready()
+            and s.cloud_ms <= budget
+            and self.breaker.allow()
+        ):
+            self.counters["behind"] += 1
+            return _Verdict(
+                "cloud",
+                f"behind ({s.behind}): the cloud ({s.cloud_ms:.0f} ms) meets the {budget:.0f} ms left",
+            )
+        return None
+
+    def _local_meets(self, s: _Situation[T], budget: float) -> _Verdict | None:
+        if s.local_ms <= budget:
+            return _Verdict("edge", f"local {s.local_ms:.0f} ms meets the {budget:.0f} ms budget")
+        return None
+
+    def _light_load(self, s: _Situation[T], budget: float) -> _Verdict | None:
+        # Light load: the device has capacity to spare and keeps its own work; what is in doubt is a
+        # Poisson burst or a jitter spike, over in a moment (without this rule a light load sends a
+        # few requests to the cloud that the edge would have served within their deadline anyway).
+        utilization, queued = s.utilization, s.queued
+        if (
+            s.behind is None
+            and utilization is not None
+            and utilization < self.config.offload_min_utilization
+            and (queued is None or queued < self.config.offload_min_utilization)
+        ):
+            return _Verdict(
+                "edge",
+                f"light load ({100 * utilization:.0f} % busy): local expected {s.local_exp:.0f} ms"
+                f" of {budget:.0f} ms",
+            )
+        return None
+
+    def _only_cloud_meets(self, s: _Situation[T], budget: float) -> _Verdict | None:
+        # Only the cloud is sure to meet it, and it is also expected to be faster. (Without the
+        # second condition, a jitter spike in the edge's feedback residuals offloads requests at
+        # light load that the edge serves in a fraction of the cloud's round trip.)
+        if s.ready and s.cloud_ms <= budget and s.cloud_exp < s.local_exp and self.breaker.allow():
+            return _Verdict("cloud", f"only the cloud ({s.cloud_ms:.0f} ms) meets the {budget:.0f} ms budget")
+        return None
+
+    def _cloud_expected(self, s: _Situation[T], budget: float) -> _Verdict | None:
+        # Neither is sure to (quantiles): go where the *expected* latency still fits, if any.
+        if s.cloud_exp < s.local_exp and s.cloud_exp <= budget and self.breaker.allow():
+            return _Verdict("cloud", f"cloud expected {s.cloud_exp:.0f} ms of {budget:.0f} ms left")
+        return None
+
+    def _local_expected(self, s: _Situation[T], budget: float) -> _Verdict | None:
+        if s.local_exp <= budget:
+            return _Verdict("edge", f"local expected {s.local_exp:.0f} ms of {budget:.0f} ms left")
+        return None
+
+    def _probe(self, s: _Situation[T], budget: float) -> _Verdict | None:
+        # It would fail here anyway: send it, so that a prediction learnt from a burst or a cold
+        # router is measured again instead of keeping the cloud out until it is forgotten.
+        cfg = self.config
+        if (
+            s.ready
+            and cfg.cloud_probe_s > 0
+            and self.cloud.samples  # a measured verdict (the prior alone is never this slow)
+            and budget >= cfg.min_cloud_wait_ms  # time enough for the router to try it
+            and not self._ledger
+            and s.now - max(self._cloud_seen, self._cloud_probed) >= cfg.cloud_probe_s
+            and self.breaker.allow()
+        ):
+            self._cloud_probed = s.now
+            return _Verdict("cloud", f"probe: neither meets the {budget:.0f} ms left ({s.cloud_why})")
+        return None
+
+    def _neither(self, s: _Situation[T], budget: float) -> _Verdict:
+        return _Verdict(
+            "reject",
+            f"neither meets the {budget:.0f} ms left: local {s.local_exp:.0f} ms, {s.cloud_why} (expected)",
+            ErrorCode.DEADLINE_EXCEEDED,
+        )
+
+    _REQUEST_RULES = (_offload_never, _model_missing, _offload_always)
+    _DEADLINE_RULES = (
+        _behind_backlog,
+        _local_meets,
+        _light_load,
+        _only_cloud_meets,
+        _cloud_expected,
+        _local_expected,
+        _probe,
+    )
 
     def _observe_cloud(self, ticket: Ticket[T], rtt_ms: float, service_ms: float, now: float) -> None:
         self._cloud_answered = now
@@ -502,6 +614,10 @@ class OffloadPolicy(Generic[T]):
                 self.config.window, self.config.prior_cloud_ms, self.config.cloud_quantile
             )
             self.cloud_fit = self._feedback_fit(128)
+
+    def _deadline_offload_ready(self) -> bool:
+        """The cloud is ready and the deadline offloads in flight are under the adaptive limit."""
+        return self._cloud_ready() and len(self._ledger) < self.cloud_limit
 
     def _cloud_ready(self) -> bool:
         cfg = self.config
