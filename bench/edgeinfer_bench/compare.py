@@ -118,8 +118,8 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
                 figures.update(open_p50_ms=[], open_p99_ms=[], open_p99_over_p50=[])
             for k in figures:
                 figures[k] = [0.0, 0.0]
-            # A then B, then B then A: whichever runs second in a round was ahead in an A/A run in
-            # 5 of 6 pairs (closed-loop p50 ~10 % lower), so the order alternates.
+            # A then B, then B then A: in an A/A run whichever ran second in a round was mostly
+            # ahead (a lower closed-loop p50), so the order alternates.
             for j in (0, 1) if i % 2 == 0 else (1, 0):
                 driver = started[j][2]
                 figures["p50_ms"][j] = statistics.median(driver.closed_loop(args.requests))

@@ -62,7 +62,7 @@ ECHO = "com.edgeinfer.BenchEcho"
 THING = "bench-thing"
 SAT_ROUNDS = 3  # saturation runs, each beside a batched-loop run; medians reported
 # Segments of the 70 % load, each at 70 % of a saturation measured just before it (the machine's
-# speed drifts within minutes: a rate fixed from the first saturation ran at 60-110 % of the
+# speed drifts within minutes: a rate fixed from the first saturation ran well under or over the
 # machine's later capacity); the segments' median ratio is reported, every segment kept.
 LOAD70_SEGMENTS = 3
 
@@ -506,7 +506,7 @@ def _measure(
         for _ in range(2 * len(payloads)):
             echo.wait(echo.send())
         # The simulated nucleus and the load generator share this interpreter: its start-up objects
-        # (ORT, OpenCV, the SDK) made a full collection ~14 ms, a pause that would land in the
+        # (ORT, OpenCV, the SDK) make a full collection long, a pause that would land in the
         # runtime's figures. Frozen here as the runtime freezes its own before RUNNING.
         gc.collect()
         gc.freeze()
@@ -657,8 +657,8 @@ def combine_runs(outs: list[dict[str, Any]]) -> dict[str, Any]:
     """Several whole runs as one verdict: each ratio's median over the runs, with its range, judged
     against the targets; the last run's figures beside it, and every run's ratios.
 
-    On a shared machine one run's verdict follows its speed of the moment (throughput 0.79-0.99x
-    across five runs in one day); the median of three or more is what a target should be read from.
+    On a shared machine one run's verdict follows its speed of the moment (the throughput ratio moves
+    from run to run within a day); the median of three or more is what a target should be read from.
     """
     if not outs:
         raise ValueError("no runs")

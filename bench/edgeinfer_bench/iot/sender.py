@@ -63,7 +63,7 @@ def _send_load(conn: Connection, client: Any, spec: LoadSpec) -> None:
 
     from edgeinfer.transport import TransportError
 
-    # The first publish and the first body cost this process ~0.1 s (lazy set-up): spent here,
+    # The first publish and the first body cost this process its lazy set-up: spent here,
     # not in request 0's latency.
     client.publish("bench-iot/warm-up", spec.parts[0].body("warm-up", time.time()), qos=1)
     conn.send(("ready", None))

@@ -570,8 +570,8 @@ def _datasets(run: _Run) -> None:
     resize = images.letterbox if run.detector else None
     if run.detector and options.calibration is None and options.validation is None:
         # ORT's MinMax calibrator keeps every activation of every image until the end (its
-        # CalibMaxIntermediateOutputs drops them uncounted in 1.32): ~48 MB an image at 416 px, so
-        # three views of each of the 16 photos, not twelve.
+        # CalibMaxIntermediateOutputs drops them uncounted), and a detector's are large at its input
+        # size: a quarter of the calibration views per photo.
         calib, valid = images.detection_sets(
             shape, max(1, options.calibration_per_photo // 4), options.validation_per_photo, options.seed
         )
@@ -671,11 +671,11 @@ def _quantize_scheme(
 
 
 def _reduce_range(run: _Run, scheme: str) -> bool:
-    """7-bit weights for a detector's CPU variant. On x86-64 without AVX-512 VNNI (this AMD EPYC's
-    AVX2, many edge boxes) ORT's U8S8 kernels add u8 × s8 pairs in int16 and saturate on YOLO's wide
-    activations: YOLOv3-tiny's confident objectness fell from 0.60 to 0.42 on average (0.60 with
-    7-bit weights). The classifier keeps 8 bits: 7 cost EfficientNet-Lite0's depthwise convs its
-    gate (top-1 agreement 85.9 % < 95 %). TensorRT's S8S8 keeps its 8 bits."""
+    """7-bit weights for a detector's CPU variant. On x86-64 without AVX-512 VNNI (AVX2 hosts, many
+    edge boxes) ORT's U8S8 kernels add u8 × s8 pairs in int16 and saturate on YOLO's wide
+    activations: YOLOv3-tiny's confident objectness drops, and 7-bit weights keep it. The classifier
+    keeps 8 bits: 7 cost EfficientNet-Lite0's depthwise convs its gate. TensorRT's S8S8 keeps its
+    8 bits."""
     return run.detector and scheme == "u8s8"
 
 
@@ -744,9 +744,10 @@ _EVALUATED_AS = {
 def _simulated(run: _Run, scheme: str) -> bool:
     """Whether a variant is judged by its QDQ arithmetic in float rather than this host's integer
     kernels. A detector's TensorRT variant: the CPU's S8S8 kernels saturate on this network without
-    AVX-512 VNNI (recall 0.08 here), TensorRT's do not. A classifier's 8-bit CPU variant on a host
-    whose U8S8 kernels saturate (x86-64 without VNNI: EfficientNet-Lite0's top-1 agreement 70.8 %):
-    the devices it is meant for compute it exactly, and the runtime skips it on hosts like this one."""
+    AVX-512 VNNI (its recall collapses), TensorRT's do not. A classifier's 8-bit CPU variant on a host
+    whose U8S8 kernels saturate (x86-64 without VNNI: EfficientNet-Lite0's top-1 agreement falls under
+    the gate): the devices it is meant for compute it exactly, and the runtime skips it on hosts like
+    this one."""
     if scheme == "s8s8":
         return run.detector
     return not _reduce_range(run, scheme) and run.int8_host is not None
