@@ -544,6 +544,112 @@ def _gdk_target(
     return target, gp, target == (project / "greengrass-build").resolve()
 
 
+def _check_sources(
+    project: Path,
+    recipes: Mapping[str, Component],
+    wanted: set[str],
+    *,
+    check_schema: bool,
+    nuclei: Sequence[str],
+) -> None:
+    """Refuse, before anything is written: an unknown component asked for, a recipe file named for
+    another component, one the schema refuses, a missing edgeinfer dependency, any nucleus finding."""
+    unknown = sorted(wanted - set(recipes))
+    if unknown:
+        raise BuildError(f"unknown component {', '.join(unknown)} (recipes: {', '.join(sorted(recipes))})")
+    for comp in recipes.values():
+        if comp.recipe_file.stem != comp.name:
+            raise BuildError(f"{comp.recipe_file}: file name must be {comp.name}{comp.recipe_file.suffix}")
+        if check_schema:
+            errors = validate_recipe(comp.recipe)
+            if errors:
+                raise BuildError(f"{comp.recipe_file}: not a valid Greengrass recipe: {errors[0]}")
+        for dep in comp.dependencies:
+            if dep.startswith("com.edgeinfer.") and dep not in recipes:
+                raise BuildError(f"{comp.recipe_file}: depends on {dep}, which has no recipe in recipes/")
+    refused = [f for check in check_recipes(project, nuclei) for fs in check.findings.values() for f in fs]
+    if refused:
+        more = f"; {len(refused)} findings in all" if len(refused) > 1 else ""
+        raise BuildError(f"{refused[0]}{more} ('edgeinfer build --check' lists them)")
+
+
+def _layout(
+    project: Path,
+    recipes: Mapping[str, Component],
+    wanted: set[str],
+    *,
+    gdk: str | None,
+    gdk_dir: Path | None,
+    out_dir: Path | None,
+) -> tuple[Path, list[Component], dict[str, list[str]]]:
+    """Where the layout goes, the components it holds in dependency order, and each one's recipe
+    file names there."""
+    names: dict[str, list[str]] = {}
+    if gdk:
+        target, gp, whole = _gdk_target(gdk, gdk_dir, out_dir, project, recipes)
+        if whole:
+            # The project root: `gdk component build` has just deleted the whole-bundle layout.
+            # Write it back, with this component's recipe also under the name publish reads.
+            wanted = set()
+            names[gdk] = [f"{gdk}-{recipes[gdk].version}.yaml", gp.build_recipe_name]
+        else:
+            names[gdk] = [gp.build_recipe_name]
+    else:
+        target = (out_dir or project / "greengrass-build").resolve()
+    order = [n for n in dependency_order(recipes) if not wanted or n in wanted]
+    components = [recipes[name] for name in order]
+    for comp in components:
+        names.setdefault(comp.name, [f"{comp.name}-{comp.version}.yaml"])
+    return target, components, names
+
+
+def _needs_wheel(components: Sequence[Component]) -> bool:
+    """Whether a recipe ships the device wheel (an artifact named edgeinfer-*)."""
+    return any(
+        artifact_filename(str(cget(a, "URI") or "")).startswith("edgeinfer-")
+        for comp in components
+        for m in (cget(comp.recipe, "Manifests") or [])
+        for a in (cget(m, "Artifacts") or [])
+    )
+
+
+def _write(
+    project: Path,
+    recipes: Mapping[str, Component],
+    target: Path,
+    components: list[Component],
+    names: Mapping[str, Sequence[str]],
+    *,
+    artifacts: Path,
+    wheelhouse: Path | None,
+    stamp_gdk: bool,
+) -> None:
+    """The artifacts, then the layout; with `stamp_gdk`, the bundle's version into every GDK config."""
+    written = artifacts
+    try:  # an OSError here: an output folder that cannot be created or written
+        check_replaceable(
+            target,
+            "a bundle layout of this project's components",
+            lambda p: _is_layout(p, recipes),
+        )
+        wheel = build_wheel(project) if _needs_wheel(components) else None
+        for comp in components:
+            comp.artifacts = _artifacts_for(comp, artifacts, wheel, wheelhouse)
+        written = target
+        with new_parents(target):
+            _write_layout(target, components, names)
+        if stamp_gdk:  # the GDK publishes the version its gdk-config.json names: the bundle's
+            versions = {c.name: c.version for c in recipes.values()}
+            for file in stamp_gdk_configs(project, versions):
+                log.warning("%s: version set to %s", file, ", ".join(sorted(set(versions.values()))))
+    except OSError as exc:
+        raise BuildError(f"cannot write {written}: {exc.strerror or exc}") from None
+    except BuildError:
+        raise
+    except EdgeinferError as exc:  # the output folder's checks: the bundle's own error type
+        raise BuildError(str(exc)) from None
+
+
 def build_bundle(
     root: Path | None = None,
     *,
@@ -566,68 +672,18 @@ def build_bundle(
     artifacts = (artifacts_dir or project / "artifacts").resolve()
     recipes = load_recipes(project)
     wanted = set(only or ()) | ({gdk} if gdk else set())
-    unknown = sorted(wanted - set(recipes))
-    if unknown:
-        raise BuildError(f"unknown component {', '.join(unknown)} (recipes: {', '.join(sorted(recipes))})")
-    for comp in recipes.values():
-        if comp.recipe_file.stem != comp.name:
-            raise BuildError(f"{comp.recipe_file}: file name must be {comp.name}{comp.recipe_file.suffix}")
-        if check_schema:
-            errors = validate_recipe(comp.recipe)
-            if errors:
-                raise BuildError(f"{comp.recipe_file}: not a valid Greengrass recipe: {errors[0]}")
-        for dep in comp.dependencies:
-            if dep.startswith("com.edgeinfer.") and dep not in recipes:
-                raise BuildError(f"{comp.recipe_file}: depends on {dep}, which has no recipe in recipes/")
-    refused = [f for check in check_recipes(project, nuclei) for fs in check.findings.values() for f in fs]
-    if refused:
-        more = f"; {len(refused)} findings in all" if len(refused) > 1 else ""
-        raise BuildError(f"{refused[0]}{more} ('edgeinfer build --check' lists them)")
-    names: dict[str, list[str]] = {}
-    if gdk:
-        target, gp, whole = _gdk_target(gdk, gdk_dir, out_dir, project, recipes)
-        if whole:
-            # The project root: `gdk component build` has just deleted the whole-bundle layout.
-            # Write it back, with this component's recipe also under the name publish reads.
-            wanted = set()
-            names[gdk] = [f"{gdk}-{recipes[gdk].version}.yaml", gp.build_recipe_name]
-        else:
-            names[gdk] = [gp.build_recipe_name]
-    else:
-        target = (out_dir or project / "greengrass-build").resolve()
-    order = [n for n in dependency_order(recipes) if not wanted or n in wanted]
-    components = [recipes[name] for name in order]
-    for comp in components:
-        names.setdefault(comp.name, [f"{comp.name}-{comp.version}.yaml"])
-    needs_wheel = any(
-        artifact_filename(str(cget(a, "URI") or "")).startswith("edgeinfer-")
-        for n in order
-        for m in (cget(recipes[n].recipe, "Manifests") or [])
-        for a in (cget(m, "Artifacts") or [])
-    )
+    _check_sources(project, recipes, wanted, check_schema=check_schema, nuclei=nuclei)
+    target, components, names = _layout(project, recipes, wanted, gdk=gdk, gdk_dir=gdk_dir, out_dir=out_dir)
     if wheelhouse is not None and not wheelhouse.is_dir():
         raise BuildError(f"wheelhouse {wheelhouse} is not a folder")
-    written = artifacts
-    try:  # an OSError here: an output folder that cannot be created or written
-        check_replaceable(
-            target,
-            "a bundle layout of this project's components",
-            lambda p: _is_layout(p, recipes),
-        )
-        wheel = build_wheel(project) if needs_wheel else None
-        for comp in components:
-            comp.artifacts = _artifacts_for(comp, artifacts, wheel, wheelhouse)
-        written = target
-        with new_parents(target):
-            _write_layout(target, components, names)
-        if not gdk:  # the GDK publishes the version its gdk-config.json names: the bundle's
-            versions = {c.name: c.version for c in recipes.values()}
-            for file in stamp_gdk_configs(project, versions):
-                log.warning("%s: version set to %s", file, ", ".join(sorted(set(versions.values()))))
-    except OSError as exc:
-        raise BuildError(f"cannot write {written}: {exc.strerror or exc}") from None
-    except BuildError:
-        raise
-    except EdgeinferError as exc:  # the output folder's checks: the bundle's own error type
-        raise BuildError(str(exc)) from None
+    _write(
+        project,
+        recipes,
+        target,
+        components,
+        names,
+        artifacts=artifacts,
+        wheelhouse=wheelhouse,
+        stamp_gdk=not gdk,
+    )
     return Bundle(root=project, artifacts_dir=artifacts, out_dir=target, components=components)
