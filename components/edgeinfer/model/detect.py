@@ -29,7 +29,6 @@ from edgeinfer.model.graph import (
     _image_input,
     _onnx,
     bgr_nodes,
-    core_input,
     normalise_nodes,
     splice_input,
 )
@@ -254,8 +253,3 @@ def tail_node_names(model: Any) -> list[str]:
         and all(o in outputs or (consumers.get(o) and all(c in tail for c in consumers[o])) for o in n.output)
     }
     return [n.name for n in model.graph.node if n.name in tail or n.name in heads]
-
-
-def check_core(model: Any) -> tuple[str, list[int | str]]:
-    """The detector's image input, as for a classifier: one float `[N, 3, H, W]`."""
-    return core_input(model)
