@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from edgeinfer.messages import ErrorCode, Request, Result, result_topic
 from edgeinfer.runtime.config import RuntimeConfig
 from edgeinfer.runtime.engine import Engine
-from edgeinfer.runtime.placement import Decision, PlacementContext
+from edgeinfer.runtime.placement import Decision, PlacementContext, PlacementPolicy
 from edgeinfer.runtime.server import InferenceServer
 from edgeinfer.transport import MemoryBus, Message, MqttProperties, Target, UnauthorizedError
 from tests.helpers.clock import FakeClock
@@ -460,7 +460,7 @@ def test_placement_seam_reject_and_cloud(make_engine: Callable[..., Engine]) -> 
     server = InferenceServer(bus, make_engine(cfg), cfg, THING)
     seen: list[PlacementContext] = []
 
-    class Policy:
+    class Policy(PlacementPolicy):
         def decide(self, request: Request, ctx: PlacementContext) -> Decision:
             seen.append(ctx)
             if request.id.startswith("no"):
@@ -897,7 +897,7 @@ def test_shed_requests_cost_no_base64_decode_and_a_bad_one_taken_on_is_bad_image
         assert {codes["run"], *(codes[f"q{i}"] for i in range(cfg.max_queue_size))} == {"ok"}
 
 
-class LagRecorder:
+class LagRecorder(PlacementPolicy):
     """A placement policy that keeps everything on the edge and notes the lag it is shown."""
 
     def __init__(self) -> None:
@@ -1064,7 +1064,7 @@ def test_an_offload_given_up_keeps_its_deadline_and_a_late_cloud_answer_is_not_o
     clock = FakeClock()
     engine = SlowEngine(make_engine(cfg), clock, 0.001)
 
-    class Policy:
+    class Policy(PlacementPolicy):
         def decide(self, request: Request, ctx: PlacementContext) -> Decision:
             return Decision("cloud")
 

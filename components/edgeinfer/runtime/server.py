@@ -36,14 +36,14 @@ queue does not show.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import os
 import queue
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -357,7 +357,8 @@ class InferenceServer:
                 job, ErrorCode.DEADLINE_EXCEEDED, f"the deadline passed {waited_ms:.0f} ms before it arrived"
             )
             # What placement never decides on is the plainest sign of a backlog in front of it.
-            self._placement_hook("on_late_arrival", self._age_ms(req), -waited_ms)
+            with _policy_guard("on_late_arrival"):
+                self.placement.on_late_arrival(self._age_ms(req), -waited_ms)
             return None
         return job
 
@@ -600,7 +601,8 @@ class InferenceServer:
         jobs = [q.item for q in batch]
         with self._engine_lock:
             engine = self.engine
-        self._placement_hook("on_batch_start", len(jobs))
+        with _policy_guard("on_batch_start"):
+            self.placement.on_batch_start(len(jobs))
         start = self.clock()
         try:
             images = np.stack([j.image for j in jobs if j.image is not None])
@@ -620,7 +622,8 @@ class InferenceServer:
             self.timings.execution(n)
         ms = (end - start) * 1000
         self.batcher.observe_run(n, end - start, alone=not lane)
-        self._placement_hook("on_batch_end", n, ms)
+        with _policy_guard("on_batch_end"):
+            self.placement.on_batch_end(n, ms)
         with self._stats_lock:
             self.stats.batches.append(n)
             del self.stats.batches[:-1000]
@@ -695,22 +698,13 @@ class InferenceServer:
     def _cascade(self, job: Job, result: Result) -> bool:
         """Low-confidence cascade: a policy's `cascade(request, local_result, reply)` may hold the
         edge answer and ask the cloud; True means it took over and will call `reply` exactly once."""
-        hook = getattr(self.placement, "cascade", None)
-        if hook is None or self.offloader is None:
+        if self.offloader is None:
             return False
         try:
-            return bool(hook(job.request, result, lambda r: self._replies.put((job, r))))
+            return self.placement.cascade(job.request, result, lambda r: self._replies.put((job, r)))
         except Exception:
             log.exception("placement cascade failed; answering %s from the edge", job.request.id)
             return False
-
-    def _placement_hook(self, name: str, *args: Any) -> None:
-        hook = getattr(self.placement, name, None)
-        if hook is not None:
-            try:
-                hook(*args)
-            except Exception:
-                log.exception("placement hook %s failed", name)
 
     def _decide(self, job: Job) -> Decision:
         try:
@@ -761,6 +755,15 @@ class InferenceServer:
             return list(self.stats.batches)
 
 
+@contextlib.contextmanager
+def _policy_guard(hook: str) -> Iterator[None]:
+    """A placement policy's exception is logged, never raised into serving."""
+    try:
+        yield
+    except Exception:
+        log.exception("placement hook %s failed", hook)
+
+
 class _PlacementFeedback(AnswerHook):
     """The placement policy learns from what the edge really took, in time or not."""
 
@@ -768,4 +771,5 @@ class _PlacementFeedback(AnswerHook):
         self.server = server
 
     def on_answer(self, job: Job, computed: Result, answered: Result) -> None:
-        self.server._placement_hook("on_result", job.request.id, computed)
+        with _policy_guard("on_result"):
+            self.server.placement.on_result(job.request.id, computed)

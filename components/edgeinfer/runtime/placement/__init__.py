@@ -1,7 +1,8 @@
 """Where each request is served: the runtime's placement seam and the hybrid edge/cloud policy.
 
-- `seam`: what the server asks (`PlacementPolicy.decide` → `Decision`, `Offloader.offload`), and the
-  edge-only default;
+- `seam`: what the server asks: `PlacementPolicy`, the base class whose hooks (`decide` → `Decision`,
+  the batch, result and late-arrival feedback, `cascade`) do nothing until a policy overrides them,
+  `Offloader.offload`, and the edge-only default;
 - `config`: the recipe's `placement` object (`OffloadConfig`);
 - `estimators`: least-squares latency models of the engine and of the cloud's round trip;
 - `breaker`: the circuit breaker in front of the cloud;

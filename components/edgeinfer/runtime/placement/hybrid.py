@@ -62,7 +62,7 @@ class _Pending:
     scale: float = 1.0  # from the sent (re-encoded) image's pixels to the request's own
 
 
-class HybridPlacement:
+class HybridPlacement(PlacementPolicy):
     """Fills the runtime's placement seam (`edgeinfer.runtime.placement`) with `PlacementPolicy`.
 
     It is both the seam's `PlacementPolicy` (`decide`) and its `Offloader` (`offload`): wire it with

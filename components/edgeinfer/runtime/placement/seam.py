@@ -1,9 +1,11 @@
 """The placement seam: one decision per request — run it on the edge, hand it to the cloud, or refuse it.
 
-The server asks `PlacementPolicy.decide(request, ctx)` once per accepted request, before any decode
-work is spent on it, and acts on the `Decision`:
+`PlacementPolicy` is the base class a policy subclasses; each hook has a no-op default, so a policy
+overrides only what it needs and the server calls each one directly. The server asks
+`decide(request, ctx)` once per accepted request, before any decode work is spent on it, and acts on
+the `Decision`:
 
-- `edge` (the default `EdgeOnly` policy, for everything): decode, batch and run here;
+- `edge` (the base's answer, and `EdgeOnly`'s for everything): decode, batch and run here;
 - `cloud`: `Offloader.offload(request, ctx, reply)` takes the request (e.g. publishes it on
   `edgeinfer/{thing}/offload`) and **must call `reply(result)` exactly once** — with the cloud's result
   (`placement="cloud"`) or with an error result of its own (e.g. DEADLINE_EXCEEDED when the cloud does
@@ -11,18 +13,17 @@ work is spent on it, and acts on the `Decision`:
   records the timing; a second call is ignored. Without an offloader, `cloud` runs on the edge;
 - `reject`: answered at once with `decision.code` (e.g. OVERLOADED) and `decision.reason`.
 
-A policy may also define `on_batch_start(batch_size)` and `on_batch_end(batch_size, compute_ms)`,
-which the engine thread calls around every batch, `on_result(request_id, result)`, called with
-every result the server publishes, and `on_late_arrival(age_ms, left_ms)`, called for a request
-answered DEADLINE_EXCEEDED on arrival, before any decision (`age_ms`: since its sending, None when it
-did not say; `left_ms`: 0 or less) — what `decide` never sees of a backlog upstream. They must be
-quick and must not raise. With an offloader set,
-`cascade(request, edge_result, reply) -> bool` is asked about every edge answer: True means the policy
-holds that answer, asks the cloud, and calls `reply` exactly once (with the cloud's or the held one).
+What the policy learns from the runtime: `on_batch_start` / `on_batch_end` around every batch (on the
+engine thread), `on_result` with every result the server publishes, and `on_late_arrival` for a
+request answered DEADLINE_EXCEEDED on arrival, before any decision — what `decide` never sees of a
+backlog upstream. With an offloader set, `cascade(request, edge_result, reply)` is asked about every
+edge answer: True means the policy holds that answer, asks the cloud, and calls `reply` exactly once
+(with the cloud's or the held one).
 
-`decide` runs on the transport thread: it must be quick and must not raise (an exception counts as
-`edge`). `HybridPlacement` (`edgeinfer.runtime.placement.hybrid`) fills this seam; the component wires
-it with `InferenceServer(..., placement=..., offloader=...)` or `server.set_placement(policy, offloader)`.
+Every hook runs on a serving thread: it must be quick. One that raises is logged and counts as the
+default (`decide`: `edge`; `cascade`: False); serving goes on. `HybridPlacement`
+(`edgeinfer.runtime.placement.hybrid`) fills this seam; the component wires it with
+`InferenceServer(..., placement=..., offloader=...)` or `server.set_placement(policy, offloader)`.
 """
 
 from __future__ import annotations
@@ -84,16 +85,34 @@ class PlacementContext:
     local: Callable[[], None] | None = None
 
 
-class PlacementPolicy(Protocol):
-    def decide(self, request: Request, ctx: PlacementContext) -> Decision: ...
+class PlacementPolicy:
+    """Where each request is served, and what the policy learns from serving. Every hook is a no-op
+    here (`decide`: the edge; `cascade`: no)."""
+
+    def decide(self, request: Request, ctx: PlacementContext) -> Decision:
+        return EDGE
+
+    def on_batch_start(self, batch_size: int) -> None:
+        """A batch of `batch_size` starts on the engine."""
+
+    def on_batch_end(self, batch_size: int, compute_ms: float) -> None:
+        """That batch took `compute_ms` on the engine."""
+
+    def on_result(self, request_id: str | None, result: Result) -> None:
+        """Every result the server publishes, as computed (before a late or too-large substitution)."""
+
+    def on_late_arrival(self, age_ms: float | None, left_ms: float) -> None:
+        """A request answered DEADLINE_EXCEEDED on arrival (`age_ms`: since its sending, None when it
+        did not say; `left_ms`: 0 or less)."""
+
+    def cascade(self, request: Request, result: Result, reply: Reply) -> bool:
+        """With an offloader: True takes over the edge answer `result`; `reply` then gets exactly one."""
+        return False
 
 
 class Offloader(Protocol):
     def offload(self, request: Request, ctx: PlacementContext, reply: Reply) -> None: ...
 
 
-class EdgeOnly:
+class EdgeOnly(PlacementPolicy):
     """Everything on the edge (the default until the hybrid router configures a policy)."""
-
-    def decide(self, request: Request, ctx: PlacementContext) -> Decision:
-        return EDGE
