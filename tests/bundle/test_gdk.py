@@ -153,10 +153,40 @@ def test_gdk_at_the_root_leaves_the_whole_bundle_layout(
     gdk = Gdk(project)
     gdk.build(lambda command, cwd: edgeinfer_runs(command, cwd, monkeypatch))
     after = sorted(p.relative_to(project / BUILD).as_posix() for p in (project / BUILD).rglob("*"))
-    assert sorted(set(after) - set(before)) == ["recipes/com.edgeinfer.InferenceRuntime.yaml"]
-    assert set(before) <= set(after)
+    assert "recipes/com.edgeinfer.InferenceRuntime.yaml" in before  # the plain build keeps it too
+    assert after == before
     gdk.publish()  # its output keeps the bundle's file name for the component
     assert (project / BUILD / "recipes" / f"com.edgeinfer.InferenceRuntime-{__version__}.yaml").is_file()
+
+
+def test_a_bare_publish_after_a_plain_build_at_the_root_finds_its_component_built(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gdk = Gdk(project)
+    gdk.build(lambda command, cwd: edgeinfer_runs(command, cwd, monkeypatch))
+    edgeinfer_runs(["edgeinfer", "build"], project, monkeypatch)
+    recipes = project / BUILD / "recipes"
+    gdk_named = recipes / "com.edgeinfer.InferenceRuntime.yaml"
+    assert (
+        gdk_named.read_bytes()
+        == (recipes / f"com.edgeinfer.InferenceRuntime-{__version__}.yaml").read_bytes()
+    )
+    published = gdk.publish()  # GDK: "the component is not built" if the recipe were not there
+    assert published.recipe["ComponentName"] == "com.edgeinfer.InferenceRuntime"
+    assert published.recipe["ComponentVersion"] == __version__
+
+
+def test_a_plain_build_elsewhere_or_of_other_components_writes_only_the_bundles_names(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    edgeinfer_runs(["edgeinfer", "build", "--out", "elsewhere"], project, monkeypatch)
+    assert "com.edgeinfer.InferenceRuntime.yaml" not in {
+        p.name for p in (project / "elsewhere" / "recipes").iterdir()
+    }
+    edgeinfer_runs(["edgeinfer", "build", "--component", "com.edgeinfer.Telemetry"], project, monkeypatch)
+    assert sorted(p.name for p in (project / BUILD / "recipes").iterdir()) == [
+        f"com.edgeinfer.Telemetry-{__version__}.yaml"
+    ]
 
 
 def test_a_component_folder_holds_only_its_component(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:

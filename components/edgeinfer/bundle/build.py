@@ -596,11 +596,27 @@ def _layout(
             names[gdk] = [gp.build_recipe_name]
     else:
         target = (out_dir or project / "greengrass-build").resolve()
+        names.update(_root_gdk_names(project, target, recipes, wanted))
     order = [n for n in dependency_order(recipes) if not wanted or n in wanted]
     components = [recipes[name] for name in order]
     for comp in components:
         names.setdefault(comp.name, [f"{comp.name}-{comp.version}.yaml"])
     return target, components, names
+
+
+def _root_gdk_names(
+    project: Path, target: Path, recipes: Mapping[str, Component], wanted: set[str]
+) -> dict[str, list[str]]:
+    """A plain build into the root's greengrass-build/ keeps the recipe of the root's GDK component
+    under the name `gdk component publish` reads there (the recipe.yaml link's target's file name),
+    so a bare publish after it finds its component built, as after `gdk component build`."""
+    if target != (project / "greengrass-build").resolve() or not (project / GDK_CONFIG).is_file():
+        return {}
+    gp = gdk_project(project)
+    comp = recipes.get(gp.component)
+    if comp is None or (wanted and comp.name not in wanted):
+        return {}
+    return {comp.name: list(dict.fromkeys([f"{comp.name}-{comp.version}.yaml", gp.build_recipe_name]))}
 
 
 def _needs_wheel(components: Sequence[Component]) -> bool:
