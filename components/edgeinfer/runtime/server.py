@@ -1,36 +1,24 @@
-"""The request pipeline: bus → parse → placement → decode pool → dynamic batcher → engine → reply.
+"""The request pipeline: read → admit → decide → serve (decode pool → dynamic batcher → engine) → answer.
 
-Threads: the transport calls `handle_message` (parse and admit, never raises); `decode_threads`
-workers decode while the engine thread runs the previous batch (double buffering); one reply thread
-does top-k-to-JSON and publishes, so the engine never waits on the bus; timings go out on their own
-thread. Run to completion when there is nothing to overlap: a request that finds the runtime idle is
-decoded, run and answered on the transport's thread (`runInlineWhenIdle`) — each hand-off saved is
-~0.2-0.3 ms on a small core. Under load the CPU runs up to `lanes` batches at once, one
-engine thread and one single-thread ORT run each (see `Engine.run(lane=True)`). Every accepted
-request gets exactly one result: ok, or an error with a stable code — guarded by `Job.answered`, so
-no path can answer twice. Over 500 lines because it is that one pipeline: every path a request can
-take, and the exactly-once answer on each, is read in one class.
+`handle_message` (the transport's callback, never raises) reads the message (`runtime.inbound`: the
+request, where it is answered, its deadline and defaults, or a refusal), admits it (a model served
+here, an allowed image path, a deadline not already passed upstream), asks the placement policy
+(`runtime.placement`: edge, cloud or reject) and serves it. Every answer, accepted or refused, goes
+through `runtime.answer`: exactly once, late and too-large substitutions, the format, publishing and
+the timing record.
 
-Results go to `reply_to` (when `replyToTopics` allows it) or `edgeinfer/{thing}/result`, on the bus
-the request came from (local pub/sub or IoT Core). A `reply_to` outside the allowed topics, or one the
-nucleus refuses at publish time, gets a BAD_REQUEST result on the default topic instead.
+Threads: `decode_threads` workers decode while an engine thread runs the previous batch; one reply
+thread answers, so the engine never waits on the bus. A request that finds the runtime idle is
+decoded, run and answered on the transport's thread (`runInlineWhenIdle`): there is nothing to
+overlap, so a hand-off only costs. Under load the CPU runs up to `lanes` batches at once, one engine
+thread and one single-thread ORT run each (see `Engine.run(lane=True)`).
 
-On IoT Core, MQTT 5's request/response works beside the JSON contract: the payload may be the image
-itself (`content_type` image/jpeg or image/png, parameters in user properties), and a request with a
-response topic (and no `reply_to`) is answered there, with its correlation data. A result that would
-not fit through IoT Core (`IOT_CORE_MAX_BYTES`) is answered TOO_LARGE instead.
-
-Deadlines count from when the request was sent, when it says (`sent_at`, `deadline_at`, or MQTT 5's
-message expiry, which the broker counts down while it holds the message): a request that waited
-upstream past its budget is answered DEADLINE_EXCEEDED on arrival, before any work is spent on it,
-and so is one, at admission, with less time left than the full batches ahead of it take
-(`admitByDeadline`), and in the queue, one whose batch would end after its deadline (the batcher's
-expected run time). A result ready after its deadline is answered DEADLINE_EXCEEDED, never `ok`.
-What is answered on arrival or refused at admission is answered on the cheap
-fields alone: a JSON request's image is cut out of the payload unparsed (`read_request`) and its
-base64 decoded only once the request is taken on. How late requests arrive (and those answered on
-arrival) reaches the placement policy: the sign of a backlog in front of the runtime that its own
-queue does not show.
+Deadlines count from when the request was sent, when it says: a request is answered DEADLINE_EXCEEDED
+on arrival when its budget was spent upstream, at admission when the full batches ahead take longer
+than it has left (`admitByDeadline`), in the queue when its batch would end too late, and in place
+of a result ready after it. What is answered before decode costs no base64 decode (the image stays
+encoded until the request is taken on). How late requests arrive reaches the placement policy: the
+sign of a backlog in front of the runtime that its own queue does not show.
 """
 
 from __future__ import annotations
@@ -87,10 +75,9 @@ from edgeinfer.transport import (
 
 log = logging.getLogger(__name__)
 
-# A message handled sooner than this after the previous one returned was queued behind it. The
-# transport's own decoding of the next message (~0.1-0.2 ms for a request-sized one here) falls
-# inside the gap; 1 ms leaves room for a slower core, and a closed loop's next request comes
-# ≥ 2 ms later (two IPC hops and the client).
+# A message handled sooner than this after the previous one returned was queued behind it: the
+# transport's own decoding of the next message falls inside the gap, and a closed loop's next request
+# comes later than this (two IPC hops and the client).
 BACKLOG_GAP_S = 0.001
 
 
@@ -304,7 +291,7 @@ class InferenceServer:
     # ------------------------------------------------------------------------------------- requests
 
     def handle_message(self, msg: Message) -> None:
-        """Transport callback: parse, check, decide placement, admit. Never raises. With
+        """Transport callback: read, admit, decide, serve (`_handle`). Never raises. With
         `runInlineWhenIdle`, a request that finds the runtime idle is run to completion here (the
         transport's thread then reads nothing else for one inference; under load it only admits)."""
         try:
@@ -312,7 +299,7 @@ class InferenceServer:
         except Exception:  # the last line of defence: still one answer, and keep serving
             log.exception("unexpected error handling a message on %s", msg.topic)
             where = ReplyTarget(result_topic(self.thing), msg.target)
-            self._refuse(Refusal(ErrorCode.INTERNAL, "internal error", None, where), self.clock())
+            self.answers.refuse(Refusal(ErrorCode.INTERNAL, "internal error", None, where), self.clock())
         finally:
             self._handled_at = self.clock()
 
@@ -323,7 +310,7 @@ class InferenceServer:
             self.stats.received += 1
         read = read_message(msg, self.cfg, self.thing)
         if isinstance(read, Refusal):
-            self._refuse(read, arrived)
+            self.answers.refuse(read, arrived)
             return
         job = self._admit(read, arrived)
         if job is None:
@@ -338,7 +325,7 @@ class InferenceServer:
         req = read.request
         why = self._not_served_here(req)
         if why is not None:
-            self._refuse(Refusal(ErrorCode.BAD_REQUEST, why, req.id, read.reply), arrived)
+            self.answers.refuse(Refusal(ErrorCode.BAD_REQUEST, why, req.id, read.reply), arrived)
             return None
         job = Job(
             request=req,
@@ -684,9 +671,6 @@ class InferenceServer:
     def _fail(self, job: Job, code: ErrorCode, message: str) -> None:
         engine = self.engine
         self.answers.fail(job, code, message, model=engine.model_ref, provider=engine.provider)
-
-    def _refuse(self, refusal: Refusal, arrived: float) -> None:
-        self.answers.refuse(refusal, arrived)
 
     def _reply_offloaded(self, job: Job, result: Result) -> None:
         if result.id is None:
