@@ -30,6 +30,7 @@ import math
 import re
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from edgeinfer.errors import EdgeinferError
@@ -183,55 +184,99 @@ def _read_dataclass(
 
 
 def _coerce(tp: Any, raw: Any, path: str, component: str, problems: list[tuple[str, str]]) -> Any:
-    def bad(reason: str) -> _Bad:
-        problems.append((path, reason))
-        return _BAD
-
+    """`raw` as type `tp`, or _BAD with the reason added to `problems`; one reader per kind of type."""
     if tp is Any:
         return raw
-    origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        doc = _json_container(raw, dict)
-        if not isinstance(doc, Mapping):
-            return bad(f"must be a map, got {_show(raw)}")
-        return _read_dataclass(tp, doc, path, component, problems)
+        return _coerce_dataclass(tp, raw, path, component, problems)
+    origin = typing.get_origin(tp)
     if origin is list:
-        (item,) = typing.get_args(tp) or (Any,)
-        items = _json_container(raw, list)
-        if not isinstance(items, list):
-            return bad(f"must be a list, got {_show(raw)}")
-        out = [_coerce(item, v, f"{path}[{i}]", component, problems) for i, v in enumerate(items)]
-        return _BAD if any(v is _BAD for v in out) else out
+        return _coerce_list(tp, raw, path, component, problems)
     if origin is dict:
-        _, item = typing.get_args(tp) or (str, Any)
-        doc = _json_container(raw, dict)
-        if not isinstance(doc, Mapping):
-            return bad(f"must be a map, got {_show(raw)}")
-        out_map = {str(k): _coerce(item, v, f"{path}.{k}", component, problems) for k, v in doc.items()}
-        return _BAD if any(v is _BAD for v in out_map.values()) else out_map
-    if tp is bool:
-        if isinstance(raw, bool):
-            return raw
-        if isinstance(raw, str) and raw.strip().lower() in ("true", "false"):
-            return raw.strip().lower() == "true"
-        return bad(f"must be true or false, got {_show(raw)}")
-    if tp is int:
-        number = _number(raw)
-        if number is None or not float(number).is_integer():
-            return bad(f"must be an integer, got {_show(raw)}")
-        return int(number)
-    if tp is float:
-        number = _number(raw)
-        if number is None:
-            return bad(f"must be a number, got {_show(raw)}")
-        return float(number)
-    if tp is str:
-        if isinstance(raw, str):
-            return raw
-        if isinstance(raw, int) and not isinstance(raw, bool):
-            return str(raw)  # `cudaMajors: [12]` written without quotes
-        return bad(f"must be a string, got {_show(raw)}")
-    raise TypeError(f"{path}: the reader does not handle {tp!r}")  # pragma: no cover - a coding error
+        return _coerce_dict(tp, raw, path, component, problems)
+    scalar = _SCALARS.get(tp)
+    if scalar is None:
+        raise TypeError(f"{path}: the reader does not handle {tp!r}")  # pragma: no cover - a coding error
+    value = scalar(raw)
+    if isinstance(value, _Refused):
+        problems.append((path, value.reason))
+        return _BAD
+    return value
+
+
+@dataclass(frozen=True)
+class _Refused:
+    """What a scalar reader answers for a value it cannot read: the reason."""
+
+    reason: str
+
+
+def _coerce_dataclass(
+    tp: type[Any], raw: Any, path: str, component: str, problems: list[tuple[str, str]]
+) -> Any:
+    doc = _json_container(raw, dict)
+    if not isinstance(doc, Mapping):
+        problems.append((path, f"must be a map, got {_show(raw)}"))
+        return _BAD
+    return _read_dataclass(tp, doc, path, component, problems)
+
+
+def _coerce_list(tp: Any, raw: Any, path: str, component: str, problems: list[tuple[str, str]]) -> Any:
+    (item,) = typing.get_args(tp) or (Any,)
+    items = _json_container(raw, list)
+    if not isinstance(items, list):
+        problems.append((path, f"must be a list, got {_show(raw)}"))
+        return _BAD
+    out = [_coerce(item, v, f"{path}[{i}]", component, problems) for i, v in enumerate(items)]
+    return _BAD if any(v is _BAD for v in out) else out
+
+
+def _coerce_dict(tp: Any, raw: Any, path: str, component: str, problems: list[tuple[str, str]]) -> Any:
+    _, item = typing.get_args(tp) or (str, Any)
+    doc = _json_container(raw, dict)
+    if not isinstance(doc, Mapping):
+        problems.append((path, f"must be a map, got {_show(raw)}"))
+        return _BAD
+    out = {str(k): _coerce(item, v, f"{path}.{k}", component, problems) for k, v in doc.items()}
+    return _BAD if any(v is _BAD for v in out.values()) else out
+
+
+def _read_bool(raw: Any) -> bool | _Refused:
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str) and raw.strip().lower() in ("true", "false"):
+        return raw.strip().lower() == "true"
+    return _Refused(f"must be true or false, got {_show(raw)}")
+
+
+def _read_int(raw: Any) -> int | _Refused:
+    number = _number(raw)
+    if number is None or not float(number).is_integer():
+        return _Refused(f"must be an integer, got {_show(raw)}")
+    return int(number)
+
+
+def _read_float(raw: Any) -> float | _Refused:
+    number = _number(raw)
+    if number is None:
+        return _Refused(f"must be a number, got {_show(raw)}")
+    return float(number)
+
+
+def _read_str(raw: Any) -> str | _Refused:
+    if isinstance(raw, str):
+        return raw
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return str(raw)  # `cudaMajors: [12]` written without quotes
+    return _Refused(f"must be a string, got {_show(raw)}")
+
+
+_SCALARS: dict[Any, Callable[[Any], Any]] = {
+    bool: _read_bool,
+    int: _read_int,
+    float: _read_float,
+    str: _read_str,
+}
 
 
 def _number(raw: Any) -> float | int | None:

@@ -11,7 +11,7 @@ with the line and the reason, what a nucleus would refuse or run differently.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -292,6 +292,40 @@ def _key(mapping: Any, name: str) -> str | None:
 
 _VAR_RE = re.compile(r"\{([A-Za-z0-9_.\-]+):([^{}\s]*)\}")
 _OWN_NAMESPACES = ("artifacts", "configuration", "work", "kernel", "iot")
+_STEP_KEYS = {k.lower(): k for k in ("Script", "Setenv", "Timeout", "RequiresPrivilege", "SkipIf")}
+# What nucleus lite's recipe runner substitutes (any other {type:arg} fails the step).
+_LITE_VARIABLES = frozenset(
+    {"kernel:rootPath", "iot:thingName", "work:path", "artifacts:path", "artifacts:decompressedPath"}
+)
+
+# A rule's findings: (place in the recipe, reason), in the order the rule meets them.
+_Found = Iterator[tuple[_Path, str]]
+
+
+@dataclass(frozen=True)
+class _Subject:
+    """The recipe every rule reads, and the nucleus it is read for."""
+
+    raw: Mapping[str, Any]
+    prof: NucleusProfile
+    bundle: Mapping[str, RecipeSource]
+    defaults: Any  # ComponentConfiguration.DefaultConfiguration
+    deps_key: str | None  # ComponentDependencies as spelled
+    deps: Any
+
+
+@dataclass(frozen=True)
+class _Manifest:
+    path: _Path  # ("Manifests", i)
+    platform_key: str | None  # Platform as spelled
+    platform: Any
+
+
+@dataclass(frozen=True)
+class _Lifecycle:
+    path: _Path  # ("Manifests", i, "Lifecycle")
+    value: Any
+    steps: dict[str, tuple[str, Any]]  # lower-case step → (key as spelled, value); the last one wins
 
 
 def check_recipe(
@@ -308,125 +342,200 @@ def check_recipe(
     ("Manifests[0].Lifecycle.Install") and a one-line reason; `str(finding)` is
     "file:line: field: reason (nucleus lite)". An unreadable file raises RecipeError. This signature
     is stable: `edgeinfer build --check` is built on it.
+
+    Each rule is a small function listed in RECIPE_RULES (the manifest's in MANIFEST_RULES, the
+    lifecycle's in LIFECYCLE_RULES, one step's in STEP_RULES); findings on one line keep the order
+    the tables give them.
     """
     prof = profile(nucleus)
     if isinstance(recipe, Path):
         raw, file = read_recipe(recipe), recipe
     else:
         raw, file = recipe.raw, recipe.file
-    lines = _lines(file)
-    found: list[tuple[_Path, str]] = []
-
-    def add(path: _Path, reason: str) -> None:
-        found.append((path, reason))
-
-    ctype_key = _key(raw, "ComponentType")
-    ctype = str(raw[ctype_key]) if ctype_key else "aws.greengrass.generic"
-    if ctype not in prof.component_types:
-        add((ctype_key or "ComponentType",), f"{ctype} components are not supported")
-
-    defaults = cget(cget(raw, "ComponentConfiguration"), "DefaultConfiguration") or {}
-
     deps_key = _key(raw, "ComponentDependencies")
-    deps = raw.get(deps_key) if deps_key else None
-
-    man_key = _key(raw, "Manifests")
-    manifests = raw.get(man_key) if man_key else None
-    for i, manifest in enumerate(manifests if isinstance(manifests, list) else []):
-        base: _Path = (man_key or "Manifests", i)
-        plat_key = _key(manifest, "Platform")
-        plat = manifest.get(plat_key) if plat_key else None
-        if not manifest_selectable(plat, prof):
-            add(
-                (*base, plat_key) if plat_key else base,
-                f'skipped: Platform has no runtime "*" or "{prof.runtime}" ("No lifecycle was found")',
-            )
-        if not prof.platform_regex:
-            for k, v in _items(plat):
-                text = str(v)
-                if len(text) > 1 and text.startswith("/") and text.endswith("/"):
-                    add((*base, plat_key or "Platform", k), f"regular expressions are not supported ({text})")
-        lc_key = _key(manifest, "Lifecycle")
-        if lc_key is None:
-            continue
-        lifecycle = manifest[lc_key]
-        lc_path: _Path = (*base, lc_key)
-        steps = {k.lower(): (k, v) for k, v in _items(lifecycle)}
-        if prof.lifecycle_keys_lower_case_only:
-            for k, _ in _items(lifecycle):
-                if k.lower() in STEPS and k.lower() != "setenv" and k != k.lower():
-                    add((*lc_path, k), f"lifecycle keys are read in lower case only: {k} is not seen")
-        if prof.step_keys_case_sensitive:
-            for k, v in _items(lifecycle):
-                if k.lower() == "setenv" and k != "Setenv":
-                    add((*lc_path, k), f"read only as Setenv: {k} is not seen")
-                for sk, _ in _items(v) if k.lower() != "setenv" else ():
-                    spelled = _STEP_KEYS.get(sk.lower())
-                    if spelled is not None and sk != spelled:
-                        add((*lc_path, k, sk), f"read only as {spelled}: {sk} is not seen")
-        seen_steps = {
-            k.lower()
-            for k, _ in _items(lifecycle)
-            if k.lower() != "setenv" and (k == k.lower() or not prof.lifecycle_keys_lower_case_only)
-        }
-        written_steps = set(steps) - {"setenv"}
-        if not prof.artifacts_only_supported and not written_steps:
-            add(
-                lc_path,
-                "a component without a lifecycle step is not supported: it never reaches FINISHED "
-                "and the deployment reports FAILED",
-            )
-        for step in sorted(seen_steps - prof.steps):
-            add((*lc_path, steps[step][0]), f"the {step} step is not run")
-        for step, (k, value) in steps.items():
-            if step == "setenv":
-                continue
-            if isinstance(value, Mapping) and prof.name == "lite" and _key(value, "SkipIf") is not None:
-                add((*lc_path, k, str(_key(value, "SkipIf"))), "SkipIf is not supported")
-            texts: list[tuple[_Path, str]] = []
-            if isinstance(value, str):
-                texts.append(((*lc_path, k), value))
-            elif isinstance(value, Mapping):
-                for sk, sv in _items(value):
-                    if sk.lower() == "script":
-                        texts.append(((*lc_path, k, sk), str(sv)))
-            for path, text in texts:
-                for m in _VAR_RE.finditer(text):
-                    _check_variable(m=m, path=path, prof=prof, defaults=defaults, deps=deps, raw=raw, add=add)
-                if prof.script_braces_are_variables:
-                    for brace in _not_variables(text):
-                        add(
-                            path,
-                            f"{brace}: every {{ of a script starts a recipe variable here: the step fails",
-                        )
-
-    if deps_key and isinstance(deps, Mapping) and prof.hard_dependency_needs_running_unit and bundle:
-        for dep_name, spec in deps.items():
-            dtype = str(cget(spec, "DependencyType", "HARD")).upper()
-            other = bundle.get(str(dep_name))
-            if dtype == "HARD" and other is not None and not _has_running_unit(other.raw, prof):
-                add(
-                    (deps_key, str(dep_name)),
-                    f"HARD dependency on {dep_name}, which has no run or startup step: the dependant never "
-                    "starts (systemd BindsTo=); make it SOFT",
-                )
-
-    def line_of(path: _Path) -> int:
-        while path:
-            if path in lines:
-                return lines[path]
-            path = path[:-1]
-        return 0
-
-    out = [Finding(file, line_of(p), _field(p), reason, prof.name) for p, reason in found]
+    subject = _Subject(
+        raw=raw,
+        prof=prof,
+        bundle=bundle or {},
+        defaults=cget(cget(raw, "ComponentConfiguration"), "DefaultConfiguration") or {},
+        deps_key=deps_key,
+        deps=raw.get(deps_key) if deps_key else None,
+    )
+    found = [item for rule in RECIPE_RULES for item in rule(subject)]
+    lines = _lines(file)
+    out = [Finding(file, _line_of(lines, p), _field(p), reason, prof.name) for p, reason in found]
     return sorted(out, key=lambda f: f.line)
 
 
-_STEP_KEYS = {k.lower(): k for k in ("Script", "Setenv", "Timeout", "RequiresPrivilege", "SkipIf")}
-# What nucleus lite's recipe runner substitutes (any other {type:arg} fails the step).
-_LITE_VARIABLES = frozenset(
-    {"kernel:rootPath", "iot:thingName", "work:path", "artifacts:path", "artifacts:decompressedPath"}
+def _line_of(lines: Mapping[_Path, int], path: _Path) -> int:
+    """The line of `path`, else of the nearest enclosing place written in the file; 0 for none."""
+    while path:
+        if path in lines:
+            return lines[path]
+        path = path[:-1]
+    return 0
+
+
+# ------------------------------------------------------------------------------- the recipe's rules
+
+
+def _component_type(s: _Subject) -> _Found:
+    ctype_key = _key(s.raw, "ComponentType")
+    ctype = str(s.raw[ctype_key]) if ctype_key else "aws.greengrass.generic"
+    if ctype not in s.prof.component_types:
+        yield (ctype_key or "ComponentType",), f"{ctype} components are not supported"
+
+
+def _manifests(s: _Subject) -> _Found:
+    """Every manifest through MANIFEST_RULES, and its Lifecycle (where it has one) through
+    LIFECYCLE_RULES."""
+    man_key = _key(s.raw, "Manifests")
+    manifests = s.raw.get(man_key) if man_key else None
+    for i, manifest in enumerate(manifests if isinstance(manifests, list) else []):
+        plat_key = _key(manifest, "Platform")
+        m = _Manifest((man_key or "Manifests", i), plat_key, manifest.get(plat_key) if plat_key else None)
+        for manifest_rule in MANIFEST_RULES:
+            yield from manifest_rule(s, m)
+        lc_key = _key(manifest, "Lifecycle")
+        if lc_key is None:
+            continue
+        value = manifest[lc_key]
+        lc = _Lifecycle((*m.path, lc_key), value, {k.lower(): (k, v) for k, v in _items(value)})
+        for lifecycle_rule in LIFECYCLE_RULES:
+            yield from lifecycle_rule(s, lc)
+
+
+def _hard_dependency_on_install_only(s: _Subject) -> _Found:
+    if not (s.deps_key and isinstance(s.deps, Mapping) and s.prof.hard_dependency_needs_running_unit):
+        return
+    for dep_name, spec in s.deps.items():
+        dtype = str(cget(spec, "DependencyType", "HARD")).upper()
+        other = s.bundle.get(str(dep_name))
+        if dtype == "HARD" and other is not None and not _has_running_unit(other.raw, s.prof):
+            yield (
+                (s.deps_key, str(dep_name)),
+                f"HARD dependency on {dep_name}, which has no run or startup step: the dependant never "
+                "starts (systemd BindsTo=); make it SOFT",
+            )
+
+
+# ----------------------------------------------------------------------------- a manifest's rules
+
+
+def _runtime_selectable(s: _Subject, m: _Manifest) -> _Found:
+    if not manifest_selectable(m.platform, s.prof):
+        yield (
+            (*m.path, m.platform_key) if m.platform_key else m.path,
+            f'skipped: Platform has no runtime "*" or "{s.prof.runtime}" ("No lifecycle was found")',
+        )
+
+
+def _platform_regex(s: _Subject, m: _Manifest) -> _Found:
+    if s.prof.platform_regex:
+        return
+    for k, v in _items(m.platform):
+        text = str(v)
+        if len(text) > 1 and text.startswith("/") and text.endswith("/"):
+            yield (
+                (*m.path, m.platform_key or "Platform", k),
+                f"regular expressions are not supported ({text})",
+            )
+
+
+# ---------------------------------------------------------------------------- a lifecycle's rules
+
+
+def _lower_case_steps(s: _Subject, lc: _Lifecycle) -> _Found:
+    if not s.prof.lifecycle_keys_lower_case_only:
+        return
+    for k, _ in _items(lc.value):
+        if k.lower() in STEPS and k.lower() != "setenv" and k != k.lower():
+            yield (*lc.path, k), f"lifecycle keys are read in lower case only: {k} is not seen"
+
+
+def _step_key_spelling(s: _Subject, lc: _Lifecycle) -> _Found:
+    if not s.prof.step_keys_case_sensitive:
+        return
+    for k, v in _items(lc.value):
+        if k.lower() == "setenv":
+            if k != "Setenv":
+                yield (*lc.path, k), f"read only as Setenv: {k} is not seen"
+            continue
+        for sk, _ in _items(v):
+            spelled = _STEP_KEYS.get(sk.lower())
+            if spelled is not None and sk != spelled:
+                yield (*lc.path, k, sk), f"read only as {spelled}: {sk} is not seen"
+
+
+def _no_lifecycle_step(s: _Subject, lc: _Lifecycle) -> _Found:
+    if not s.prof.artifacts_only_supported and not set(lc.steps) - {"setenv"}:
+        yield (
+            lc.path,
+            "a component without a lifecycle step is not supported: it never reaches FINISHED "
+            "and the deployment reports FAILED",
+        )
+
+
+def _steps_not_run(s: _Subject, lc: _Lifecycle) -> _Found:
+    seen_steps = {
+        k.lower()
+        for k, _ in _items(lc.value)
+        if k.lower() != "setenv" and (k == k.lower() or not s.prof.lifecycle_keys_lower_case_only)
+    }
+    for step in sorted(seen_steps - s.prof.steps):
+        yield (*lc.path, lc.steps[step][0]), f"the {step} step is not run"
+
+
+def _each_step(s: _Subject, lc: _Lifecycle) -> _Found:
+    """Every step but Setenv through STEP_RULES."""
+    for step, (k, value) in lc.steps.items():
+        if step == "setenv":
+            continue
+        for step_rule in STEP_RULES:
+            yield from step_rule(s, (*lc.path, k), value)
+
+
+# ---------------------------------------------------------------------------------- a step's rules
+
+
+def _skip_if(s: _Subject, path: _Path, value: Any) -> _Found:
+    skip_if = _key(value, "SkipIf") if isinstance(value, Mapping) else None
+    if s.prof.name == "lite" and skip_if is not None:
+        yield (*path, skip_if), "SkipIf is not supported"
+
+
+def _script_variables(s: _Subject, path: _Path, value: Any) -> _Found:
+    """The recipe variables of the step's script, and (nucleus lite) every `{` that is none."""
+    texts: list[tuple[_Path, str]] = []
+    if isinstance(value, str):
+        texts.append((path, value))
+    elif isinstance(value, Mapping):
+        texts += [((*path, sk), str(sv)) for sk, sv in _items(value) if sk.lower() == "script"]
+    for text_path, text in texts:
+        for m in _VAR_RE.finditer(text):
+            yield from _variable(s, text_path, m)
+        if s.prof.script_braces_are_variables:
+            for brace in _not_variables(text):
+                yield (
+                    text_path,
+                    f"{brace}: every {{ of a script starts a recipe variable here: the step fails",
+                )
+
+
+RECIPE_RULES: tuple[Callable[[_Subject], _Found], ...] = (
+    _component_type,
+    _manifests,
+    _hard_dependency_on_install_only,
 )
+MANIFEST_RULES: tuple[Callable[[_Subject, _Manifest], _Found], ...] = (_runtime_selectable, _platform_regex)
+LIFECYCLE_RULES: tuple[Callable[[_Subject, _Lifecycle], _Found], ...] = (
+    _lower_case_steps,
+    _step_key_spelling,
+    _no_lifecycle_step,
+    _steps_not_run,
+    _each_step,
+)
+STEP_RULES: tuple[Callable[[_Subject, _Path, Any], _Found], ...] = (_skip_if, _script_variables)
 
 
 def _not_variables(text: str) -> list[str]:
@@ -461,37 +570,34 @@ def _has_running_unit(raw: Mapping[str, Any], prof: NucleusProfile) -> bool:
     return False
 
 
-def _check_variable(
-    *,
-    m: re.Match[str],
-    path: _Path,
-    prof: NucleusProfile,
-    defaults: Any,
-    deps: Any,
-    raw: Mapping[str, Any],
-    add: Any,
-) -> None:
+def _variable(s: _Subject, path: _Path, m: re.Match[str]) -> _Found:
+    """One `{…}` recipe variable of a script, as `s.prof` resolves it."""
     whole, first, rest = m.group(0), m.group(1), m.group(2)
+    if first == "configuration":
+        yield from _configuration_variable(s, path, whole, rest)
+        return
     if first in _OWN_NAMESPACES:
-        if first == "configuration":
-            try:
-                parts = pointer_parts(rest)
-            except ValueError:
-                add(path, f"{whole}: not a JSON pointer")
-                return
-            value = pointer_get(defaults, parts)
-            if value is MISSING and prof.missing_configuration_fails:
-                add(path, f"{whole} is not in DefaultConfiguration: the step fails")
-            elif isinstance(value, (dict, list)) and prof.interpolation == "escaped-json-strings":
-                add(
-                    path,
-                    f"{whole} is a {'list' if isinstance(value, list) else 'map'}: it reads as JSON with "
-                    "backslash-escaped quotes and every scalar a string; read it with GetConfiguration",
-                )
         return
     ns = rest.partition(":")[0]
-    if ns in _OWN_NAMESPACES and "." in first and first != str(cget(raw, "ComponentName", "")):
-        if not prof.cross_component_variables:
-            add(path, f"{whole}: variables of another component are not supported: the step fails")
-        elif not (isinstance(deps, Mapping) and _key(deps, first) is not None):
-            add(path, f"{whole}: {first} is not a direct dependency")
+    if ns in _OWN_NAMESPACES and "." in first and first != str(cget(s.raw, "ComponentName", "")):
+        if not s.prof.cross_component_variables:
+            yield path, f"{whole}: variables of another component are not supported: the step fails"
+        elif not (isinstance(s.deps, Mapping) and _key(s.deps, first) is not None):
+            yield path, f"{whole}: {first} is not a direct dependency"
+
+
+def _configuration_variable(s: _Subject, path: _Path, whole: str, pointer: str) -> _Found:
+    try:
+        parts = pointer_parts(pointer)
+    except ValueError:
+        yield path, f"{whole}: not a JSON pointer"
+        return
+    value = pointer_get(s.defaults, parts)
+    if value is MISSING and s.prof.missing_configuration_fails:
+        yield path, f"{whole} is not in DefaultConfiguration: the step fails"
+    elif isinstance(value, (dict, list)) and s.prof.interpolation == "escaped-json-strings":
+        yield (
+            path,
+            f"{whole} is a {'list' if isinstance(value, list) else 'map'}: it reads as JSON with "
+            "backslash-escaped quotes and every scalar a string; read it with GetConfiguration",
+        )

@@ -9,8 +9,6 @@ matches this host wins (`*`, `/regex/`); `ComponentDependencies` resolve with np
 (`>=1.0.0 <2.0.0`, `^1.2`, `~1.2.3`, `1.x`, `||`); recipe variables resolve against the component's
 own paths and configuration and, for direct dependencies only, `{Other.Component:artifacts:path}` and
 friends. Every problem is a `RecipeError` whose one line names the recipe file and the field.
-Over 500 lines because it is the one recipe model: reading, validation, variables and dependency order
-share its case-insensitive lookups and its one error type.
 """
 
 from __future__ import annotations
@@ -406,100 +404,20 @@ CLASSIC_READER = Reader()
 def load_recipe_file(
     path: Path, host: Mapping[str, str] | None = None, reader: Reader = CLASSIC_READER
 ) -> Recipe:
+    """One recipe file as `reader`'s nucleus runs it on `host` (default: this machine).
+
+    Each field is read by its own function below, in the order they are checked, so that the first
+    problem found is the one a reader of the file would meet first; RecipeError names the field.
+    """
     host = host or host_platform()
     raw = read_recipe(path)
-    for key in ("RecipeFormatVersion", "ComponentName", "ComponentVersion"):
-        if cget(raw, key) in (None, ""):
-            raise _fail(path, key, "required field is missing")
-    name = str(cget(raw, "ComponentName"))
-    version = str(cget(raw, "ComponentVersion"))
-    try:
-        parse_version(version)
-    except ValueError as exc:
-        raise _fail(path, "ComponentVersion", str(exc)) from exc
-    ctype = str(cget(raw, "ComponentType", "aws.greengrass.generic"))
-    if ctype not in ("aws.greengrass.generic", "aws.greengrass.plugin", "aws.greengrass.nucleus"):
-        raise _fail(path, "ComponentType", f"{ctype} is not a supported component type")
-
-    deps: dict[str, Dependency] = {}
-    raw_deps = cget(raw, "ComponentDependencies") or {}
-    if not isinstance(raw_deps, dict):
-        raise _fail(path, "ComponentDependencies", "must be a mapping of component name to requirement")
-    for dep_name, spec_value in raw_deps.items():
-        fld = f"ComponentDependencies.{dep_name}"
-        spec = spec_value or {}
-        if not isinstance(spec, dict):
-            raise _fail(path, fld, "must be a mapping with VersionRequirement and DependencyType")
-        req = str(cget(spec, "VersionRequirement", "*"))
-        try:
-            parse_requirement(req)
-        except ValueError as exc:
-            raise _fail(path, f"{fld}.VersionRequirement", str(exc)) from exc
-        dtype = str(cget(spec, "DependencyType", "HARD")).upper()
-        if dtype not in ("HARD", "SOFT"):
-            raise _fail(path, f"{fld}.DependencyType", f"must be HARD or SOFT, not {dtype}")
-        deps[str(dep_name)] = Dependency(str(dep_name), req, dtype == "HARD")
-
-    comp_cfg = cget(raw, "ComponentConfiguration") or {}
-    default_cfg = cget(comp_cfg, "DefaultConfiguration") or {}
-    if not isinstance(default_cfg, dict):
-        raise _fail(path, "ComponentConfiguration.DefaultConfiguration", "must be a mapping")
-
-    manifests = cget(raw, "Manifests") or []
-    if not isinstance(manifests, list):
-        raise _fail(path, "Manifests", "must be a list")
-    chosen: dict[str, Any] | None = None
-    chosen_index = -1
-    filtered = 0
-    for i, manifest in enumerate(manifests):
-        if not isinstance(manifest, dict):
-            raise _fail(path, f"Manifests[{i}]", "must be a mapping")
-        if reader.manifest_filter is not None and not reader.manifest_filter(cget(manifest, "Platform")):
-            filtered += 1
-            continue
-        if platform_matches(cget(manifest, "Platform"), host, reader.platform_regex):
-            chosen, chosen_index = manifest, i
-            break
-    if manifests and chosen is None and filtered == len(manifests) and reader.skipped_reason:
-        raise _fail(path, "Manifests", reader.skipped_reason)
-    if manifests and chosen is None:
-        raise _fail(path, "Manifests", f"no manifest matches this platform {dict(host)}")
-    mfield = f"Manifests[{chosen_index}]" if chosen is not None else "Lifecycle"
-    lifecycle_raw = cget(chosen, "Lifecycle") if chosen is not None else None
-    if lifecycle_raw is None:
-        lifecycle_raw = cget(raw, "Lifecycle") or {}
-    if not isinstance(lifecycle_raw, dict):
-        raise _fail(path, f"{mfield}.Lifecycle", "must be a mapping")
-    lifecycle: dict[str, Any] = {}
-    for key, value in lifecycle_raw.items():
-        low = str(key).lower()
-        if reader.lower_case_steps_only and low in STEPS and low != "setenv" and str(key) != low:
-            continue  # not seen by this nucleus
-        if low not in STEPS:
-            raise _fail(
-                path,
-                f"{mfield}.Lifecycle.{key}",
-                f"unknown lifecycle step (one of {', '.join(_STEP_NAMES.values())})",
-            )
-        if low != "setenv" and not isinstance(value, (str, dict)):
-            raise _fail(path, f"{mfield}.Lifecycle.{key}", "must be a script or a mapping with Script")
-        if isinstance(value, dict) and low != "setenv" and cget(value, "Script") is None:
-            raise _fail(path, f"{mfield}.Lifecycle.{key}.Script", "required field is missing")
-        lifecycle[low] = value
-    if "startup" in lifecycle and "run" in lifecycle:
-        raise _fail(path, f"{mfield}.Lifecycle", "Startup and Run cannot both be set")
-
-    artifacts: list[Artifact] = []
-    for j, art in enumerate((cget(chosen, "Artifacts") if chosen else None) or []):
-        fld = f"{mfield}.Artifacts[{j}]"
-        uri = cget(art, "URI") or cget(art, "Uri")
-        if not uri:
-            raise _fail(path, f"{fld}.URI", "required field is missing")
-        unarchive = str(cget(art, "Unarchive", "NONE")).upper()
-        if unarchive not in ("NONE", "ZIP"):
-            raise _fail(path, f"{fld}.Unarchive", f"must be NONE or ZIP, not {unarchive}")
-        artifacts.append(Artifact(str(uri), artifact_filename(uri), unarchive, f"{fld}.URI"))
-
+    name, version = _identity(path, raw)
+    ctype = _component_type(path, raw)
+    deps = _dependencies(path, raw)
+    default_cfg = _default_configuration(path, raw)
+    chosen, mfield = _chosen_manifest(path, raw, host, reader)
+    lifecycle = _lifecycle(path, raw, chosen, mfield, reader)
+    artifacts = _artifacts(path, chosen, mfield)
     return Recipe(
         name=name,
         version=version,
@@ -512,6 +430,132 @@ def load_recipe_file(
         component_type=ctype,
         raw=raw,
     )
+
+
+_REQUIRED_FIELDS = ("RecipeFormatVersion", "ComponentName", "ComponentVersion")
+_COMPONENT_TYPES = ("aws.greengrass.generic", "aws.greengrass.plugin", "aws.greengrass.nucleus")
+
+
+def _identity(path: Path, raw: Mapping[str, Any]) -> tuple[str, str]:
+    """ComponentName and ComponentVersion (a semantic version), RecipeFormatVersion present."""
+    for key in _REQUIRED_FIELDS:
+        if cget(raw, key) in (None, ""):
+            raise _fail(path, key, "required field is missing")
+    version = str(cget(raw, "ComponentVersion"))
+    try:
+        parse_version(version)
+    except ValueError as exc:
+        raise _fail(path, "ComponentVersion", str(exc)) from exc
+    return str(cget(raw, "ComponentName")), version
+
+
+def _component_type(path: Path, raw: Mapping[str, Any]) -> str:
+    ctype = str(cget(raw, "ComponentType", "aws.greengrass.generic"))
+    if ctype not in _COMPONENT_TYPES:
+        raise _fail(path, "ComponentType", f"{ctype} is not a supported component type")
+    return ctype
+
+
+def _dependencies(path: Path, raw: Mapping[str, Any]) -> dict[str, Dependency]:
+    raw_deps = cget(raw, "ComponentDependencies") or {}
+    if not isinstance(raw_deps, dict):
+        raise _fail(path, "ComponentDependencies", "must be a mapping of component name to requirement")
+    return {str(name): _dependency(path, str(name), spec) for name, spec in raw_deps.items()}
+
+
+def _dependency(path: Path, name: str, spec_value: Any) -> Dependency:
+    fld = f"ComponentDependencies.{name}"
+    spec = spec_value or {}
+    if not isinstance(spec, dict):
+        raise _fail(path, fld, "must be a mapping with VersionRequirement and DependencyType")
+    req = str(cget(spec, "VersionRequirement", "*"))
+    try:
+        parse_requirement(req)
+    except ValueError as exc:
+        raise _fail(path, f"{fld}.VersionRequirement", str(exc)) from exc
+    dtype = str(cget(spec, "DependencyType", "HARD")).upper()
+    if dtype not in ("HARD", "SOFT"):
+        raise _fail(path, f"{fld}.DependencyType", f"must be HARD or SOFT, not {dtype}")
+    return Dependency(name, req, dtype == "HARD")
+
+
+def _default_configuration(path: Path, raw: Mapping[str, Any]) -> dict[str, Any]:
+    default_cfg = cget(cget(raw, "ComponentConfiguration") or {}, "DefaultConfiguration") or {}
+    if not isinstance(default_cfg, dict):
+        raise _fail(path, "ComponentConfiguration.DefaultConfiguration", "must be a mapping")
+    return default_cfg
+
+
+def _chosen_manifest(
+    path: Path, raw: Mapping[str, Any], host: Mapping[str, str], reader: Reader
+) -> tuple[dict[str, Any] | None, str]:
+    """The first manifest `reader` considers whose Platform admits `host`, and its field name
+    ("Manifests[1]"); (None, "Lifecycle") for a recipe without manifests."""
+    manifests = cget(raw, "Manifests") or []
+    if not isinstance(manifests, list):
+        raise _fail(path, "Manifests", "must be a list")
+    filtered = 0
+    for i, manifest in enumerate(manifests):
+        if not isinstance(manifest, dict):
+            raise _fail(path, f"Manifests[{i}]", "must be a mapping")
+        if reader.manifest_filter is not None and not reader.manifest_filter(cget(manifest, "Platform")):
+            filtered += 1
+            continue
+        if platform_matches(cget(manifest, "Platform"), host, reader.platform_regex):
+            return manifest, f"Manifests[{i}]"
+    if manifests and filtered == len(manifests) and reader.skipped_reason:
+        raise _fail(path, "Manifests", reader.skipped_reason)
+    if manifests:
+        raise _fail(path, "Manifests", f"no manifest matches this platform {dict(host)}")
+    return None, "Lifecycle"
+
+
+def _lifecycle(
+    path: Path, raw: Mapping[str, Any], chosen: dict[str, Any] | None, mfield: str, reader: Reader
+) -> dict[str, Any]:
+    """The chosen manifest's Lifecycle (else the recipe's own), lower-case step name → value."""
+    lifecycle_raw = cget(chosen, "Lifecycle") if chosen is not None else None
+    if lifecycle_raw is None:
+        lifecycle_raw = cget(raw, "Lifecycle") or {}
+    if not isinstance(lifecycle_raw, dict):
+        raise _fail(path, f"{mfield}.Lifecycle", "must be a mapping")
+    lifecycle: dict[str, Any] = {}
+    for key, value in lifecycle_raw.items():
+        low = str(key).lower()
+        if reader.lower_case_steps_only and low in STEPS and low != "setenv" and str(key) != low:
+            continue  # not seen by this nucleus
+        _check_step(path, f"{mfield}.Lifecycle.{key}", low, value)
+        lifecycle[low] = value
+    if "startup" in lifecycle and "run" in lifecycle:
+        raise _fail(path, f"{mfield}.Lifecycle", "Startup and Run cannot both be set")
+    return lifecycle
+
+
+def _check_step(path: Path, fld: str, low: str, value: Any) -> None:
+    """One lifecycle step: a known step, a script or a mapping with Script (Setenv: anything)."""
+    if low not in STEPS:
+        raise _fail(path, fld, f"unknown lifecycle step (one of {', '.join(_STEP_NAMES.values())})")
+    if low == "setenv":
+        return
+    if not isinstance(value, (str, dict)):
+        raise _fail(path, fld, "must be a script or a mapping with Script")
+    if isinstance(value, dict) and cget(value, "Script") is None:
+        raise _fail(path, f"{fld}.Script", "required field is missing")
+
+
+def _artifacts(path: Path, chosen: dict[str, Any] | None, mfield: str) -> list[Artifact]:
+    """The chosen manifest's Artifacts: each with a URI, unarchived NONE or ZIP."""
+    artifacts: list[Artifact] = []
+    for j, art in enumerate((cget(chosen, "Artifacts") if chosen else None) or []):
+        fld = f"{mfield}.Artifacts[{j}]"
+        uri = cget(art, "URI") or cget(art, "Uri")
+        if not uri:
+            raise _fail(path, f"{fld}.URI", "required field is missing")
+        unarchive = str(cget(art, "Unarchive", "NONE")).upper()
+        if unarchive not in ("NONE", "ZIP"):
+            raise _fail(path, f"{fld}.Unarchive", f"must be NONE or ZIP, not {unarchive}")
+        artifacts.append(Artifact(str(uri), artifact_filename(uri), unarchive, f"{fld}.URI"))
+    return artifacts
 
 
 def load_recipes(
