@@ -113,11 +113,11 @@ class CpuOptions:
     """
 
     intra_op_num_threads: int = 0
-    # Spinning between the layers of a run took b1 on two threads from 6.4-7.0 to 4.6-5.5 ms back to
-    # back, but a run after the machine idled a moment got slower (p75 8.4-9.3 -> 10-12 ms: a spinning
-    # thread waits on a partner whose vCPU is asleep), and sporadic requests are the common case on a
-    # device. Off; with force_spinning_stop the pool stops spinning when a run returns, so turning it
-    # on costs no core between requests. It applies only with lanes (`cpu_lanes() > 1`): with one
+    # Spinning between the layers of a run makes runs back to back faster, but a run after the machine
+    # idled a moment gets slower (a spinning thread waits on a partner whose vCPU is asleep), and
+    # sporadic requests are the common case on a device (bench/results/compare-spin.json). Off; with
+    # force_spinning_stop the pool stops spinning when a run returns, so turning it on costs no core
+    # between requests. It applies only with lanes (`cpu_lanes() > 1`): with one
     # lane the whole session also runs under load, beside the decode workers.
     allow_spinning: bool = False
     force_spinning_stop: bool = True
@@ -210,24 +210,24 @@ class RuntimeConfig:
     cuda: CudaOptions = field(default_factory=CudaOptions)
     # Run every batch on the CUDA provider through session.io_binding().
     cuda_io_binding: bool = True
-    # Every batch on the CUDA provider runs at maxBatchSize, padded. ORT 1.31's CUDA provider spent
-    # 190-250 ms of CPU on every run whose input shape differed from the previous run's, even for
-    # shapes warmed before (H200, cuDNN 9), against 1.5 ms for batch 8 and 1.0 ms for batch 1 at one
-    # shape. (TensorRT takes any shape in its profile without that cost.)
+    # Every batch on the CUDA provider runs at maxBatchSize, padded: ORT's CUDA provider spends far more
+    # CPU on a run whose input shape differs from the previous run's, even for shapes warmed before,
+    # than padding costs (bench/results/gpu-h200.json). TensorRT takes any shape in its profile
+    # without that cost.
     cuda_fixed_batch: bool = True
     cpu: CpuOptions = field(default_factory=CpuOptions)
     # Batches run at once under load, each on one thread of its own session (what OpenVINO calls
     # streams): a one-thread run wastes no time at the parallel-for barriers, and a preempted thread
     # delays only its own batch. A batch that finds nothing else queued or running still gets every
     # thread (the latency path). The lanes' session is a second copy of the model in memory and is
-    # warmed up too (start → RUNNING +~0.2 s here). 0: one lane per usable core; 1: off.
+    # warmed up too, which lengthens the start. 0: one lane per usable core; 1: off.
     lanes: int = 0
     # A batch at an idle runtime gets the whole session (every core) only while fewer than this share
     # of recent arrivals found work in flight; under load it takes a lane like any other. 1: always.
     full_session_max_contention: float = 0.25
     # The most requests a batch on one lane holds; 0: its share of maxBatchSize (8 over 2 lanes: 4).
-    # On one thread an image costs the same in a batch of 4 as of 8 (4.97 vs 4.98 ms here), and a
-    # batch of 8 makes every request in it wait twice as long. A batch with every core may be full
+    # On one thread an image costs about the same in a batch of 4 as of 8, and a batch of 8 makes
+    # every request in it wait twice as long. A batch with every core may be full
     # (with one lane, every batch).
     lane_max_batch_size: int = 0
     opencv_threads: int = 1  # cv2.setNumThreads: decode runs on our own pool, not OpenCV's
