@@ -18,6 +18,7 @@ from edgeinfer.greengrass.recipe import (
     load_recipe_file,
     load_recipes,
     platform_matches,
+    read_recipe,
     read_sources,
     resolve,
     satisfies,
@@ -154,3 +155,31 @@ def test_sources_are_read_as_written_one_per_name(tmp_path: Path) -> None:
     device.add("com.example.Lib", "2.0.0")
     with pytest.raises(RecipeError, match=r"Lib-2\.0\.0\.yaml: com\.example\.Lib is also defined in"):
         read_sources(device.recipes)
+
+
+def test_a_recipe_folder_holding_one_recipe_twice_loads_it_once(tmp_path: Path) -> None:
+    # GDK's greengrass-build/recipes: the recipe as written beside its own Name-Version.yaml copy.
+    device = Device(tmp_path)
+    written = device.add("com.example.App", config={"port": 8080})
+    (device.recipes / "com.example.App.yaml").write_bytes(written.read_bytes())
+    (device.recipes / "com.example.App.json").write_text(json.dumps(read_recipe(written)))
+    index = load_recipes(device.recipes)
+    assert list(index) == ["com.example.App"]
+    assert list(index["com.example.App"]) == ["1.0.0"]
+    assert index["com.example.App"]["1.0.0"].default_config == {"port": 8080}
+
+
+def test_two_different_recipes_of_one_name_and_version_are_refused_naming_both(tmp_path: Path) -> None:
+    device = Device(tmp_path)
+    device.add("com.example.App", config={"port": 8080})
+    other = Device(tmp_path / "other")
+    changed = other.add("com.example.App", config={"port": 9090})
+    (device.recipes / "com.example.App.yaml").write_bytes(changed.read_bytes())
+    with pytest.raises(RecipeError) as err:
+        load_recipes(device.recipes)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith(f"{device.recipes / 'com.example.App.yaml'}: ComponentVersion: ")
+    assert (
+        f"com.example.App 1.0.0 is also defined in {device.recipes / 'com.example.App-1.0.0.yaml'}" in message
+    )

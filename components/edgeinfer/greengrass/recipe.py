@@ -561,16 +561,30 @@ def _artifacts(path: Path, chosen: dict[str, Any] | None, mfield: str) -> list[A
 def load_recipes(
     recipes_dir: Path, host: Mapping[str, str] | None = None, reader: Reader = CLASSIC_READER
 ) -> dict[str, dict[str, Recipe]]:
-    """All recipes in a folder: name → version → Recipe. Duplicates are reported by file."""
+    """All recipes in a folder: name → version → Recipe, taken as the classic nucleus takes a local
+    deployment's recipe folder (greengrass-cli's `--recipeDir`).
+
+    The classic nucleus's `DeploymentService.copyRecipesToComponentStore` walks the folder
+    (`Files.walk`) and `copyRecipeFileToComponentStore` parses each file and writes it back with
+    `ComponentStore.savePackageRecipe` under its name and version, overwriting what an earlier file of
+    that name and version wrote. So two files holding the same recipe are one recipe (GDK's
+    `greengrass-build/recipes` holds the recipe it was built from beside its own `Name-Version.yaml`).
+    Two that differ are refused, naming both: which one the nucleus keeps is whichever its walk meets
+    last, and `Files.walk` lists a folder in the file system's order, not one a recipe author can rely on.
+    """
     index: dict[str, dict[str, Recipe]] = {}
     for path in recipe_files(recipes_dir):
         recipe = load_recipe_file(path, host, reader)
         other = index.get(recipe.name, {}).get(recipe.version)
-        if other is not None:
+        if other is not None and other.raw != recipe.raw:
             raise _fail(
-                path, "ComponentVersion", f"{recipe.name} {recipe.version} is also defined in {other.file}"
+                path,
+                "ComponentVersion",
+                f"{recipe.name} {recipe.version} is also defined in {other.file}, differently: a nucleus "
+                "keeps whichever of the two it reads last, in an order the file system decides",
             )
-        index.setdefault(recipe.name, {})[recipe.version] = recipe
+        if other is None:
+            index.setdefault(recipe.name, {})[recipe.version] = recipe
     return index
 
 
