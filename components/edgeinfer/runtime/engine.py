@@ -423,9 +423,5 @@ def _variant_for(manifest: Manifest, provider: str, host: str | None) -> Variant
     return chosen
 
 
-def load_manifest(model_dir: str | Path) -> Manifest:
-    return Manifest.load(model_dir)
-
-
 def stack(images: Sequence[np.ndarray]) -> np.ndarray:
     return np.ascontiguousarray(np.stack(images, axis=0))

@@ -734,10 +734,6 @@ class InferenceServer:
         except OSError as exc:
             raise MessageError(ErrorCode.BAD_IMAGE, f"cannot read image_path: {exc.strerror}") from None
 
-    def batch_sizes(self) -> list[int]:
-        with self._stats_lock:
-            return list(self.stats.batches)
-
 
 @contextlib.contextmanager
 def _policy_guard(hook: str) -> Iterator[None]:
