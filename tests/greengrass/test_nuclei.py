@@ -6,8 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from edgeinfer.greengrass.nuclei import CLASSIC, LITE, check_recipe, profile
-from edgeinfer.greengrass.recipe import RecipeError, read_sources
+from edgeinfer.greengrass.nuclei import (
+    CLASSIC,
+    LITE,
+    check_recipe,
+    check_subobject_budget,
+    profile,
+    subobject_count,
+)
+from edgeinfer.greengrass.recipe import RecipeError, read_recipe, read_sources
 from tests.helpers import PROJECT
 
 PORTABLE = """\
@@ -164,3 +171,38 @@ def test_json_recipes_and_what_lite_does_not_run(tmp_path: Path) -> None:
         ("Manifests[0].Lifecycle.shutdown", "the shutdown step is not run"),
     ]
     assert all(f.line > 0 for f in check_recipe(path, "lite"))
+
+
+@pytest.mark.parametrize(
+    ("doc", "count"),
+    [
+        ("text", 0),
+        (None, 0),
+        ([], 0),
+        ({}, 0),
+        ([1, "a", None], 3),  # a list item counts once
+        ({"a": 1, "b": 2}, 4),  # a map entry twice (key and value)
+        ({"a": [1, {"b": 2}]}, 2 + 2 + 2),  # every level
+        ([[[1]]], 3),
+    ],
+)
+def test_subobject_count_is_nucleus_lites(doc: object, count: int) -> None:
+    assert subobject_count(doc) == count
+
+
+def test_the_subobject_budget_names_the_count_and_the_budget(tmp_path: Path) -> None:
+    ok = _write(tmp_path, "ok", PORTABLE)
+    assert LITE.recipe_subobject_limit == 255
+    assert subobject_count(read_recipe(ok)) <= 255
+    assert check_subobject_budget(ok) == []
+    items = "".join(f"      - item{i}\n" for i in range(300))
+    big = _write(tmp_path, "big", PORTABLE.replace("    port: 8080\n", f"    port: 8080\n    many:\n{items}"))
+    count = subobject_count(read_recipe(big))
+    assert count > 300
+    (finding,) = check_subobject_budget(big, "lite")
+    assert finding.field == "ComponentConfiguration"
+    assert finding.line == 4
+    assert f"counts {count} sub-objects" in finding.reason
+    assert "over the 255 " in finding.reason
+    assert "the deployment fails" in finding.reason
+    assert check_subobject_budget(big, "classic") == []

@@ -11,7 +11,7 @@ with the line and the reason, what a nucleus would refuse or run differently.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -39,7 +39,9 @@ __all__ = [
     "Finding",
     "NucleusProfile",
     "check_recipe",
+    "check_subobject_budget",
     "profile",
+    "subobject_count",
 ]
 
 # Operations the classic nucleus serves itself (not through a plugin component).
@@ -97,6 +99,8 @@ class NucleusProfile:
     mqtt_max_message_bytes: int  # PublishToIoTCore above this: ServiceError before the network
     max_in_flight_publishes: int | None  # QoS 1 publishes in flight (None: no limit modeled)
     spooler_bytes: int | None  # queued publishes beyond the in-flight ones (None: no spooler)
+    # deployments
+    recipe_subobject_limit: int | None  # a recipe counting more sub-objects fails the deployment
 
     @property
     def user_and_group(self) -> tuple[str, str]:
@@ -132,6 +136,7 @@ CLASSIC = NucleusProfile(
     mqtt_max_message_bytes=131072,
     max_in_flight_publishes=5,
     spooler_bytes=2_621_440,  # mqtt.spooler.maxSizeInBytes: 2.5 MiB
+    recipe_subobject_limit=None,
 )
 
 LITE = NucleusProfile(
@@ -162,6 +167,7 @@ LITE = NucleusProfile(
     mqtt_max_message_bytes=131072,
     max_in_flight_publishes=None,
     spooler_bytes=None,
+    recipe_subobject_limit=255,  # GG_MAX_OBJECT_SUBOBJECTS: each recipe is deep-copied within it
 )
 
 NUCLEI: dict[str, NucleusProfile] = {"classic": CLASSIC, "lite": LITE}
@@ -347,6 +353,27 @@ def check_recipe(
     lifecycle's in LIFECYCLE_RULES, one step's in STEP_RULES); findings on one line keep the order
     the tables give them.
     """
+    return _run(RECIPE_RULES, recipe, nucleus, bundle)
+
+
+def check_subobject_budget(
+    recipe: RecipeSource | Path, nucleus: NucleusProfile | str = "lite"
+) -> list[Finding]:
+    """Whether `recipe` fits the sub-objects `nucleus` copies a recipe into (nucleus lite: over it the
+    whole deployment fails); a Finding with the count and the budget when it does not.
+
+    Not yet one of RECIPE_RULES: the project's own recipes are over nucleus lite's budget, and
+    registering it would make `edgeinfer build` refuse them until they are slimmed down.
+    """
+    return _run((_subobject_budget,), recipe, nucleus, None)
+
+
+def _run(
+    rules: Sequence[Callable[[_Subject], _Found]],
+    recipe: RecipeSource | Path,
+    nucleus: NucleusProfile | str,
+    bundle: Mapping[str, RecipeSource] | None,
+) -> list[Finding]:
     prof = profile(nucleus)
     if isinstance(recipe, Path):
         raw, file = read_recipe(recipe), recipe
@@ -361,7 +388,7 @@ def check_recipe(
         deps_key=deps_key,
         deps=raw.get(deps_key) if deps_key else None,
     )
-    found = [item for rule in RECIPE_RULES for item in rule(subject)]
+    found = [item for rule in rules for item in rule(subject)]
     lines = _lines(file)
     out = [Finding(file, _line_of(lines, p), _field(p), reason, prof.name) for p, reason in found]
     return sorted(out, key=lambda f: f.line)
@@ -403,6 +430,37 @@ def _manifests(s: _Subject) -> _Found:
         lc = _Lifecycle((*m.path, lc_key), value, {k.lower(): (k, v) for k, v in _items(value)})
         for lifecycle_rule in LIFECYCLE_RULES:
             yield from lifecycle_rule(s, lc)
+
+
+def subobject_count(doc: Any) -> int:
+    """The sub-objects nucleus lite counts in a parsed document against its budget
+    (`GG_MAX_OBJECT_SUBOBJECTS`): a list counts its items, a map twice its entries (key and value),
+    over every level; a scalar counts nothing.
+
+    As aws-greengrass-component-sdk's include/gg/object.h defines the count and src/object_visit.c
+    (`gg_obj_visit`) enforces it: `subobjects += list.len` for a list, `+= map.len * 2` for a map,
+    failing with "Visited object's subobjects exceeds maximum" once the sum passes the budget.
+    """
+    if isinstance(doc, Mapping):
+        return 2 * len(doc) + sum(subobject_count(v) for v in doc.values())
+    if isinstance(doc, list):
+        return len(doc) + sum(subobject_count(v) for v in doc)
+    return 0
+
+
+def _subobject_budget(s: _Subject) -> _Found:
+    limit = s.prof.recipe_subobject_limit
+    count = subobject_count(s.raw)
+    if limit is None or count <= limit:
+        return
+    # Named at the top-level field that holds the most, where slimming down pays most.
+    key, held = max(((k, 2 + subobject_count(v)) for k, v in _items(s.raw)), key=lambda kv: kv[1])
+    yield (
+        (key,),
+        f"the recipe counts {count} sub-objects (a list item once, a map entry twice), over the {limit} "
+        f"this nucleus copies a recipe into: the deployment fails (\"Visited object's subobjects exceeds "
+        f'maximum"); {key} counts {held}',
+    )
 
 
 def _hard_dependency_on_install_only(s: _Subject) -> _Found:
