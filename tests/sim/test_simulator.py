@@ -97,3 +97,26 @@ def test_file_uris_name_the_file_not_a_file_called_file_colon(
     log = sim.logs("com.example.Files")
     assert "from the artifact folder" in log
     assert "from an absolute path" in log
+
+
+def test_a_recipe_folder_as_gdk_builds_it_runs_its_recipe_once(
+    simulator: Callable[..., Simulator], device: Device
+) -> None:
+    # greengrass-build/recipes after `gdk component build`: the recipe beside GDK's Name-Version copy
+    written = device.add("com.example.App", lifecycle={"Run": "echo ran-$((6*7))"})
+    (device.recipes / "com.example.App.yaml").write_bytes(written.read_bytes())
+    sim = simulator(device.recipes, device.artifacts)
+    assert sim.wait_for_state("com.example.App", "FINISHED") == "FINISHED"
+    assert sim.logs("com.example.App").count("ran-42") == 1
+
+
+def test_two_different_recipes_of_one_version_stop_the_simulator_naming_both(device: Device) -> None:
+    device.add("com.example.App", lifecycle={"Run": "echo one"})
+    (device.recipes / "com.example.App.yaml").write_text(
+        (device.recipes / "com.example.App-1.0.0.yaml").read_text().replace("echo one", "echo two")
+    )
+    _one_line_error(
+        device,
+        r"App\.yaml: ComponentVersion: com\.example\.App 1\.0\.0 is also defined in .*App-1\.0\.0\.yaml, "
+        r"differently",
+    )
