@@ -255,9 +255,15 @@ def test_the_server_counts_each_accepted_request_until_its_answer(
         bus.publish(topic, json.dumps({"id": "late", "image": image, "deadline_at": 1.0}).encode())
         assert server.inflight.count == 3  # the expired one was accepted and answered on arrival
         release.set()
-        eventually(lambda: server.inflight.count == 0, 30, "every accepted request answered")
-        results = [Result.parse(m.payload) for m in bus.messages_on(f"edgeinfer/{THING}/result")]
-        assert sorted(r.status for r in results if r.id and r.id.startswith("r")) == ["ok"] * 3
+
+        def answers() -> list[Result]:
+            results = [Result.parse(m.payload) for m in bus.messages_on(f"edgeinfer/{THING}/result")]
+            return [r for r in results if r.id and r.id.startswith("r")]
+
+        # The count is left before the answer is published: wait on the answers, then on the count.
+        eventually(lambda: len(answers()) == 3, 30, "the three accepted requests answered")
+        assert sorted(r.status for r in answers()) == ["ok"] * 3
+        eventually(lambda: server.inflight.count == 0, 30, "every accepted request counted out")
     finally:
         release.set()
         server.stop()
