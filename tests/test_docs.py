@@ -83,11 +83,41 @@ def _rows(config: dict[str, Any], notes: dict[str, str], prefix: str = "") -> li
     return rows
 
 
+def _installer_shipped() -> list[tuple[str, Any, str]]:
+    from edgeinfer.installer.plan import DEFAULT_ALLOW_LIST, DEFAULT_PINS
+
+    return [
+        (
+            "allowList",
+            DEFAULT_ALLOW_LIST,
+            "the hardware allow-list: the first rule that admits the best accelerator found wins; "
+            "shipped in the installer, not the recipe; a deployment's allowList replaces it",
+        ),
+        (
+            "pins",
+            DEFAULT_PINS,
+            "versions per Python minor of the venv; shipped in the installer, not the recipe; a "
+            'deployment\'s pins override it per minor and package, an empty version lifts a pin ({"pins": '
+            '{"3.10": {"numpy": ""}}})',
+        ),
+    ]
+
+
+# Keys whose defaults ship with the component's code rather than in its recipe (nucleus lite's
+# sub-object budget): key, default, note.
+SHIPPED_DEFAULTS: dict[str, Callable[[], list[tuple[str, Any, str]]]] = {
+    "com.edgeinfer.RuntimeInstaller": _installer_shipped,
+}
+
+
 def config_table(component: str) -> str:
-    """The table of one component's recipe keys, their defaults and the recipe's notes."""
+    """The table of one component's keys, their defaults and notes: those its code ships first, then
+    the recipe's with the recipe's notes."""
     text = (PROJECT / "recipes" / f"{component}.yaml").read_text()
     config = yaml.safe_load(text)["ComponentConfiguration"]["DefaultConfiguration"]
-    lines = ["| key | default | note |", "|---|---|---|", *_rows(config, _recipe_comments(text))]
+    shipped = SHIPPED_DEFAULTS.get(component, list)()
+    rows = [f"| `{key}` | {_value(value)} | {note} |" for key, value, note in shipped]
+    lines = ["| key | default | note |", "|---|---|---|", *rows, *_rows(config, _recipe_comments(text))]
     return "\n".join(lines)
 
 

@@ -154,6 +154,65 @@ def test_installer_recipe_reads_its_configuration_from_the_nucleus() -> None:
     assert f"edgeinfer-{__version__}-py3-none-any.whl" in script
 
 
+def _merge(into: dict[str, Any], merge: dict[str, Any]) -> dict[str, Any]:
+    """A deployment's configuration MERGE as both nuclei apply it: maps merge key by key, anything
+    else (a list, a scalar) replaces what was there."""
+    out = dict(into)
+    for key, value in merge.items():
+        here = out.get(key)
+        out[key] = _merge(here, value) if isinstance(here, dict) and isinstance(value, dict) else value
+    return out
+
+
+@pytest.mark.parametrize(
+    "merge",
+    [
+        {},
+        {"pins": {"3.10": {"numpy": ""}, "3.14": {"onnxruntime": "1.32.0"}}},
+        {"pins": {"3.12": {"onnxruntime": "1.26.0", "awscrt": None}}},
+        {"allowList": [{"name": "only-cpu", "architectures": ["x86_64"], "accelerators": ["cpu"]}]},
+        {"allowList": [], "pins": {"3.11": {}}},
+    ],
+)
+def test_pins_and_allow_list_ship_with_the_installer_and_merge_as_before(merge: dict[str, Any]) -> None:
+    from edgeinfer.installer.plan import DEFAULT_ALLOW_LIST, DEFAULT_PINS, InstallerConfig
+
+    defaults = recipes()["com.edgeinfer.RuntimeInstaller"]["ComponentConfiguration"]["DefaultConfiguration"]
+    # Not in the recipe (nucleus lite's sub-object budget): the installer's own defaults.
+    assert "pins" not in defaults
+    assert "allowList" not in defaults
+    # A deployment's merge reads as it did when the recipe carried them.
+    carried = {**defaults, "allowList": DEFAULT_ALLOW_LIST, "pins": DEFAULT_PINS}
+    before = InstallerConfig.from_mapping(_merge(carried, merge))
+    assert InstallerConfig.from_mapping(_merge(defaults, merge)) == before
+
+
+# What a recipe may still grow by under nucleus lite's budget before `edgeinfer build` refuses it.
+SUBOBJECT_HEADROOM = 25
+
+
+def test_every_built_recipe_fits_nucleus_lite_with_room_to_grow(artifacts: Path, tmp_path: Path) -> None:
+    import zipfile
+
+    from edgeinfer.bundle.build import build_bundle
+    from edgeinfer.greengrass.nuclei import profile, subobject_count
+
+    house = tmp_path / "house"
+    house.mkdir()
+    with zipfile.ZipFile(house / "tiny-1.0-py3-none-any.whl", "w") as zf:
+        zf.writestr("tiny-1.0.dist-info/RECORD", "")
+    # As the bundle ships (digests, and the wheelhouse artifact where it has one).
+    bundle = build_bundle(ROOT, artifacts_dir=artifacts, out_dir=tmp_path / "gb", wheelhouse=house)
+    limit = profile("lite").recipe_subobject_limit
+    assert limit is not None
+    counts = {
+        path.name: subobject_count(yaml.safe_load(path.read_text("utf-8")))
+        for path in sorted(bundle.recipes_dir.glob("*.yaml"))
+    }
+    assert len(counts) == len(EXPECTED)
+    assert {name: n for name, n in counts.items() if n > limit - SUBOBJECT_HEADROOM} == {}, counts
+
+
 def test_every_gdk_config_is_valid_and_matches_its_recipe() -> None:
     assert len(GDK_CONFIGS) == 4
     validator = jsonschema.Draft7Validator(schema("gdk-config"))

@@ -65,6 +65,8 @@ DEFAULT_PACKAGES = ["numpy", "opencv-python-headless", "awsiotsdk", "PyYAML", "r
 # 1.26.0, CUDA 13 from 1.27.0, cp311+ from 1.24, aarch64 from 1.29) and `onnxruntime-gpu-jetson` (what
 # to ask of jetsonIndexUrl). An empty value is the same as an absent key: unpinned, or for a build,
 # none — a deployment's merge can override any default this way, though it cannot delete a key.
+# These and DEFAULT_ALLOW_LIST are the only copy of the defaults: the recipe leaves both keys out so
+# that its size (nucleus lite's sub-object budget) does not grow with them.
 _STACK = {
     "opencv-python-headless": "5.0.0.93",
     "awsiotsdk": "1.31.0",
