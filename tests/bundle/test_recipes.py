@@ -24,6 +24,9 @@ GDK_CONFIGS = sorted(
     [ROOT / "gdk-config.json", *(ROOT / "components" / "edgeinfer").glob("*/gdk-config.json")]
 )
 INSTALLER_WORK = "{kernel:rootPath}/work/com.edgeinfer.RuntimeInstaller"
+# Components that only install something: their run step exits at once.
+INSTALL_ONLY = {"com.edgeinfer.ModelStore", "com.edgeinfer.RuntimeInstaller"}
+SYSTEMD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 EXPECTED = {
     "com.edgeinfer.InferenceRuntime",
     "com.edgeinfer.ModelStore",
@@ -102,6 +105,8 @@ def test_dependencies_are_in_the_bundle_and_their_versions_satisfy_the_ranges() 
 
 def test_code_components_wait_for_the_installer_venv_then_run_it() -> None:
     for name, recipe in recipes().items():
+        if name in INSTALL_ONLY:
+            continue  # their run step only finishes (test below)
         lifecycles = [m.get("Lifecycle") or {} for m in recipe.get("Manifests", [])]
         runs = [str(lc["run"]["Script"]) for lc in lifecycles if isinstance(lc, dict) and "run" in lc]
         for run in runs:
@@ -114,6 +119,26 @@ def test_code_components_wait_for_the_installer_venv_then_run_it() -> None:
             # SOFT: neither nucleus starts it first, and lite never starts a HARD dependant of an
             # install-only component (systemd BindsTo=), hence the wait above.
             assert deps["com.edgeinfer.RuntimeInstaller"]["DependencyType"] == "SOFT", name
+
+
+@pytest.mark.parametrize("name", sorted(INSTALL_ONLY))
+def test_install_only_components_have_a_run_step_that_finishes_at_once(name: str) -> None:
+    # Nucleus lite waits for every component's run unit (RUNNING or FINISHED) and reports the
+    # deployment FAILED after its timeout where there is none.
+    import subprocess
+    import time
+
+    (manifest,) = recipes()[name]["Manifests"]
+    lifecycle = manifest["Lifecycle"]
+    assert set(lifecycle) == {"install", "run"}, name  # lower case: lite reads no other spelling
+    run = lifecycle["run"]
+    assert isinstance(run, str)
+    assert "{" not in run  # nothing to resolve, on either nucleus
+    start = time.monotonic()
+    # With systemd's default PATH, as lite runs it.
+    done = subprocess.run(["sh", "-c", run], env={"PATH": SYSTEMD_PATH}, timeout=10, check=False)
+    assert done.returncode == 0
+    assert time.monotonic() - start < 5
 
 
 def test_the_runtime_finds_the_model_store_through_its_pointer() -> None:
