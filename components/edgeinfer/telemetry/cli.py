@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from edgeinfer.errors import EdgeinferError
+from edgeinfer.telemetry.fleet import DEFAULT_STALE_WINDOWS, WORST_FIRST
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,20 @@ def register(subparsers: Any) -> None:
         ),
     )
     watch.add_argument("--thing", default="+", help="the device's thing name (default: every device)")
+    watch.add_argument(
+        "--fleet",
+        action="store_true",
+        help="one row per thing under edgeinfer/+/telemetry (its latest window: model, total p50/p99, "
+        f"errors, offloads, throughput), sorted worst first: {WORST_FIRST}",
+    )
+    watch.add_argument(
+        "--stale",
+        type=float,
+        default=DEFAULT_STALE_WINDOWS,
+        metavar="N",
+        help="with --fleet: mark a thing stale when no window of it came for N of its windows "
+        f"(default: {DEFAULT_STALE_WINDOWS})",
+    )
     watch.add_argument(
         "--broker",
         default=os.environ.get("EDGEINFER_BROKER", DEFAULT_BROKER),
@@ -70,6 +85,13 @@ def register(subparsers: Any) -> None:
     report.add_argument(
         "--out", type=Path, default=Path("."), metavar="DIR", help="output folder (default: .)"
     )
+    report.add_argument(
+        "--fleet",
+        action="store_true",
+        help="one PNG of every device in the telemetry inputs (fleet.png): total p99 and error share "
+        "per device over time, and the devices over the whole recording, worst first "
+        "(by error share, then total p99)",
+    )
     report.set_defaults(func=_report)
 
 
@@ -109,6 +131,9 @@ class _Watcher:
         self.record = record
         self._lock = threading.Lock()
 
+    def add_window(self, window: Any, doc: dict[str, Any]) -> None:
+        self.dashboard.add_window(window)
+
     def on_telemetry(self, message: Any) -> None:
         from edgeinfer.messages import MessageError, TelemetryWindow
 
@@ -119,7 +144,7 @@ class _Watcher:
             self.dashboard.bad_messages += 1
             log.debug("bad telemetry on %s: %s", message.topic, exc)
             return
-        self.dashboard.add_window(window)
+        self.add_window(window, doc)
         if self.record is not None:
             with self._lock:
                 self.record.write(json.dumps(doc, separators=(",", ":")) + "\n")
@@ -137,51 +162,87 @@ class _Watcher:
         self.dashboard.add_result(_thing_of(message.topic), result)
 
 
-def _watch(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.live import Live
+class _FleetWatcher(_Watcher):
+    """`watch --fleet`: the window's model identity goes with it, when the window carries one."""
 
-    from edgeinfer.messages import is_thing_name, result_topic, telemetry_topic
-    from edgeinfer.telemetry.dashboard import Dashboard
+    def add_window(self, window: Any, doc: dict[str, Any]) -> None:
+        from edgeinfer.telemetry.fleet import model_label
 
+        self.dashboard.add_window(window, model_label(doc))
+
+
+def _check_watch_args(args: argparse.Namespace) -> None:
+    from edgeinfer.messages import is_thing_name
+
+    if args.fleet and args.thing != "+":
+        raise EdgeinferError("--fleet watches every thing: leave out --thing")
     if args.thing != "+" and not is_thing_name(args.thing):
         raise EdgeinferError(f"--thing {args.thing!r} is not a thing name")
     if args.duration is not None and not args.duration > 0:
         raise EdgeinferError(f"--duration must be a positive number of seconds, got {args.duration}")
+    if not args.stale > 0:
+        raise EdgeinferError(f"--stale must be a positive number of windows, got {args.stale}")
     if args.once and args.duration is None:
         args.duration = 12.0  # a little over one default telemetry window
+
+
+def _open_record(path: Path | None) -> IO[str] | None:
+    if path is None:
+        return None
+    try:
+        return path.open("a", encoding="utf-8")
+    except OSError as exc:
+        raise EdgeinferError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _subscribe(client: Any, args: argparse.Namespace, where: str, record: IO[str] | None) -> _Watcher:
+    from edgeinfer.messages import result_topic, telemetry_topic
+    from edgeinfer.telemetry.dashboard import Dashboard, FleetDashboard
+
+    if args.fleet:
+        fleet = _FleetWatcher(FleetDashboard(source=where, stale_windows=args.stale), record)
+        client.subscribe(telemetry_topic("+"), fleet.on_telemetry, target="iot", qos=1)
+        return fleet
+    watcher = _Watcher(Dashboard(source=where), record)
+    client.subscribe(telemetry_topic(args.thing), watcher.on_telemetry, target="iot", qos=1)
+    if not args.no_results:
+        client.subscribe(result_topic(args.thing) + "/#", watcher.on_result, target="iot")  # + reply_to
+    return watcher
+
+
+def _show(dashboard: Any, args: argparse.Namespace) -> None:
+    from rich.console import Console
+    from rich.live import Live
+
+    deadline = None if args.duration is None else time.monotonic() + args.duration
+    console = Console(stderr=False)
+    if args.once:
+        time.sleep(args.duration)
+        console.print(dashboard.render())
+        return
+    if not console.is_terminal:
+        # no live screen (a pipe, a log file): print a frame whenever a new window arrived
+        printed = 0
+        while deadline is None or time.monotonic() < deadline:
+            time.sleep(0.2)
+            if dashboard.windows_received != printed:
+                printed = dashboard.windows_received
+                console.print(dashboard.render())
+        return
+    with Live(dashboard.render(), console=console, refresh_per_second=4, screen=False) as live:
+        while deadline is None or time.monotonic() < deadline:
+            time.sleep(0.25)
+            live.update(dashboard.render())
+
+
+def _watch(args: argparse.Namespace) -> int:
+    _check_watch_args(args)
     client, where = _connect(args)
     record: IO[str] | None = None
     try:
-        if args.record is not None:
-            try:
-                record = args.record.open("a", encoding="utf-8")
-            except OSError as exc:
-                raise EdgeinferError(f"cannot write {args.record}: {exc.strerror or exc}") from None
-        dashboard = Dashboard(source=where)
-        watcher = _Watcher(dashboard, record)
-        client.subscribe(telemetry_topic(args.thing), watcher.on_telemetry, target="iot", qos=1)
-        if not args.no_results:
-            client.subscribe(result_topic(args.thing) + "/#", watcher.on_result, target="iot")  # + reply_to
-        deadline = None if args.duration is None else time.monotonic() + args.duration
-        console = Console(stderr=False)
-        if args.once:
-            time.sleep(args.duration)
-            console.print(dashboard.render())
-            return 0
-        if not console.is_terminal:
-            # no live screen (a pipe, a log file): print a frame whenever a new window arrived
-            printed = 0
-            while deadline is None or time.monotonic() < deadline:
-                time.sleep(0.2)
-                if dashboard.windows_received != printed:
-                    printed = dashboard.windows_received
-                    console.print(dashboard.render())
-            return 0
-        with Live(dashboard.render(), console=console, refresh_per_second=4, screen=False) as live:
-            while deadline is None or time.monotonic() < deadline:
-                time.sleep(0.25)
-                live.update(dashboard.render())
+        record = _open_record(args.record)
+        watcher = _subscribe(client, args, where, record)
+        _show(watcher.dashboard, args)
         return 0
     finally:
         client.close()
@@ -200,11 +261,25 @@ def _report(args: argparse.Namespace) -> int:
     # Every input read before the first chart is written: a bad file leaves no partial output.
     loaded = [(path, *load(path)) for path in args.files]
     written: list[Path] = []
-    for path, kind, data in loaded:
-        written += plot_loaded(path, kind, data, args.out)
+    if args.fleet:
+        written = _report_fleet(loaded, args.out)
+    else:
+        for path, kind, data in loaded:
+            written += plot_loaded(path, kind, data, args.out)
     for out in written:
         print(out)
     if not written:
         print("edgeinfer: nothing to plot", file=sys.stderr)
         return 1
     return 0
+
+
+def _report_fleet(loaded: list[tuple[Path, str, Any]], out: Path) -> list[Path]:
+    from edgeinfer.telemetry.report import plot_fleet
+
+    windows = []
+    for path, kind, data in loaded:
+        if kind != "telemetry":
+            raise EdgeinferError(f"--fleet plots telemetry windows; {path} holds benchmark figures")
+        windows += data
+    return plot_fleet(windows, out)

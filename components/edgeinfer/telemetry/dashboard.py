@@ -2,7 +2,8 @@
 
 `Dashboard.add_window()` / `add_result()` take what arrives from the broker (on the MQTT client's
 thread); `render()` builds a `rich` renderable of everything seen. Tests render it to a string with a
-`rich.console.Console(file=StringIO())`; the command shows it in a `rich.live.Live`.
+`rich.console.Console(file=StringIO())`; the command shows it in a `rich.live.Live`. `FleetDashboard`
+is the same for `watch --fleet`: one row per thing (the figures and order of `telemetry.fleet`).
 """
 
 from __future__ import annotations
@@ -18,11 +19,18 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from edgeinfer.messages import Result, TelemetryWindow
+from edgeinfer.messages import Result, TelemetryWindow, parse_iso_utc
+from edgeinfer.telemetry.fleet import (
+    DEFAULT_STALE_WINDOWS,
+    WORST_FIRST,
+    ThingFigures,
+    figures_of,
+    worst_first,
+)
 from edgeinfer.telemetry.histogram import Histogram
 from edgeinfer.telemetry.window import STAGES
 
-__all__ = ["Dashboard", "sparkline"]
+__all__ = ["Dashboard", "FleetDashboard", "sparkline"]
 
 _BLOCKS = "▁▂▃▄▅▆▇█"
 _SEEN = 1000  # how far back duplicates are recognised
@@ -236,3 +244,117 @@ class Dashboard:
         if codes:
             text.append("  errors " + ", ".join(f"{c} {n}" for c, n in sorted(codes.items())), style="red")
         return text
+
+
+# -------------------------------------------------------------------------------------------- fleet
+
+NONE = "–"
+
+
+def _window_time(window: TelemetryWindow) -> float | None:
+    try:
+        return parse_iso_utc(window.timestamp)
+    except ValueError:
+        return None
+
+
+@dataclass
+class _Thing:
+    window: TelemetryWindow
+    model: str | None
+    heard_at: float  # our clock, when any window of it last arrived
+
+
+class FleetDashboard:
+    """The latest window of every thing. Thread-safe; `clock` makes staleness testable.
+
+    The latest window is the one stamped last, not the one that arrived last: a spool replays old
+    windows after an outage, and a restarted component counts `seq` from 0 again.
+    """
+
+    def __init__(
+        self,
+        *,
+        source: str = "",
+        stale_windows: float = DEFAULT_STALE_WINDOWS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.source = source
+        self.stale_windows = stale_windows
+        self._clock = clock
+        self._things: dict[str, _Thing] = {}
+        self._lock = threading.Lock()
+        self.bad_messages = 0
+        self.windows_received = 0
+
+    def add_window(self, window: TelemetryWindow, model: str | None = None) -> None:
+        with self._lock:
+            now = self._clock()
+            self.windows_received += 1
+            known = self._things.get(window.thing)
+            if known is None:
+                self._things[window.thing] = _Thing(window, model, now)
+                return
+            known.heard_at = now  # even a replayed window says the thing is back
+            new, old = _window_time(window), _window_time(known.window)
+            if new is None or old is None or new >= old:
+                known.window, known.model = window, model
+
+    def _is_stale(self, thing: _Thing, now: float) -> bool:
+        return now - thing.heard_at > self.stale_windows * thing.window.window_s
+
+    def rows(self) -> list[tuple[ThingFigures, bool, float]]:
+        """(figures, stale, seconds since heard) per thing, worst first."""
+        with self._lock:
+            now = self._clock()
+            rows = [
+                (figures_of(t.window, t.model), self._is_stale(t, now), max(0.0, now - t.heard_at))
+                for t in self._things.values()
+            ]
+        rows.sort(key=lambda row: worst_first(row[0], row[1]))
+        return rows
+
+    @property
+    def things(self) -> list[str]:
+        with self._lock:
+            return sorted(self._things)
+
+    def render(self) -> RenderableType:
+        rows = self.rows()
+        stale = sum(1 for _, is_stale, _ in rows if is_stale)
+        header = Text.assemble(
+            ("edgeinfer watch --fleet", "bold"),
+            f"  {self.source}  ",
+            (f"{len(rows)} thing(s)", "cyan"),
+            (f"  {stale} stale", "yellow") if stale else "",
+            (f"  sorted worst first: {WORST_FIRST}", "dim"),
+        )
+        if not rows:
+            return Group(header, Text("waiting for telemetry …", style="dim"))
+        table = Table(show_edge=False, pad_edge=False)
+        table.add_column("thing")
+        table.add_column("model")
+        for col in ("p50 ms", "p99 ms", "errors", "offloads", "req/s", "heard"):
+            table.add_column(col, justify="right")
+        for figures, is_stale, ago in rows:
+            table.add_row(*_cells(figures, is_stale, ago), style="dim" if is_stale else None)
+        return Group(header, table)
+
+
+def _ms(value: float | None) -> str:
+    return NONE if value is None else f"{value:.2f}"
+
+
+def _cells(f: ThingFigures, stale: bool, ago: float) -> list[str | Text]:
+    errors = Text(f"{f.errors} ({f.error_share:.1%})", style="red" if f.errors else "green")
+    heard = Text(f"stale {ago:.0f}s", style="yellow") if stale else f"{ago:.0f}s ago"
+    return [
+        f.thing,
+        f.model or NONE,
+        _ms(f.p50_ms),
+        _ms(f.p99_ms),
+        errors,
+        f"{f.offloaded} ({f.offload_share:.0%})",
+        f"{f.throughput_rps:.1f}",
+        heard,
+    ]

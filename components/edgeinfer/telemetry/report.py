@@ -9,6 +9,10 @@ Two kinds of input, told apart by their shape:
   `edgeinfer bench … --json FILE` writes them. One PNG: p50 and p99 side by side per entry, labelled by
   the path of keys that leads to it.
 
+`--fleet` puts every device of the telemetry inputs in one PNG instead: total p99 and error share per
+device over time, beside a bar chart of the devices over the whole recording, worst first (the order
+of `watch --fleet`). `fleet_summary()` and `fleet_series()` are its figures, apart from the drawing.
+
 matplotlib (the `plots` extra) is imported inside the functions, with the Agg backend: no display.
 """
 
@@ -25,8 +29,20 @@ from typing import Any
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.files import write_output
 from edgeinfer.messages import MessageError, TelemetryWindow, parse_iso_utc
+from edgeinfer.stats import quantile
+from edgeinfer.telemetry.fleet import ThingFigures, figures_of, worst_first
 
-__all__ = ["Series", "find_quantiles", "load", "plot_file"]
+__all__ = [
+    "FleetPoint",
+    "Series",
+    "find_quantiles",
+    "fleet_figsize",
+    "fleet_series",
+    "fleet_summary",
+    "load",
+    "plot_file",
+    "plot_fleet",
+]
 
 Series = list[tuple[str, dict[str, float]]]
 
@@ -212,3 +228,130 @@ def plot_loaded(path: Path, kind: str, data: Any, out_dir: Path) -> list[Path]:
     if kind == "telemetry":
         return plot_telemetry(data, out_dir, path.stem)
     return plot_bench(data, out_dir, path.stem, f"{path.name}: p50 and p99 (ms)")
+
+
+# ------------------------------------------------------------------------------------------- fleet
+
+FleetPoint = tuple[float, float | None, float]  # (x, total p99 or None, error share)
+_COLOURS = ("C0", "C1", "C2", "C3", "C4", "C5", "C6", "C8")  # not C7: grey is for the rest
+_LABELLED = len(_COLOURS)  # the worst devices get a colour and a legend entry; the rest are drawn in grey
+
+
+def _distinct(windows: list[TelemetryWindow]) -> dict[str, list[TelemetryWindow]]:
+    """Per device, each window once (a recording holds a window twice when it was delivered twice)."""
+    by_thing: dict[str, dict[tuple[int, str], TelemetryWindow]] = {}
+    for w in windows:
+        by_thing.setdefault(w.thing, {})[(w.seq, w.timestamp)] = w
+    return {thing: sorted(ws.values(), key=_order) for thing, ws in by_thing.items()}
+
+
+def _order(window: TelemetryWindow) -> tuple[float, int]:
+    try:
+        return parse_iso_utc(window.timestamp), window.seq
+    except ValueError:
+        return -math.inf, window.seq  # not nan: nan compares unequal to itself and breaks the sort
+
+
+def fleet_summary(windows: list[TelemetryWindow]) -> list[ThingFigures]:
+    """One row per device over the whole recording, worst first: its requests, errors and offloads
+    summed, throughput over the time its windows cover, the median window's total p50 and the worst
+    window's total p99 (window quantiles cannot be merged into the recording's own)."""
+    rows = []
+    for thing, items in _distinct(windows).items():
+        figures = [figures_of(w) for w in items]
+        p50s = [f.p50_ms for f in figures if f.p50_ms is not None]
+        p99s = [f.p99_ms for f in figures if f.p99_ms is not None]
+        span = sum(w.window_s for w in items)
+        requests = sum(f.requests for f in figures)
+        rows.append(
+            ThingFigures(
+                thing=thing,
+                requests=requests,
+                errors=sum(f.errors for f in figures),
+                offloaded=sum(f.offloaded for f in figures),
+                throughput_rps=requests / span if span > 0 else 0.0,
+                p50_ms=quantile(p50s, 0.5) if p50s else None,
+                p99_ms=max(p99s) if p99s else None,
+            )
+        )
+    return sorted(rows, key=worst_first)
+
+
+def fleet_series(windows: list[TelemetryWindow]) -> tuple[str, dict[str, list[FleetPoint]]]:
+    """(x axis label, per device its windows in order as (x, total p99, error share)). x is seconds since
+    the fleet's first window when every window has a timestamp, else the window's seq."""
+    by_thing = _distinct(windows)
+    try:
+        t0 = min(parse_iso_utc(w.timestamp) for items in by_thing.values() for w in items)
+    except ValueError:
+        t0 = math.nan
+    label = "window seq" if math.isnan(t0) else "time (s)"
+    series = {}
+    for thing, items in by_thing.items():
+        points = []
+        for w in items:
+            f = figures_of(w)
+            x = float(w.seq) if math.isnan(t0) else parse_iso_utc(w.timestamp) - t0
+            points.append((x, f.p99_ms, f.error_share))
+        series[thing] = points
+    return label, series
+
+
+def fleet_figsize(things: int) -> tuple[float, float]:
+    """Inches: the bar chart grows with the number of devices, so each keeps a readable row."""
+    return 14.0, max(7.0, 0.28 * things + 2.0)
+
+
+def plot_fleet(windows: list[TelemetryWindow], out_dir: Path, stem: str = "fleet") -> list[Path]:
+    plt = _pyplot()
+    summary = fleet_summary(windows)
+    if not summary:
+        return []
+    xlabel, series = fleet_series(windows)
+    fig = plt.figure(figsize=fleet_figsize(len(summary)))
+    grid = fig.add_gridspec(2, 2, width_ratios=(3, 2))
+    ax_p99 = fig.add_subplot(grid[0, 0])
+    ax_err = fig.add_subplot(grid[1, 0], sharex=ax_p99)
+    ax_bar = fig.add_subplot(grid[:, 1])
+    for index in reversed(range(len(summary))):  # the worst drawn last, on top
+        row = summary[index]
+        points = series[row.thing]
+        style: dict[str, Any] = (
+            {"color": _COLOURS[index], "label": row.thing, "linewidth": 1.5}
+            if index < _LABELLED
+            else {"color": "0.75", "linewidth": 0.8}
+        )
+        xs = [x for x, _, _ in points]
+        ax_p99.plot(xs, [math.nan if p is None else p for _, p, _ in points], **style)
+        ax_err.plot(xs, [100.0 * e for _, _, e in points], **style)
+    ax_p99.set_ylabel("total p99 (ms)")
+    ax_p99.set_title(f"{len(summary)} device(s): total p99 per window (the {_LABELLED} worst in colour)")
+    handles, labels = ax_p99.get_legend_handles_labels()
+    ax_p99.legend(handles[::-1], labels[::-1], fontsize=7, loc="upper left")  # worst first, as drawn last
+    ax_err.set_ylabel("errors (% of requests)")
+    ax_err.set_xlabel(xlabel)
+    for ax in (ax_p99, ax_err):
+        ax.grid(alpha=0.3)
+    _fleet_bars(ax_bar, summary)
+    fig.tight_layout()
+    out = out_dir / f"{stem}.png"
+    _save(fig, out)
+    plt.close(fig)
+    return [out]
+
+
+def _fleet_bars(ax: Any, summary: list[ThingFigures]) -> None:
+    ys = list(range(len(summary)))
+    ax.barh(ys, [100.0 * r.error_share for r in summary], color="C3", label="errors (% of requests)")
+    ax.set_yticks(ys, [r.thing for r in summary], fontsize=7)
+    ax.invert_yaxis()
+    top = max((100.0 * r.error_share for r in summary), default=0.0)
+    ax.set_xlim(0, max(1.0, top * 1.35))  # room for the p99 labels right of the bars
+    for y, row in zip(ys, summary, strict=True):
+        p99 = "–" if row.p99_ms is None else f"{row.p99_ms:.1f} ms"
+        ax.annotate(
+            f" p99 {p99}", (100.0 * row.error_share, y), va="center", fontsize=7, annotation_clip=False
+        )
+    ax.set_xlabel("errors (% of requests over the recording)")
+    ax.set_title("over the recording, worst first (as watch --fleet sorts)", fontsize=9)
+    ax.grid(axis="x", alpha=0.3)
