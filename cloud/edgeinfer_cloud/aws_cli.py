@@ -68,7 +68,87 @@ def register(subparsers: Any) -> None:
     dep.add_argument("--timeout", type=float, default=900.0, help="seconds --wait waits (default 900)")
     dep.add_argument("--profile", help="AWS profile")
     dep.add_argument("--project", type=Path, help="project root (default: found from the current folder)")
+    _rollout_options(dep)
     dep.set_defaults(func=run_deploy)
+
+
+def _rollout_options(dep: Any) -> None:
+    """Greengrass's iotJobConfiguration (defaults: `edgeinfer_cloud.deploy.JobConfig`)."""
+    from edgeinfer_cloud.deploy import JobConfig
+
+    job = JobConfig()
+    group = dep.add_argument_group("rollout (the deployment's IoT job)")
+    group.add_argument(
+        "--rollout-max",
+        type=int,
+        default=job.max_per_minute,
+        metavar="N",
+        help=f"at most N devices notified a minute (default {job.max_per_minute})",
+    )
+    group.add_argument(
+        "--rollout-start",
+        type=int,
+        default=job.start_per_minute,
+        metavar="N",
+        help=f"devices a minute at the start (default {job.start_per_minute}); the rate grows from there",
+    )
+    group.add_argument(
+        "--rollout-factor",
+        type=float,
+        default=job.increment_factor,
+        metavar="F",
+        help=f"multiply the rate by F (1-5) each --rollout-step (default {job.increment_factor:g})",
+    )
+    group.add_argument(
+        "--rollout-step",
+        type=int,
+        default=job.increase_after,
+        metavar="N",
+        help=f"grow the rate each time N more devices succeeded (default {job.increase_after})",
+    )
+    group.add_argument(
+        "--abort",
+        action="append",
+        default=[],
+        metavar="TYPE=PERCENT",
+        help="cancel the job once PERCENT of the executed devices ended as TYPE (FAILED, REJECTED, "
+        "TIMED_OUT or ALL; repeat; default ALL=10; 'none' for no abort)",
+    )
+    group.add_argument(
+        "--abort-min-things",
+        type=int,
+        default=job.abort[0].min_things,
+        metavar="N",
+        help=f"count toward --abort only after N devices ran the job (default {job.abort[0].min_things})",
+    )
+    group.add_argument(
+        "--job-timeout",
+        type=int,
+        default=job.timeout_minutes,
+        metavar="MINUTES",
+        help=f"a device in progress longer than this times out (1-10080; default {job.timeout_minutes})",
+    )
+
+
+def _job_config(args: argparse.Namespace) -> Any:
+    from dataclasses import replace
+
+    from edgeinfer_cloud.deploy import JobConfig, parse_abort
+
+    if args.abort:
+        abort = parse_abort(args.abort, args.abort_min_things)
+    else:
+        abort = tuple(replace(c, min_things=args.abort_min_things) for c in JobConfig().abort)
+    job = JobConfig(
+        max_per_minute=args.rollout_max,
+        start_per_minute=args.rollout_start,
+        increment_factor=args.rollout_factor,
+        increase_after=args.rollout_step,
+        abort=abort,
+        timeout_minutes=args.job_timeout,
+    )
+    job.check()
+    return job
 
 
 @contextmanager
@@ -153,6 +233,7 @@ def run_deploy(args: argparse.Namespace, session_factory: Callable[..., Any] | N
     recipes = load_recipes(args.project or find_project())
     components = {name: recipes[name].version for name in dependency_order(recipes)}
     merges = parse_config_merge(args.config_merge, list(components))
+    job = _job_config(args)
     with aws_errors():
         gg = (session_factory or _session)(args.profile, target.region).client("greengrassv2")
         report = deploy(
@@ -161,6 +242,7 @@ def run_deploy(args: argparse.Namespace, session_factory: Callable[..., Any] | N
             components,
             merges=merges,
             deployment_name=args.name,
+            job=job,
             wait=args.wait,
             timeout_s=args.timeout,
             say=_stderr,

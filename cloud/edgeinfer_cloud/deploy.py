@@ -3,7 +3,10 @@ or a thing group, with optional configuration merges, optionally following it to
 
 For a thing target the status is the device's own (`list_effective_deployments`); for a thing group,
 every core device in the group is followed. The deployment rolls back on failure
-(`failureHandlingPolicy: ROLLBACK`), so a failed deployment leaves devices as they were.
+(`failureHandlingPolicy: ROLLBACK`), so a failed deployment leaves devices as they were. Every
+deployment carries an `iotJobConfiguration` (`JobConfig`): how fast it reaches the target's devices,
+when the job cancels itself because too many of them failed, and how long one device may take. The
+quality canary (`edgeinfer_cloud.canary`) builds on `deploy_spec` and `follow`.
 """
 
 from __future__ import annotations
@@ -20,10 +23,18 @@ from typing import Any
 from edgeinfer.errors import EdgeinferError
 
 __all__ = [
+    "ABORT_TYPES",
+    "AbortCriterion",
     "DeployError",
     "DeployReport",
+    "JobConfig",
     "Target",
+    "component_spec",
     "deploy",
+    "deploy_spec",
+    "devices",
+    "follow",
+    "parse_abort",
     "parse_config_merge",
     "parse_target",
 ]
@@ -38,6 +49,8 @@ _TARGET_RE = re.compile(
 )
 SUCCEEDED = {"SUCCEEDED", "COMPLETED"}
 TERMINAL = SUCCEEDED | {"FAILED", "REJECTED", "TIMED_OUT", "CANCELED"}
+ABORT_TYPES = ("FAILED", "REJECTED", "TIMED_OUT", "ALL")
+"""The job execution outcomes an abort criterion counts (ALL: any of the three)."""
 
 
 class DeployError(EdgeinferError):
@@ -50,6 +63,100 @@ class Target:
     region: str
     kind: str  # "thing" | "thinggroup"
     name: str
+    account: str = ""
+    partition: str = "aws"
+
+    def group(self, name: str) -> Target:
+        """The thing group `name` in this target's partition, region and account."""
+        return parse_target(f"arn:{self.partition}:iot:{self.region}:{self.account}:thinggroup/{name}")
+
+
+@dataclass(frozen=True)
+class AbortCriterion:
+    """Cancel the job once `percent` of its executions ended as `failure_type`, counted only after
+    `min_things` devices ran it (so the first failure of a large fleet does not stop it alone)."""
+
+    failure_type: str  # one of ABORT_TYPES
+    percent: float
+    min_things: int = 5
+
+    def to_api(self) -> dict[str, Any]:
+        return {
+            "failureType": self.failure_type,
+            "action": "CANCEL",
+            "thresholdPercentage": self.percent,
+            "minNumberOfExecutedThings": self.min_things,
+        }
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """Greengrass's `iotJobConfiguration`. The defaults start slowly (`start_per_minute` devices a
+    minute), multiply the rate by `increment_factor` each time `increase_after` more devices succeeded,
+    up to `max_per_minute`; cancel once a tenth of the executed devices failed in any way (after five);
+    and give a device `timeout_minutes` in progress (downloading the model store included)."""
+
+    max_per_minute: int = 50
+    start_per_minute: int = 5
+    increment_factor: float = 2.0
+    increase_after: int = 5
+    abort: tuple[AbortCriterion, ...] = (AbortCriterion("ALL", 10.0, 5),)
+    timeout_minutes: int = 60
+
+    def check(self) -> None:
+        """Raise `DeployError` for what the service model would refuse, naming the option."""
+        _within("--rollout-max", self.max_per_minute, 1, 1000)
+        _within("--rollout-start", self.start_per_minute, 1, self.max_per_minute)
+        _within("--rollout-factor", self.increment_factor, 1, 5)
+        _within("--rollout-step", self.increase_after, 1, None)
+        _within("--job-timeout", self.timeout_minutes, 1, 10080)
+        for criterion in self.abort:
+            if criterion.failure_type not in ABORT_TYPES:
+                raise DeployError(f"--abort: {criterion.failure_type} is not one of {', '.join(ABORT_TYPES)}")
+            _within(f"--abort {criterion.failure_type}", criterion.percent, 0.01, 100)
+            _within("--abort-min-things", criterion.min_things, 1, None)
+
+    def to_api(self) -> dict[str, Any]:
+        config: dict[str, Any] = {
+            "jobExecutionsRolloutConfig": {
+                "maximumPerMinute": self.max_per_minute,
+                "exponentialRate": {
+                    "baseRatePerMinute": self.start_per_minute,
+                    "incrementFactor": self.increment_factor,
+                    "rateIncreaseCriteria": {"numberOfSucceededThings": self.increase_after},
+                },
+            },
+            "timeoutConfig": {"inProgressTimeoutInMinutes": self.timeout_minutes},
+        }
+        if self.abort:
+            config["abortConfig"] = {"criteriaList": [c.to_api() for c in self.abort]}
+        return config
+
+
+def _within(option: str, value: float, low: float, high: float | None) -> None:
+    if value < low or (high is not None and value > high):
+        span = f"between {low:g} and {high:g}" if high is not None else f"at least {low:g}"
+        raise DeployError(f"{option} must be {span}, got {value:g}")
+
+
+def parse_abort(items: Sequence[str], min_things: int) -> tuple[AbortCriterion, ...]:
+    """`TYPE=PERCENT` items (`ALL=10`, `TIMED_OUT=25`) → abort criteria; `none` alone → none."""
+    if list(items) == ["none"]:
+        return ()
+    criteria: list[AbortCriterion] = []
+    for item in items:
+        kind, sep, text = item.partition("=")
+        kind = kind.strip().upper()
+        if not sep or kind not in ABORT_TYPES:
+            raise DeployError(
+                f"--abort expects TYPE=PERCENT with TYPE one of {', '.join(ABORT_TYPES)}, got {item!r}"
+            )
+        try:
+            percent = round(float(text), 2)  # the service takes two decimals
+        except ValueError:
+            raise DeployError(f"--abort {kind}: {text!r} is not a percentage") from None
+        criteria.append(AbortCriterion(kind, percent, min_things))
+    return tuple(criteria)
 
 
 @dataclass
@@ -67,7 +174,14 @@ def parse_target(arn: str) -> Target:
             f"--target must be a thing or thing group ARN "
             f"(arn:aws:iot:REGION:ACCOUNT:thing/NAME or .../thinggroup/NAME), got {arn!r}"
         )
-    return Target(arn=arn.strip(), region=m["region"], kind=m["kind"], name=m["name"])
+    return Target(
+        arn=arn.strip(),
+        region=m["region"],
+        kind=m["kind"],
+        name=m["name"],
+        account=m["account"],
+        partition=m["partition"],
+    )
 
 
 def parse_config_merge(
@@ -108,7 +222,9 @@ def _pages(call: Callable[..., Any], **kwargs: Any) -> Iterator[dict[str, Any]]:
             return
 
 
-def _devices(gg: Any, target: Target) -> list[str]:
+def devices(gg: Any, target: Target) -> list[str]:
+    """The core devices a deployment to `target` reaches: the thing itself, or every core device of
+    the thing group."""
     if target.kind == "thing":
         return [target.name]
     return [
@@ -127,6 +243,20 @@ def _device_status(gg: Any, device: str, deployment_id: str) -> tuple[str, str]:
     return "QUEUED", ""
 
 
+def component_spec(
+    components: Mapping[str, str], merges: Mapping[str, Mapping[str, Any]] | None = None
+) -> dict[str, dict[str, Any]]:
+    """Component name → version → the deployment's `components` (with each configuration merge)."""
+    merges = merges or {}
+    spec: dict[str, dict[str, Any]] = {}
+    for name, version in components.items():
+        entry: dict[str, Any] = {"componentVersion": version}
+        if name in merges:
+            entry["configurationUpdate"] = {"merge": json.dumps(merges[name], separators=(",", ":"))}
+        spec[name] = entry
+    return spec
+
+
 def deploy(
     gg: Any,
     target: Target,
@@ -134,6 +264,7 @@ def deploy(
     *,
     merges: Mapping[str, Mapping[str, Any]] | None = None,
     deployment_name: str | None = None,
+    job: JobConfig = JobConfig(),
     wait: bool = False,
     timeout_s: float = 900.0,
     poll_s: float = 5.0,
@@ -142,17 +273,42 @@ def deploy(
     sleep: Callable[[float], None] = time.sleep,
 ) -> DeployReport:
     """Create the deployment (and with `wait`, follow it until every device reports an end state)."""
-    merges = merges or {}
-    spec: dict[str, Any] = {}
-    for name, version in components.items():
-        entry: dict[str, Any] = {"componentVersion": version}
-        if name in merges:
-            entry["configurationUpdate"] = {"merge": json.dumps(merges[name], separators=(",", ":"))}
-        spec[name] = entry
+    return deploy_spec(
+        gg,
+        target,
+        component_spec(components, merges),
+        deployment_name=deployment_name,
+        job=job,
+        wait=wait,
+        timeout_s=timeout_s,
+        poll_s=poll_s,
+        say=say,
+        clock=clock,
+        sleep=sleep,
+    )
+
+
+def deploy_spec(
+    gg: Any,
+    target: Target,
+    spec: Mapping[str, Mapping[str, Any]],
+    *,
+    deployment_name: str | None = None,
+    job: JobConfig = JobConfig(),
+    wait: bool = False,
+    timeout_s: float = 900.0,
+    poll_s: float = 5.0,
+    say: Say = lambda line: log.info("%s", line),
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> DeployReport:
+    """`deploy` for a `components` specification as the API takes it (a previous deployment's, with
+    its merges and `runWith`, is redeployed as it was)."""
     response = gg.create_deployment(
         targetArn=target.arn,
         deploymentName=deployment_name or f"edgeinfer-{target.name}",
-        components=spec,
+        components={name: dict(entry) for name, entry in spec.items()},
+        iotJobConfiguration=job.to_api(),
         deploymentPolicies={
             "failureHandlingPolicy": "ROLLBACK",
             "componentUpdatePolicy": {"timeoutInSeconds": 60, "action": "NOTIFY_COMPONENTS"},
@@ -161,16 +317,32 @@ def deploy(
         clientToken=str(uuid.uuid4()),
     )
     deployment_id = str(response["deploymentId"])
-    report = DeployReport(deployment_id=deployment_id, target=target, components=dict(components))
+    versions = {name: str(entry["componentVersion"]) for name, entry in spec.items()}
+    report = DeployReport(deployment_id=deployment_id, target=target, components=versions)
     say(f"deployment {deployment_id} created for {target.kind} {target.name}")
-    if not wait:
-        return report
+    if wait:
+        follow(gg, report, timeout_s=timeout_s, poll_s=poll_s, say=say, clock=clock, sleep=sleep)
+    return report
 
+
+def follow(
+    gg: Any,
+    report: DeployReport,
+    *,
+    timeout_s: float = 900.0,
+    poll_s: float = 5.0,
+    say: Say = lambda line: log.info("%s", line),
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Follow `report`'s deployment until every device reports an end state (into `report.statuses`);
+    raise `DeployError` when one did not succeed or the time is up."""
+    target, deployment_id = report.target, report.deployment_id
     deadline = clock() + timeout_s
-    devices = _devices(gg, target)
-    if not devices:
+    found = devices(gg, target)
+    if not found:
         raise DeployError(f"thing group {target.name} has no Greengrass core devices to follow")
-    pending = set(devices)
+    pending = set(found)
     reasons: dict[str, str] = {}
     while pending:
         for device in sorted(pending):
@@ -193,4 +365,3 @@ def deploy(
             f"{d}: {s}{f' ({reasons[d]})' if reasons.get(d) else ''}" for d, s in failed.items()
         )
         raise DeployError(f"deployment {deployment_id} did not succeed: {detail}")
-    return report

@@ -14,7 +14,15 @@ from botocore.stub import Stubber
 from edgeinfer import __version__, cli
 from edgeinfer.bundle.build import dependency_order, load_recipes
 from edgeinfer_cloud import aws_cli
-from edgeinfer_cloud.deploy import DeployError, deploy, parse_config_merge, parse_target
+from edgeinfer_cloud.deploy import (
+    AbortCriterion,
+    DeployError,
+    JobConfig,
+    deploy,
+    parse_abort,
+    parse_config_merge,
+    parse_target,
+)
 from tests.cloud.aws_fixtures import NOW, ROOT, Capture
 
 THING_ARN = "arn:aws:iot:eu-central-1:111122223333:thing/line-7-camera"
@@ -38,7 +46,12 @@ def gg(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, Stubber]]:
         stub.assert_no_pending_responses()
 
 
-def expect_create(stub: Stubber, target: str, components: Capture | dict[str, Any]) -> None:
+def expect_create(
+    stub: Stubber,
+    target: str,
+    components: Capture | dict[str, Any],
+    job: Capture | dict[str, Any] | None = None,
+) -> None:
     stub.add_response(
         "create_deployment",
         {
@@ -50,6 +63,7 @@ def expect_create(stub: Stubber, target: str, components: Capture | dict[str, An
             "targetArn": target,
             "deploymentName": Capture(),
             "components": components,
+            "iotJobConfiguration": job if job is not None else Capture(),
             "deploymentPolicies": Capture(),
             "clientToken": Capture(),
         },
@@ -279,3 +293,166 @@ def test_cli_deploy_without_credentials_is_one_line(
     err = capsys.readouterr().err
     assert err.startswith("edgeinfer: error: no AWS credentials found")
     assert err.count("\n") == 1
+
+
+DEFAULT_JOB = {
+    "jobExecutionsRolloutConfig": {
+        "maximumPerMinute": 50,
+        "exponentialRate": {
+            "baseRatePerMinute": 5,
+            "incrementFactor": 2.0,
+            "rateIncreaseCriteria": {"numberOfSucceededThings": 5},
+        },
+    },
+    "abortConfig": {
+        "criteriaList": [
+            {
+                "failureType": "ALL",
+                "action": "CANCEL",
+                "thresholdPercentage": 10.0,
+                "minNumberOfExecutedThings": 5,
+            }
+        ]
+    },
+    "timeoutConfig": {"inProgressTimeoutInMinutes": 60},
+}
+
+
+def test_deploy_sends_the_default_job_configuration_and_rollback(gg: tuple[Any, Stubber]) -> None:
+    client, stub = gg
+    policies = Capture()
+    stub.add_response(
+        "create_deployment",
+        {"deploymentId": DEPLOYMENT},
+        expected_params={
+            "targetArn": GROUP_ARN,
+            "deploymentName": "edgeinfer-factory-a",
+            "components": Capture(),
+            "iotJobConfiguration": DEFAULT_JOB,
+            "deploymentPolicies": policies,
+            "clientToken": Capture(),
+        },
+    )
+    deploy(client, parse_target(GROUP_ARN), COMPONENTS)
+    assert policies.values[0]["failureHandlingPolicy"] == "ROLLBACK"
+
+
+def test_deploy_sends_a_job_configuration_as_given(gg: tuple[Any, Stubber]) -> None:
+    client, stub = gg
+    job = JobConfig(
+        max_per_minute=200,
+        start_per_minute=20,
+        increment_factor=1.5,
+        increase_after=50,
+        abort=(AbortCriterion("FAILED", 5.0, 20), AbortCriterion("TIMED_OUT", 12.5, 20)),
+        timeout_minutes=10080,
+    )
+    job.check()
+    expect_create(
+        stub,
+        GROUP_ARN,
+        Capture(),
+        {
+            "jobExecutionsRolloutConfig": {
+                "maximumPerMinute": 200,
+                "exponentialRate": {
+                    "baseRatePerMinute": 20,
+                    "incrementFactor": 1.5,
+                    "rateIncreaseCriteria": {"numberOfSucceededThings": 50},
+                },
+            },
+            "abortConfig": {
+                "criteriaList": [
+                    {
+                        "failureType": "FAILED",
+                        "action": "CANCEL",
+                        "thresholdPercentage": 5.0,
+                        "minNumberOfExecutedThings": 20,
+                    },
+                    {
+                        "failureType": "TIMED_OUT",
+                        "action": "CANCEL",
+                        "thresholdPercentage": 12.5,
+                        "minNumberOfExecutedThings": 20,
+                    },
+                ]
+            },
+            "timeoutConfig": {"inProgressTimeoutInMinutes": 10080},
+        },
+    )
+    deploy(client, parse_target(GROUP_ARN), COMPONENTS, job=job)
+
+
+def test_no_abort_leaves_the_abort_config_out(gg: tuple[Any, Stubber]) -> None:
+    client, stub = gg
+    job = JobConfig(abort=parse_abort(["none"], 5))
+    expected = {k: v for k, v in DEFAULT_JOB.items() if k != "abortConfig"}
+    expect_create(stub, THING_ARN, Capture(), expected)
+    deploy(client, parse_target(THING_ARN), COMPONENTS, job=job)
+
+
+def test_parse_abort_reads_each_type() -> None:
+    assert parse_abort(["all=10", "REJECTED=2.555"], 3) == (
+        AbortCriterion("ALL", 10.0, 3),
+        AbortCriterion("REJECTED", 2.56, 3),
+    )
+
+
+@pytest.mark.parametrize(
+    ("job", "match"),
+    [
+        (JobConfig(max_per_minute=0), "--rollout-max must be between 1 and 1000"),
+        (JobConfig(start_per_minute=60), "--rollout-start must be between 1 and 50"),
+        (JobConfig(increment_factor=6), "--rollout-factor must be between 1 and 5"),
+        (JobConfig(increase_after=0), "--rollout-step must be at least 1"),
+        (JobConfig(timeout_minutes=20000), "--job-timeout must be between 1 and 10080"),
+        (JobConfig(abort=(AbortCriterion("ALL", 0.0),)), "--abort ALL must be between"),
+        (JobConfig(abort=(AbortCriterion("ALL", 10, 0),)), "--abort-min-things must be at least 1"),
+    ],
+)
+def test_bad_job_configuration_is_one_line(job: JobConfig, match: str) -> None:
+    with pytest.raises(DeployError, match=match):
+        job.check()
+
+
+@pytest.mark.parametrize("item", ["SOMETIMES=5", "ALL", "ALL=lots"])
+def test_bad_abort_is_refused(item: str) -> None:
+    with pytest.raises(DeployError, match="--abort"):
+        parse_abort([item], 5)
+
+
+def test_cli_takes_the_rollout_options(gg: tuple[Any, Stubber], monkeypatch: pytest.MonkeyPatch) -> None:
+    client, stub = gg
+    job = Capture()
+    expect_create(stub, GROUP_ARN, Capture(), job)
+
+    class Session:
+        def client(self, name: str) -> Any:
+            return client
+
+    monkeypatch.setattr(aws_cli, "_session", lambda profile, region: Session())
+    argv = ["deploy", "--target", GROUP_ARN, "--project", str(ROOT), "--rollout-max", "100"]
+    argv += ["--rollout-start", "10", "--rollout-factor", "3", "--rollout-step", "25", "--job-timeout", "30"]
+    argv += ["--abort", "FAILED=5", "--abort", "TIMED_OUT=20", "--abort-min-things", "10"]
+    assert cli.main(argv) == 0
+    sent = job.values[0]
+    assert sent["jobExecutionsRolloutConfig"] == {
+        "maximumPerMinute": 100,
+        "exponentialRate": {
+            "baseRatePerMinute": 10,
+            "incrementFactor": 3.0,
+            "rateIncreaseCriteria": {"numberOfSucceededThings": 25},
+        },
+    }
+    assert [(c["failureType"], c["thresholdPercentage"]) for c in sent["abortConfig"]["criteriaList"]] == [
+        ("FAILED", 5.0),
+        ("TIMED_OUT", 20.0),
+    ]
+    assert {c["minNumberOfExecutedThings"] for c in sent["abortConfig"]["criteriaList"]} == {10}
+    assert sent["timeoutConfig"] == {"inProgressTimeoutInMinutes": 30}
+
+
+def test_cli_refuses_a_rollout_the_service_would_refuse(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["deploy", "--target", GROUP_ARN, "--project", str(ROOT), "--rollout-start", "80"]
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err == "edgeinfer: error: --rollout-start must be between 1 and 50, got 80\n"
