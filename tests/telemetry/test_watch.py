@@ -1,8 +1,19 @@
-"""`edgeinfer watch` against a real broker: windows and results in, one frame out (no terminal)."""
+"""`edgeinfer watch` against a real broker: windows and results in, one frame out (no terminal); and
+`watch --fleet` in a real (pseudo-)terminal."""
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
+import pty
 import random
+import re
+import signal
+import struct
+import subprocess
+import sys
+import termios
 import threading
 from typing import Any
 
@@ -13,6 +24,7 @@ from edgeinfer.messages import Latency, Result, TimingBatch, result_topic, telem
 from edgeinfer.telemetry.window import WindowAggregator
 from tests.helpers.clock import FakeClock
 from tests.helpers.telemetry import make_record
+from tests.helpers.wait import eventually
 
 
 def test_watch_once_shows_what_the_broker_carried(
@@ -73,3 +85,93 @@ def test_watch_rejects_a_bad_thing_name(capsys: pytest.CaptureFixture[str]) -> N
 def test_watch_endpoint_needs_cert_and_key(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["watch", "--endpoint", "example-ats.iot.us-east-1.amazonaws.com"]) == 2
     assert "--cert and --key" in capsys.readouterr().err
+
+
+def fleet_windows(things: int) -> list[dict[str, Any]]:
+    """One window per thing; thing i failed i of its requests, so the worst-first order is known. Every
+    other window names its model, as windows will once they carry model identity."""
+    from edgeinfer.messages import ErrorCode
+
+    rng = random.Random(27)
+    clock = FakeClock()
+    docs = []
+    for i in range(things):
+        thing = f"cam-{i:02d}"
+        agg = WindowAggregator(thing, window_s=10, clock=clock)
+        records = [make_record(rng) for _ in range(40)]
+        records += [make_record(rng, status="error", code=ErrorCode.INTERNAL) for _ in range(i)]
+        agg.add(TimingBatch(thing, records))
+        clock.advance(10)
+        (window,) = agg.poll()
+        doc = window.to_dict()
+        if i % 2 == 0:
+            doc["models"] = [{"name": "effnet-lite0", "version": "1.2.0", "variant": "int8"}]
+        docs.append(doc)
+    return docs
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def test_watch_fleet_in_a_terminal_shows_one_row_per_thing_worst_first(sim_broker: Any) -> None:
+    """`watch --fleet` as a user runs it: in a pseudo-terminal (so `rich` draws its live view), against
+    the real broker, with 20 things' windows published to it; the last frame it drew is read back."""
+    from edgeinfer.transport.mqtt import MqttPubSub
+
+    host, port = sim_broker.address
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 60, 160, 0, 0))  # rows, columns
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "NO_COLOR", "TERM")}
+    command = [sys.executable, "-m", "edgeinfer", "watch", "--fleet", "--broker", f"{host}:{port}"]
+    proc = subprocess.Popen(
+        command, stdin=slave, stdout=slave, stderr=slave, env={**env, "TERM": "xterm-256color"}
+    )
+    os.close(slave)
+    screen = bytearray()
+
+    def read() -> None:
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the terminal's last writer has gone
+                return
+            if not chunk:
+                return
+            screen.extend(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+
+    def text() -> str:
+        return _ANSI.sub("", bytes(screen).decode("utf-8", "replace"))
+
+    try:
+        # the first frame is drawn once the subscription is acknowledged: nothing published is lost
+        eventually(lambda: "waiting for telemetry" in text(), what="watch --fleet's first frame", detail=text)
+        with MqttPubSub.connect_tcp(host, port) as pub:
+            for doc in fleet_windows(20):
+                pub.publish(telemetry_topic(doc["thing"]), json.dumps(doc).encode(), qos=1)
+        eventually(lambda: "20 thing(s)" in text(), what="20 things on screen", detail=text)
+        proc.send_signal(signal.SIGINT)  # Ctrl-C: the live view draws its last frame and stops
+        assert proc.wait(30) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        reader.join(10)
+        os.close(master)
+    last = text().rsplit("edgeinfer watch --fleet", 1)[1]
+    rows = [line.strip() for line in last.splitlines() if line.strip().startswith("cam-")]
+    assert [row.split()[0] for row in rows] == [f"cam-{i:02d}" for i in reversed(range(20))]  # worst first
+    by_thing = {row.split()[0]: row for row in rows}
+    assert "effnet-lite0 1.2.0" in by_thing["cam-18"]
+    assert "effnet" not in by_thing["cam-19"]  # no model identity in that window
+    assert "19 (32.2%)" in by_thing["cam-19"]
+    assert "0 (0.0%)" in by_thing["cam-00"]
+
+
+def test_watch_fleet_takes_no_thing(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["watch", "--fleet", "--thing", "cam-1", "--broker", "127.0.0.1:1"]) == 2
+    assert "leave out --thing" in capsys.readouterr().err
+    assert main(["watch", "--fleet", "--stale", "0", "--broker", "127.0.0.1:1"]) == 2
+    assert "--stale must be a positive" in capsys.readouterr().err
