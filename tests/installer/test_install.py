@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -314,6 +315,66 @@ def test_the_shipped_wheelhouse_is_found_and_offline_needs_one(tmp_path: Path) -
             InstallerConfig(offline=True, allow_root=True), Paths(work=tmp_path / "w2"), source=CPU_HOST
         )
     assert not (tmp_path / "w2").exists()
+
+
+def test_a_wheelhouse_the_nucleus_left_packed_is_unpacked_into_the_work_folder(tmp_path: Path) -> None:
+    import zipfile
+
+    from edgeinfer.installer.install import find_wheelhouse
+
+    artifacts, unpacked, work = tmp_path / "art", tmp_path / "unz", tmp_path / "w"
+    artifacts.mkdir()
+    with zipfile.ZipFile(artifacts / "wheelhouse.zip", "w") as zf:
+        zf.writestr("tiny-1.0-py3-none-any.whl", b"wheel")
+    paths = Paths(work=work, artifacts=artifacts, unpacked=unpacked)
+    # Nucleus lite on a local deployment: no unpacked folder at all, or an empty one.
+    ours = find_wheelhouse(paths, InstallerConfig())
+    assert ours is not None
+    assert ours.parent == work / "wheelhouses"
+    assert [p.name for p in ours.iterdir()] == ["tiny-1.0-py3-none-any.whl"]
+    (unpacked / "wheelhouse").mkdir(parents=True)
+    assert find_wheelhouse(paths, InstallerConfig()) == ours
+    # The classic nucleus unpacked it: its folder, and nothing unpacked again.
+    (unpacked / "wheelhouse" / "tiny-1.0-py3-none-any.whl").write_bytes(b"wheel")
+    assert find_wheelhouse(paths, InstallerConfig()) == unpacked / "wheelhouse"
+    # A configured wheelhouse still wins; a corrupt archive is one line.
+    assert find_wheelhouse(paths, InstallerConfig(wheelhouse=str(artifacts))) == artifacts
+    (artifacts / "wheelhouse.zip").write_bytes(b"PK\x03\x04 truncated")
+    (unpacked / "wheelhouse" / "tiny-1.0-py3-none-any.whl").unlink()
+    with pytest.raises(InstallError, match=r"^corrupt wheelhouse: cannot read .*wheelhouse\.zip"):
+        find_wheelhouse(paths, InstallerConfig())
+
+
+def test_real_offline_install_from_a_wheelhouse_zip_the_nucleus_did_not_unpack(
+    tmp_path: Path, ort_wheelhouse: Path, versions: dict[str, str]
+) -> None:
+    import zipfile
+
+    artifacts = tmp_path / "artifacts"
+    artifacts.mkdir()
+    with zipfile.ZipFile(artifacts / "wheelhouse.zip", "w") as zf:
+        for wheel in sorted(ort_wheelhouse.glob("*.whl")):
+            zf.write(wheel, wheel.name)
+    unpacked = tmp_path / "artifacts-unarchived"
+    unpacked.mkdir()  # lite on a local deployment: made, left empty
+    paths = Paths(work=tmp_path / "work", artifacts=artifacts, unpacked=unpacked)
+    config = InstallerConfig.from_mapping(
+        {
+            "packages": [],
+            "packageVersions": {"numpy": versions["numpy"], "onnxruntime": versions["onnxruntime"]},
+            "offline": True,  # never an index: the shipped wheels or nothing
+            "installProject": False,
+            "allowRoot": True,
+        }
+    )
+    first = run_installer(config, paths, source=CPU_HOST)
+    assert not first.skipped
+    assert first.report["installed"]["onnxruntime"]["version"] == versions["onnxruntime"]
+    assert first.report["installed"]["wheelhouse"] == sorted(p.name for p in ort_wheelhouse.glob("*.whl"))
+    assert run_installer(config, paths, source=CPU_HOST).skipped
+    # Unpacked by the nucleus instead (the classic one): the same fingerprint, nothing to do.
+    shutil.copytree(ort_wheelhouse, unpacked / "wheelhouse")
+    assert run_installer(config, paths, source=CPU_HOST).fingerprint == first.fingerprint
 
 
 def test_an_interpreter_without_venv_is_refused_before_anything_changes(

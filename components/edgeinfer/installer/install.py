@@ -6,6 +6,7 @@ Layout under the component's work folder (`{work:path}`, i.e.
     venv            -> symlink to the active environment (what dependants run: venv/bin/python)
     venvs/<id>/     the environments this installer built (current and previous kept)
     platform.json   found / plan / installed / providers that really load, and the fingerprint
+    wheelhouses/    the shipped wheelhouse.zip where the nucleus did not unpack it (unarchive.py)
 
 A new environment is built next to the active one and only becomes active (an atomic symlink swap)
 once it verified; any failure removes the half-built one and leaves `venv` and `platform.json` as
@@ -45,6 +46,7 @@ from edgeinfer.installer.plan import CPU, ORT_PACKAGES, TENSORRT, InstallerConfi
 from edgeinfer.installer.preflight import venv_refusal
 from edgeinfer.installer.probe import PlatformInfo, ProbeSource, probe
 from edgeinfer.installer.tiny_model import write_tiny_model
+from edgeinfer.installer.unarchive import WHEELHOUSE_ZIP, ArchiveError, unpack_once
 
 __all__ = [
     "PLATFORM_FILE",
@@ -60,6 +62,7 @@ log = logging.getLogger(__name__)
 
 COMPONENT = "com.edgeinfer.RuntimeInstaller"
 PLATFORM_FILE = "platform.json"
+WHEELHOUSES = "wheelhouses"  # the shipped wheelhouse.zip, where the installer unpacked it
 SCHEMA_VERSION = 1
 
 
@@ -70,8 +73,8 @@ class InstallError(EdgeinferError):
 @dataclass
 class Paths:
     work: Path  # {work:path}
-    artifacts: Path | None = None  # {artifacts:path}: the project wheel
-    unpacked: Path | None = None  # {artifacts:decompressedPath}: wheelhouse/ when shipped
+    artifacts: Path | None = None  # {artifacts:path}: the project wheel, wheelhouse.zip when shipped
+    unpacked: Path | None = None  # {artifacts:decompressedPath}: wheelhouse/ where the nucleus unpacked it
 
     @property
     def venv_link(self) -> Path:
@@ -111,14 +114,25 @@ def project_wheels(paths: Paths) -> list[Path]:
 
 
 def find_wheelhouse(paths: Paths, config: InstallerConfig) -> Path | None:
+    """The configured wheelhouse; else the shipped one as the nucleus unpacked it; else, where the
+    nucleus left it packed (nucleus lite on a local deployment), as the installer unpacks it."""
     if config.wheelhouse:
         folder = Path(config.wheelhouse)
         if not folder.is_dir():
             raise InstallError(f"wheelhouse {folder} does not exist")
         return folder
-    if paths.unpacked is not None and (paths.unpacked / "wheelhouse").is_dir():
-        return paths.unpacked / "wheelhouse"
-    return None
+    unpacked = paths.unpacked / "wheelhouse" if paths.unpacked is not None else None
+    archive = paths.artifacts / WHEELHOUSE_ZIP if paths.artifacts is not None else None
+    shipped = archive is not None and archive.is_file()
+    if unpacked is not None and unpacked.is_dir() and (not shipped or any(unpacked.iterdir())):
+        return unpacked
+    if archive is None or not shipped:
+        return None
+    log.info("%s is not unpacked (nucleus lite unpacks only what it downloads): unpacking it", archive)
+    try:
+        return unpack_once(archive, paths.work / WHEELHOUSES)
+    except ArchiveError as exc:
+        raise InstallError(f"corrupt wheelhouse: {exc}") from None
 
 
 def check_wheelhouse(folder: Path) -> list[dict[str, Any]]:

@@ -215,7 +215,7 @@ class InstallerConfig:
     tensorrt_package: str = ""
     tensorrt_index_url: str = NVIDIA_INDEX
     allow_source_builds: bool = False  # pip may build sdists: hours on a board, or a failure
-    wheelhouse: str = ""  # empty: the unpacked artifact `wheelhouse/`, when present
+    wheelhouse: str = ""  # empty: the shipped wheelhouse.zip, when present (unpacked by the nucleus or by us)
     offline: bool = False  # never contact an index (a wheelhouse is required)
     use_pip_config: bool = False  # honour the machine's pip.conf / PIP_* variables
     existing_venv: str = ""  # verify and link this environment instead of installing
