@@ -1,4 +1,4 @@
-"""`watch`'s rendering without a terminal: a frame rendered to a string."""
+"""`watch`'s and `watch --fleet`'s rendering without a terminal: a frame rendered to a string."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import random
 
 from rich.console import Console
 
-from edgeinfer.messages import ErrorCode, Latency, Result, TimingBatch, error_result
-from edgeinfer.telemetry.dashboard import Dashboard, sparkline
+from edgeinfer.messages import ErrorCode, Latency, Result, TelemetryWindow, TimingBatch, error_result
+from edgeinfer.telemetry.dashboard import Dashboard, FleetDashboard, sparkline
 from edgeinfer.telemetry.window import WindowAggregator
 from tests.helpers.clock import FakeClock
 from tests.helpers.telemetry import make_record
@@ -108,3 +108,54 @@ def test_sparkline() -> None:
     assert sparkline([]) == ""
     assert sparkline([0, 0]) == "▁▁"
     assert sparkline([0, 5, 10]) == "▁▅█"
+
+
+def fleet_window(thing: str, errors: int = 0, wall: float = 1.7e9) -> TelemetryWindow:
+    rng = random.Random(thing)
+    clock = FakeClock()  # the aggregator's own: the dashboard's clock moves only when the test says
+    agg = WindowAggregator(thing, window_s=10, clock=clock, wall=lambda: wall)
+    records = [make_record(rng) for _ in range(20)]
+    records += [make_record(rng, status="error", code=ErrorCode.INTERNAL) for _ in range(errors)]
+    agg.add(TimingBatch(thing, records))
+    clock.advance(10)
+    (window,) = agg.poll()
+    return window
+
+
+def test_fleet_rows_worst_first_with_stale_things_marked(clock: FakeClock) -> None:
+    dashboard = FleetDashboard(source="broker:1883", stale_windows=3, clock=clock)
+    assert "waiting for telemetry" in frame(dashboard)
+    dashboard.add_window(fleet_window("quiet"))
+    clock.advance(25)  # 2.5 of its 10 s windows: not yet stale
+    dashboard.add_window(fleet_window("ok"), model="effnet 1.2.0")
+    dashboard.add_window(fleet_window("bad", errors=5))
+    assert [(f.thing, stale) for f, stale, _ in dashboard.rows()] == [
+        ("bad", False),
+        ("ok", False),
+        ("quiet", False),
+    ]
+    clock.advance(6)  # quiet: 3.1 windows of silence
+    assert [(f.thing, stale) for f, stale, _ in dashboard.rows()] == [
+        ("quiet", True),
+        ("bad", False),
+        ("ok", False),
+    ]
+    text = frame(dashboard)
+    assert "3 thing(s)  1 stale" in text
+    assert "stale 31s" in text
+    assert "effnet 1.2.0" in text
+    assert "5 (20.0%)" in text
+    dashboard.add_window(fleet_window("quiet"))  # heard from again
+    assert not any(stale for _, stale, _ in dashboard.rows())
+
+
+def test_fleet_keeps_the_latest_stamped_window_of_a_thing(clock: FakeClock) -> None:
+    dashboard = FleetDashboard(clock=clock)
+    dashboard.add_window(fleet_window("cam", errors=0, wall=1.7e9 + 100))
+    dashboard.add_window(fleet_window("cam", errors=20, wall=1.7e9))  # a spooled one, replayed late
+    ((figures, _, _),) = dashboard.rows()
+    assert figures.errors == 0
+    dashboard.add_window(fleet_window("cam", errors=4, wall=1.7e9 + 110))
+    ((figures, _, _),) = dashboard.rows()
+    assert figures.errors == 4
+    assert dashboard.windows_received == 3
