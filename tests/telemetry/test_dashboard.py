@@ -14,7 +14,7 @@ from tests.helpers.clock import FakeClock
 from tests.helpers.telemetry import make_record
 
 
-def frame(dashboard: Dashboard, width: int = 140) -> str:
+def frame(dashboard: Dashboard | FleetDashboard, width: int = 140) -> str:
     console = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False)
     console.print(dashboard.render())
     out = console.file.getvalue()  # type: ignore[attr-defined]
