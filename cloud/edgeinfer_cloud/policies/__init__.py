@@ -12,6 +12,8 @@ Placeholders `<REGION>`, `<ACCOUNT_ID>`, `<TOKEN_EXCHANGE_ROLE_ALIAS>` and `<ROU
 by `render()`; no account id is stored here. `render(..., thing=NAME)` pins a policy to one thing
 instead of the policy variable. `edgeinfer cloud policy` prints one; attach it with, e.g.
 `aws iot create-policy --policy-name edgeinfer-core --policy-document file://core.json`.
+`for_cloudformation()` gives the same document for a CloudFormation template (the fleet's), the
+region, account and partition left to the stack's pseudo parameters.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ __all__ = [
     "TEMPLATES",
     "THING_VARIABLE",
     "PolicyError",
+    "for_cloudformation",
     "partition_for",
     "render",
     "template",
@@ -99,3 +102,35 @@ def render(
         raise PolicyError(f"policy {name} still has placeholders: {', '.join(sorted(set(left)))}")
     data: dict[str, Any] = json.loads(text)
     return data
+
+
+def for_cloudformation(name: str, *, router_group: str, role_alias: str | None = None) -> dict[str, Any]:
+    """The policy document for an `AWS::IoT::Policy` resource: every string that names a placeholder
+    or an ARN becomes an `Fn::Sub` on the stack's own region, account and partition, and
+    `router_group` / `role_alias` (a literal, or `${Parameter}` to take a template parameter). IoT
+    policy variables stay for AWS IoT to resolve (`${!...}`: Fn::Sub's escape for a literal `${`)."""
+    values = {
+        "<REGION>": "${AWS::Region}",
+        "<ACCOUNT_ID>": "${AWS::AccountId}",
+        "<ROUTER_GROUP>": router_group,
+    }
+    if role_alias is not None:
+        values["<TOKEN_EXCHANGE_ROLE_ALIAS>"] = role_alias
+
+    def sub(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {key: sub(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [sub(item) for item in value]
+        if not isinstance(value, str) or not (_PLACEHOLDER.search(value) or "arn:aws:" in value):
+            return value
+        text = value.replace("${", "${!").replace("arn:aws:", "arn:${AWS::Partition}:")
+        for key, replacement in values.items():
+            text = text.replace(key, replacement)
+        left = _PLACEHOLDER.findall(text)
+        if left:
+            raise PolicyError(f"policy {name} still has placeholders: {', '.join(sorted(set(left)))}")
+        return {"Fn::Sub": text}
+
+    document: dict[str, Any] = sub(template(name))
+    return document
