@@ -15,16 +15,27 @@ served: garbage or an invalid request → BAD_REQUEST / BAD_IMAGE / TOO_LARGE; a
 `known_things` (when that allow-list is set) → BAD_REQUEST; already past its deadline on arrival or
 while queued → DEADLINE_EXCEEDED (never computed); a full queue → OVERLOADED; a backend failure →
 INTERNAL. Nothing a device sends can stop a worker.
+
+A request the router can no longer serve in time (the queue ahead of it and the expected service,
+both from the backend's measured batch time, exceed what is left of its deadline) is answered
+DEADLINE_EXCEEDED at once rather than held until it is late.
+
+A router may hold several connections (`Router([client, ...])`) in the one shared subscription and
+batch what arrives on all of them; with `RouterConfig.pacing` each is paced within AWS IoT Core's
+per-connection limits (`connections`, `pacer`; docs/router.md has the arithmetic). `load()` gives
+the signal to scale on: the backend's busy share and the backlog.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import math
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +53,9 @@ from edgeinfer.messages import (
 )
 from edgeinfer.transport import Message, PubSub, Subscription, TransportError
 from edgeinfer_cloud.router.backends import Backend, BackendError, Job
+from edgeinfer_cloud.router.connections import RouterConnection, paced_connections
 from edgeinfer_cloud.router.metrics import CloudWatchMetrics
+from edgeinfer_cloud.router.pacer import PacingConfig
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +90,8 @@ class RouterConfig:
     max_clock_skew_s: float = 2.0  # a sent_at further in the future than this is ignored
     fleet_view: bool = True
     metrics_interval_s: float = 60.0
+    pacing: PacingConfig | None = None  # None: unpaced (a local broker, the in-memory bus)
+    service_smoothing: float = 0.2  # weight of the newest batch time in the expected service time
 
 
 @dataclass
@@ -85,6 +100,7 @@ class _Work:
     thing: str
     received: float  # monotonic
     expires: float | None  # monotonic
+    connection: RouterConnection
 
 
 @dataclass
@@ -128,7 +144,7 @@ class FleetView:
 class Router:
     def __init__(
         self,
-        pubsub: PubSub,
+        pubsub: PubSub | Sequence[PubSub],
         backend: Backend,
         config: RouterConfig | None = None,
         *,
@@ -136,9 +152,13 @@ class Router:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        self.pubsub = pubsub
-        self.backend = backend
         self.config = config or RouterConfig()
+        clients = list(pubsub) if isinstance(pubsub, Sequence) else [pubsub]
+        if not clients:
+            raise ValueError("a router needs at least one connection")
+        self.connections = paced_connections(clients, self.config.pacing)
+        self.pubsub = clients[0]
+        self.backend = backend
         self.metrics = metrics
         self.clock = clock
         self.wall_clock = wall_clock
@@ -151,6 +171,9 @@ class Router:
         self.counters: dict[str, int] = {"received": 0, "answered": 0, "ok": 0, "publish_failed": 0}
         self.errors: dict[str, int] = {}
         self.batches: list[int] = []
+        self._service_s: float | None = None  # expected time of one backend call (smoothed)
+        self._busy_s = 0.0  # time spent in the backend, all workers together
+        self._load_mark: tuple[float, float] | None = None  # (clock, busy) when load() last sampled
 
     # ---------------------------------------------------------------------------------- lifecycle
 
@@ -159,23 +182,29 @@ class Router:
             worker = threading.Thread(target=self._work_loop, name=f"router-worker-{i}", daemon=True)
             worker.start()
             self._workers.append(worker)
-        self._subs.append(
-            self.pubsub.subscribe(
-                offload_filter(self.config.group), self.handle_offload, target="iot", qos=self.config.qos
-            )
-        )
-        if self.config.fleet_view:
+        for conn in self.connections:
             self._subs.append(
-                self.pubsub.subscribe(TELEMETRY_FILTER, self.handle_telemetry, target="iot", qos=0)
+                conn.subscribe(
+                    offload_filter(self.config.group),
+                    functools.partial(self.handle_offload, connection=conn),
+                    qos=self.config.qos,
+                    paced=True,
+                )
             )
+        if self.config.fleet_view:  # a plain subscription: one connection is enough
+            self._subs.append(
+                self.connections[0].subscribe(TELEMETRY_FILTER, self.handle_telemetry, qos=0, paced=False)
+            )
+        self._load_mark = (self.clock(), 0.0)
         if self.metrics is not None:
             threading.Thread(target=self._metrics_loop, name="router-metrics", daemon=True).start()
         log.info(
-            "router serving %s (%s) on %s with %d worker(s)",
+            "router serving %s (%s) on %s with %d worker(s) and %d connection(s)",
             self.backend.model_ref.name,
             self.backend.provider,
             offload_filter(self.config.group),
             len(self._workers),
+            len(self.connections),
         )
         return self
 
@@ -202,8 +231,10 @@ class Router:
 
     # ----------------------------------------------------------------------------------- handlers
 
-    def handle_offload(self, message: Message) -> None:
-        """Transport thread: validate quickly, then queue for a worker or answer the error now."""
+    def handle_offload(self, message: Message, connection: RouterConnection | None = None) -> None:
+        """Transport thread: validate quickly, then queue for a worker or answer the error now (on
+        the connection the request came on; None: the first)."""
+        conn = connection or self.connections[0]
         with self._lock:
             self.counters["received"] += 1
         received = self.clock()
@@ -214,12 +245,19 @@ class Router:
         try:
             request = OffloadRequest.parse(message.payload, max_bytes=self.config.max_payload_bytes)
         except MessageError as exc:
-            self._answer_error(thing, exc.request_id, exc.code, exc.message, received=received)
+            self._answer_error(
+                thing, exc.request_id, exc.code, exc.message, received=received, connection=conn
+            )
             return
         except Exception as exc:  # a bug in parsing must not leave the device without an answer
             log.exception("unexpected error parsing an offload from %s", thing)
             self._answer_error(
-                thing, None, ErrorCode.INTERNAL, f"cannot parse the request: {exc}", received=received
+                thing,
+                None,
+                ErrorCode.INTERNAL,
+                f"cannot parse the request: {exc}",
+                received=received,
+                connection=conn,
             )
             return
         rid = request.request.id
@@ -230,12 +268,18 @@ class Router:
                 ErrorCode.BAD_REQUEST,
                 f"origin.thing {request.origin.thing!r} does not match the topic's thing {thing!r}",
                 received=received,
+                connection=conn,
             )
             return
         known = self.config.known_things
         if known is not None and thing not in known:
             self._answer_error(
-                thing, rid, ErrorCode.BAD_REQUEST, f"unknown thing {thing!r}", received=received
+                thing,
+                rid,
+                ErrorCode.BAD_REQUEST,
+                f"unknown thing {thing!r}",
+                received=received,
+                connection=conn,
             )
             return
         if not self.backend.serves(request.request.model):
@@ -245,6 +289,7 @@ class Router:
                 ErrorCode.BAD_REQUEST,
                 f"model {request.request.model!r} is not served here (serving {self.backend.model_ref.name})",
                 received=received,
+                connection=conn,
             )
             return
         expires = self._expiry(request, received)
@@ -255,10 +300,17 @@ class Router:
                 ErrorCode.DEADLINE_EXCEEDED,
                 "the request was past its deadline on arrival",
                 received=received,
+                connection=conn,
+            )
+            return
+        late = self._cannot_make_it(expires, received)
+        if late is not None:
+            self._answer_error(
+                thing, rid, ErrorCode.DEADLINE_EXCEEDED, late, received=received, connection=conn
             )
             return
         try:
-            self._queue.put_nowait(_Work(request, thing, received, expires))
+            self._queue.put_nowait(_Work(request, thing, received, expires, conn))
         except queue.Full:
             self._answer_error(
                 thing,
@@ -266,6 +318,7 @@ class Router:
                 ErrorCode.OVERLOADED,
                 f"router queue full ({self.config.max_queue})",
                 received=received,
+                connection=conn,
             )
 
     def handle_telemetry(self, message: Message) -> None:
@@ -294,6 +347,35 @@ class Router:
                     transit = 0.0  # the device's clock runs ahead: ignore it
                 transit = max(0.0, transit)
         return received + left / 1000.0 - transit
+
+    def _cannot_make_it(self, expires: float | None, now: float) -> str | None:
+        """Why a request arriving now cannot be answered before `expires` (None: it can, or no
+        estimate yet): the batches queued ahead of it shared among the workers, then its own."""
+        service = self._service_s
+        if expires is None or not service:
+            return None
+        batch = max(1, min(self.config.max_batch_size, self.backend.max_batch_size))
+        workers = max(1, self.config.workers)
+        ahead = math.ceil(self._queue.qsize() / batch) / workers
+        expected = (ahead + 1) * service
+        if now + expected <= expires:
+            return None
+        return (
+            f"cannot be served in time: about {expected * 1000:.0f} ms of queue and service "
+            f"> {(expires - now) * 1000:.0f} ms left"
+        )
+
+    def load(self) -> dict[str, float]:
+        """The signal to scale on, since the last call: `busy_share` (the backend's busy time over
+        the time the workers had, 0..1) and `backlog` (requests waiting now)."""
+        now = self.clock()
+        with self._lock:
+            busy = self._busy_s
+        mark = self._load_mark or (now, busy)
+        self._load_mark = (now, busy)
+        span = (now - mark[0]) * max(1, self.config.workers)
+        share = min(1.0, (busy - mark[1]) / span) if span > 0 else 0.0
+        return {"busy_share": share, "backlog": float(self._queue.qsize())}
 
     # ------------------------------------------------------------------------------------ workers
 
@@ -324,9 +406,32 @@ class Router:
                         ErrorCode.INTERNAL,
                         f"router error: {exc}",
                         received=work.received,
+                        connection=work.connection,
                     )
             if stop_after:
                 return
+
+    def _drop_hopeless(self, live: list[_Work], now: float) -> list[_Work]:
+        """Answer at once those whose deadline falls before the expected service would end."""
+        service = self._service_s
+        if not service:
+            return live
+        keep: list[_Work] = []
+        for work in live:
+            if work.expires is not None and now + service > work.expires:
+                left_ms = (work.expires - now) * 1000
+                self._answer_error(
+                    work.thing,
+                    work.request.request.id,
+                    ErrorCode.DEADLINE_EXCEEDED,
+                    f"cannot be served in time: about {service * 1000:.0f} ms of service "
+                    f"> {left_ms:.0f} ms left",
+                    received=work.received,
+                    connection=work.connection,
+                )
+            else:
+                keep.append(work)
+        return keep
 
     def _serve(self, batch: list[_Work]) -> None:
         now = self.clock()
@@ -339,12 +444,16 @@ class Router:
                     ErrorCode.DEADLINE_EXCEEDED,
                     "the deadline passed while the request waited at the router",
                     received=work.received,
+                    connection=work.connection,
                 )
             else:
                 live.append(work)
         if not live:
             return
         picked = self.clock()
+        live = self._drop_hopeless(live, picked)
+        if not live:
+            return
         jobs = [
             Job(
                 w.request.request.image or b"",
@@ -360,10 +469,20 @@ class Router:
         except BackendError as exc:
             for work in live:
                 self._answer_error(
-                    work.thing, work.request.request.id, ErrorCode.INTERNAL, str(exc), received=work.received
+                    work.thing,
+                    work.request.request.id,
+                    ErrorCode.INTERNAL,
+                    str(exc),
+                    received=work.received,
+                    connection=work.connection,
                 )
             return
+        took = self.clock() - picked
         with self._lock:
+            self._busy_s += took
+            old = self._service_s
+            weight = self.config.service_smoothing
+            self._service_s = took if old is None else old + weight * (took - old)
             self.batches.append(len(live))
             if len(self.batches) > 10_000:
                 del self.batches[:5000]
@@ -382,6 +501,7 @@ class Router:
                     outcome.message,
                     received=work.received,
                     latency=latency,
+                    connection=work.connection,
                 )
                 continue
             latency.total = (self.clock() - work.received) * 1000
@@ -397,7 +517,7 @@ class Router:
                 batch_size=len(live),
                 latency_ms=latency,
             )
-            self._publish(work.thing, result)
+            self._publish(work.thing, result, work.connection)
 
     # ------------------------------------------------------------------------------------ answers
 
@@ -409,6 +529,7 @@ class Router:
         message: str,
         *,
         received: float,
+        connection: RouterConnection,
         latency: Latency | None = None,
     ) -> None:
         latency = latency or Latency()
@@ -423,9 +544,9 @@ class Router:
             model=self.backend.model_ref,
             provider=self.backend.provider,
         )
-        self._publish(thing, result)
+        self._publish(thing, result, connection)
 
-    def _publish(self, thing: str, result: Result) -> None:
+    def _publish(self, thing: str, result: Result, connection: RouterConnection) -> None:
         code = result.error.code.value if result.error is not None else None
         with self._lock:
             self.counters["answered"] += 1
@@ -436,9 +557,7 @@ class Router:
         if self.metrics is not None:
             self.metrics.record(thing, ok=code is None, code=code, latency_ms=result.latency_ms.total)
         try:
-            self.pubsub.publish(
-                offload_result_topic(thing), result.to_json(), target="iot", qos=self.config.qos
-            )
+            connection.publish(offload_result_topic(thing), result.to_json(), qos=self.config.qos)
         except TransportError as exc:
             with self._lock:
                 self.counters["publish_failed"] += 1
