@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from edgeinfer.cli import main
-from edgeinfer.messages import TimingBatch
-from edgeinfer.telemetry.report import find_quantiles, load
+from edgeinfer.messages import ErrorCode, TimingBatch
+from edgeinfer.stats import quantile
+from edgeinfer.telemetry.report import find_quantiles, fleet_figsize, fleet_series, fleet_summary, load
 from edgeinfer.telemetry.window import WindowAggregator
 from tests.helpers.clock import FakeClock
 from tests.helpers.telemetry import make_record
@@ -161,3 +162,73 @@ def test_a_bad_file_among_good_ones_writes_no_chart(
 def test_a_median_stands_for_the_p50() -> None:
     doc = {"variants": {"int8-cpu": {"b1_median_ms": 5.4, "b1_p99_ms": 18.1, "b8_median_ms": 33.3}}}
     assert list(find_quantiles(doc)) == [("variants/int8-cpu/b1", {"p50": 5.4, "p99": 18.1})]
+
+
+def fleet_recording(tmp_path: Path, things: int = 20) -> Path:
+    """Six windows per device, as `watch --record` keeps them (one window delivered twice); device i
+    fails i requests in its last window only."""
+    rng = random.Random(27)
+    lines = []
+    for i in range(things):
+        thing = f"cam-{i:02d}"
+        clock = FakeClock()
+
+        def wall(c: FakeClock = clock) -> float:
+            return c.now + 1.7e9
+
+        agg = WindowAggregator(thing, window_s=10, clock=clock, wall=wall)
+        for n in range(6):
+            records = [make_record(rng) for _ in range(40)]
+            if n == 5:
+                records += [make_record(rng, status="error", code=ErrorCode.INTERNAL) for _ in range(i)]
+            agg.add(TimingBatch(thing, records))
+            clock.advance(10)
+            lines += [w.to_json().decode() for w in agg.poll()]
+    lines.append(lines[0])  # at-least-once delivery: recorded twice
+    path = tmp_path / "fleet.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_fleet_summary_over_a_recording(tmp_path: Path) -> None:
+    kind, windows = load(fleet_recording(tmp_path, things=3))
+    assert kind == "telemetry"
+    assert len(windows) == 19
+    summary = fleet_summary(windows)
+    assert [row.thing for row in summary] == ["cam-02", "cam-01", "cam-00"]  # worst first
+    worst = summary[0]
+    own = sorted((w for w in windows if w.thing == "cam-02"), key=lambda w: w.seq)
+    assert (worst.requests, worst.errors) == (242, 2)  # 6 x 40 + 2, each window once
+    assert worst.throughput_rps == 242 / 60
+    assert worst.p99_ms == max(w.latency_ms["total"].p99 for w in own)
+    assert worst.p50_ms == quantile([w.latency_ms["total"].p50 for w in own], 0.5)
+    assert summary[2].requests == 240  # cam-00's first window was recorded twice, counted once
+    label, series = fleet_series(windows)
+    assert label == "time (s)"
+    assert [x for x, _, _ in series["cam-00"]] == [0.0, 10.0, 20.0, 30.0, 40.0, 50.0]
+    assert series["cam-02"][-1][2] == 2 / 42
+    assert series["cam-02"][-1][1] == own[-1].latency_ms["total"].p99
+
+
+def test_report_fleet_writes_one_png_of_every_device(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = fleet_recording(tmp_path)
+    assert main(["report", "--fleet", str(src), "--out", str(tmp_path / "plots")]) == 0
+    out = tmp_path / "plots" / "fleet.png"
+    assert capsys.readouterr().out.strip() == str(out)
+    assert_png(out)
+    import matplotlib.image
+
+    width, height = fleet_figsize(20)
+    assert matplotlib.image.imread(out).shape[:2] == (round(height * 110), round(width * 110))
+
+
+def test_report_fleet_takes_only_telemetry(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"p50": 1.0, "p99": 2.0}))
+    assert (
+        main(["report", "--fleet", str(fleet_recording(tmp_path)), str(bench), "--out", str(tmp_path)]) == 2
+    )
+    assert "holds benchmark figures" in capsys.readouterr().err
+    assert not (tmp_path / "fleet.png").exists()
