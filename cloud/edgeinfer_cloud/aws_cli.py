@@ -7,9 +7,13 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgeinfer.errors import EdgeinferError
+
+if TYPE_CHECKING:
+    from edgeinfer_cloud.canary.flow import CanaryPlan
+    from edgeinfer_cloud.deploy import JobConfig, Target
 
 
 class AwsError(EdgeinferError):
@@ -69,7 +73,58 @@ def register(subparsers: Any) -> None:
     dep.add_argument("--profile", help="AWS profile")
     dep.add_argument("--project", type=Path, help="project root (default: found from the current folder)")
     _rollout_options(dep)
+    _canary_options(dep)
     dep.set_defaults(func=run_deploy)
+
+
+def _canary_options(dep: Any) -> None:
+    """`--canary`: `edgeinfer_cloud.canary` (thresholds' defaults: `canary.compare.Thresholds`)."""
+    from edgeinfer_cloud.canary.compare import Thresholds
+
+    limits = Thresholds()
+    group = dep.add_argument_group(
+        "quality canary",
+        "deploy to a canary thing group first, watch its things' telemetry windows against every other "
+        "thing's, then promote to --target or roll the canaries back to what they ran, saying why "
+        "(exit status 1 when rolled back)",
+    )
+    group.add_argument("--canary", metavar="GROUP", help="thing group name (in the target's account) or ARN")
+    group.add_argument(
+        "--canary-minutes", type=float, default=30.0, metavar="M", help="how long to watch (default 30)"
+    )
+    group.add_argument(
+        "--canary-windows",
+        type=int,
+        metavar="N",
+        help="end the watch early once every canary thing and the fleet sent N windows",
+    )
+    group.add_argument(
+        "--canary-min-requests",
+        type=int,
+        default=limits.min_requests,
+        metavar="N",
+        help=f"requests each side needs before it is judged (default {limits.min_requests})",
+    )
+    group.add_argument(
+        "--canary-p99-ratio",
+        type=float,
+        default=limits.p99_ms.ratio,
+        metavar="R",
+        help=f"roll back when the canary's p99 is over R times the fleet's (default {limits.p99_ms.ratio:g})",
+    )
+    group.add_argument(
+        "--canary-error-ratio",
+        type=float,
+        default=limits.errors.ratio,
+        metavar="R",
+        help="roll back when the canary's error, OVERLOADED, DEADLINE_EXCEEDED or low-confidence share is "
+        f"over R times the fleet's (default {limits.errors.ratio:g}; each also needs a margin over it)",
+    )
+    group.add_argument("--broker", metavar="HOST:PORT", help="plain-TCP MQTT broker the telemetry is on")
+    group.add_argument("--endpoint", help="AWS IoT Core data endpoint (mutual TLS) the telemetry is on")
+    group.add_argument("--cert", help="client certificate (PEM) for --endpoint")
+    group.add_argument("--key", help="client private key (PEM) for --endpoint")
+    group.add_argument("--ca", help="CA bundle (PEM) for --endpoint (default: the system's)")
 
 
 def _rollout_options(dep: Any) -> None:
@@ -130,7 +185,7 @@ def _rollout_options(dep: Any) -> None:
     )
 
 
-def _job_config(args: argparse.Namespace) -> Any:
+def _job_config(args: argparse.Namespace) -> JobConfig:
     from dataclasses import replace
 
     from edgeinfer_cloud.deploy import JobConfig, parse_abort
@@ -223,6 +278,97 @@ def run_publish(args: argparse.Namespace, session_factory: Callable[..., Any] | 
     return 0
 
 
+def _telemetry(args: argparse.Namespace) -> Any:
+    """The MQTT connection the canary watches telemetry on."""
+    from edgeinfer.transport import TransportError
+    from edgeinfer.transport.mqtt import MqttPubSub, parse_broker
+
+    try:
+        if args.endpoint:
+            if not args.cert or not args.key:
+                raise AwsError("--endpoint needs --cert and --key (the client's X.509 identity)")
+            return MqttPubSub.connect_iot_core(
+                args.endpoint, cert_filepath=args.cert, pri_key_filepath=args.key, ca_filepath=args.ca
+            )
+        host, port = parse_broker(args.broker)
+        return MqttPubSub.connect_tcp(host, port)
+    except ValueError as exc:
+        raise AwsError(str(exc)) from None
+    except TransportError as exc:
+        raise AwsError(f"cannot connect to the telemetry broker: {exc}") from None
+
+
+def _canary_plan(args: argparse.Namespace, target: Target) -> CanaryPlan:
+    from dataclasses import replace
+
+    from edgeinfer_cloud.canary.compare import Limit, Thresholds
+    from edgeinfer_cloud.canary.flow import CanaryPlan, resolve_canary
+
+    if not args.broker and not args.endpoint:
+        raise AwsError(
+            "--canary watches telemetry: give --broker HOST:PORT or --endpoint (with --cert, --key)"
+        )
+    if not args.canary_minutes > 0:
+        raise AwsError(f"--canary-minutes must be a positive number, got {args.canary_minutes:g}")
+    if args.canary_windows is not None and args.canary_windows < 1:
+        raise AwsError(f"--canary-windows must be at least 1, got {args.canary_windows}")
+    if args.canary_p99_ratio < 1 or args.canary_error_ratio < 1:
+        raise AwsError("--canary-p99-ratio and --canary-error-ratio must be at least 1")
+    limits = Thresholds()
+
+    def ratio(limit: Limit, value: float) -> Limit:
+        return replace(limit, ratio=value)
+
+    thresholds = Thresholds(
+        errors=ratio(limits.errors, args.canary_error_ratio),
+        overloaded=ratio(limits.overloaded, args.canary_error_ratio),
+        deadline_exceeded=ratio(limits.deadline_exceeded, args.canary_error_ratio),
+        p99_ms=ratio(limits.p99_ms, args.canary_p99_ratio),
+        low_confidence=ratio(limits.low_confidence, args.canary_error_ratio),
+        min_requests=max(args.canary_min_requests, 1),
+    )
+    return CanaryPlan(
+        resolve_canary(args.canary, target), args.canary_minutes, args.canary_windows, thresholds
+    )
+
+
+def _run_canary(
+    args: argparse.Namespace,
+    gg: Any,
+    target: Target,
+    plan: CanaryPlan,
+    *,
+    components: dict[str, str],
+    merges: dict[str, dict[str, Any]],
+    job: JobConfig,
+) -> int:
+    from edgeinfer_cloud.canary.flow import run_canary
+    from edgeinfer_cloud.canary.windows import MqttWindows
+
+    with _telemetry(args) as client:
+        outcome = run_canary(
+            gg,
+            MqttWindows(client),
+            target,
+            plan,
+            components,
+            merges=merges,
+            job=job,
+            deployment_name=args.name,
+            wait=args.wait,
+            timeout_s=args.timeout,
+            say=_stderr,
+        )
+    if outcome.promoted:
+        print(f"canary {plan.canary.name} promoted: deployment {outcome.then.deployment_id} to {target.name}")
+        return 0
+    print(
+        f"canary {plan.canary.name} rolled back ({outcome.then.deployment_id}): "
+        + "; ".join(outcome.verdict.reasons)
+    )
+    return 1
+
+
 def run_deploy(args: argparse.Namespace, session_factory: Callable[..., Any] | None = None) -> int:
     from edgeinfer.bundle.build import dependency_order, find_project, load_recipes
     from edgeinfer_cloud.deploy import deploy, parse_config_merge, parse_target
@@ -234,8 +380,11 @@ def run_deploy(args: argparse.Namespace, session_factory: Callable[..., Any] | N
     components = {name: recipes[name].version for name in dependency_order(recipes)}
     merges = parse_config_merge(args.config_merge, list(components))
     job = _job_config(args)
+    plan = _canary_plan(args, target) if args.canary else None
     with aws_errors():
         gg = (session_factory or _session)(args.profile, target.region).client("greengrassv2")
+        if plan is not None:
+            return _run_canary(args, gg, target, plan, components=components, merges=merges, job=job)
         report = deploy(
             gg,
             target,

@@ -24,6 +24,7 @@ from edgeinfer.errors import EdgeinferError
 
 __all__ = [
     "ABORT_TYPES",
+    "DEFAULT_JOB",
     "AbortCriterion",
     "DeployError",
     "DeployReport",
@@ -34,6 +35,7 @@ __all__ = [
     "deploy_spec",
     "devices",
     "follow",
+    "pages",
     "parse_abort",
     "parse_config_merge",
     "parse_target",
@@ -133,6 +135,9 @@ class JobConfig:
         return config
 
 
+DEFAULT_JOB = JobConfig()
+
+
 def _within(option: str, value: float, low: float, high: float | None) -> None:
     if value < low or (high is not None and value > high):
         span = f"between {low:g} and {high:g}" if high is not None else f"at least {low:g}"
@@ -211,7 +216,7 @@ def parse_config_merge(
     return merges
 
 
-def _pages(call: Callable[..., Any], **kwargs: Any) -> Iterator[dict[str, Any]]:
+def pages(call: Callable[..., Any], **kwargs: Any) -> Iterator[dict[str, Any]]:
     """Every page of a paginated greengrassv2 list call (following `nextToken`)."""
     token: str | None = None
     while True:
@@ -229,13 +234,13 @@ def devices(gg: Any, target: Target) -> list[str]:
         return [target.name]
     return [
         d["coreDeviceThingName"]
-        for page in _pages(gg.list_core_devices, thingGroupArn=target.arn)
+        for page in pages(gg.list_core_devices, thingGroupArn=target.arn)
         for d in page.get("coreDevices", [])
     ]
 
 
 def _device_status(gg: Any, device: str, deployment_id: str) -> tuple[str, str]:
-    for page in _pages(gg.list_effective_deployments, coreDeviceThingName=device):
+    for page in pages(gg.list_effective_deployments, coreDeviceThingName=device):
         for entry in page.get("effectiveDeployments", []):
             if entry.get("deploymentId") == deployment_id:
                 reason = entry.get("reason", "") or entry.get("description", "")
@@ -264,7 +269,7 @@ def deploy(
     *,
     merges: Mapping[str, Mapping[str, Any]] | None = None,
     deployment_name: str | None = None,
-    job: JobConfig = JobConfig(),
+    job: JobConfig = DEFAULT_JOB,
     wait: bool = False,
     timeout_s: float = 900.0,
     poll_s: float = 5.0,
@@ -294,7 +299,7 @@ def deploy_spec(
     spec: Mapping[str, Mapping[str, Any]],
     *,
     deployment_name: str | None = None,
-    job: JobConfig = JobConfig(),
+    job: JobConfig = DEFAULT_JOB,
     wait: bool = False,
     timeout_s: float = 900.0,
     poll_s: float = 5.0,
