@@ -10,10 +10,13 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.telemetry.fleet import DEFAULT_STALE_WINDOWS, WORST_FIRST
+
+if TYPE_CHECKING:
+    from edgeinfer.messages import TelemetryWindow
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +134,7 @@ class _Watcher:
         self.record = record
         self._lock = threading.Lock()
 
-    def add_window(self, window: Any, doc: dict[str, Any]) -> None:
+    def add_window(self, window: TelemetryWindow, doc: dict[str, Any]) -> None:
         self.dashboard.add_window(window)
 
     def on_telemetry(self, message: Any) -> None:
@@ -165,7 +168,7 @@ class _Watcher:
 class _FleetWatcher(_Watcher):
     """`watch --fleet`: the window's model identity goes with it, when the window carries one."""
 
-    def add_window(self, window: Any, doc: dict[str, Any]) -> None:
+    def add_window(self, window: TelemetryWindow, doc: dict[str, Any]) -> None:
         from edgeinfer.telemetry.fleet import model_label
 
         self.dashboard.add_window(window, model_label(doc))
