@@ -20,7 +20,7 @@ from edgeinfer.messages import MessageError, TelemetryWindow, telemetry_topic
 from edgeinfer.transport.base import Message, PubSub, Subscription
 from edgeinfer_cloud.canary.compare import Window
 
-__all__ = ["MqttWindows", "Observed", "RecordedWindows", "WindowSource", "read_window", "watch"]
+__all__ = ["Deliver", "MqttWindows", "Observed", "RecordedWindows", "WindowSource", "read_window", "watch"]
 
 Deliver = Callable[[bytes], None]
 
