@@ -35,7 +35,7 @@ before deploying (once):
 examples:
   edgeinfer cloud fleet-template -o fleet.yaml
   edgeinfer cloud fleet-template --instance-type g5.xlarge --min-size 1 --max-size 8 \\
-      --target-busy-share 0.7 --connections-per-router 8 --fleet-name prod -o fleet.yaml
+      --target-busy-share 70 --connections-per-router 8 --fleet-name prod -o fleet.yaml
   aws cloudformation deploy --template-file fleet.yaml --stack-name edgeinfer-fleet \\
       --capabilities CAPABILITY_IAM --parameter-overrides VpcId=vpc-... Subnets=subnet-a,subnet-b \\
       IotEndpoint=xxxx-ats.iot.eu-west-1.amazonaws.com RouterCertificateArn=arn:aws:iot:... \\

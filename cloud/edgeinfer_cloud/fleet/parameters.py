@@ -175,12 +175,12 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter(
         "TargetBusyShare",
         "Number",
-        "Target tracking keeps the fleet's average BusyShare (the share of time a router's engine is "
-        "busy, 0 to 1) near this value",
-        default=0.6,
-        min_value=0.05,
-        max_value=0.95,
-        constraint="0.05 to 0.95",
+        "Target tracking keeps the fleet's average BusyShare (the percent of time a router's engine is "
+        "busy) near this value",
+        default=60,
+        min_value=5,
+        max_value=95,
+        constraint="5 to 95 (percent)",
     ),
     Parameter(
         "ConnectionsPerRouter",
@@ -300,7 +300,7 @@ def check(values: Mapping[str, Value]) -> dict[str, Value]:
         name: checked.get(name, _BY_NAME[name].default) for name in ("MinSize", "DesiredCapacity", "MaxSize")
     }
     low, desired, high = (float(v) for v in sizes.values())  # type: ignore[arg-type]
-    if "DesiredCapacity" not in checked and low <= high:  # not asked for: keep it inside the sizes given
+    if "DesiredCapacity" not in checked and low <= high and not low <= desired <= high:  # not asked for
         checked["DesiredCapacity"] = sizes["DesiredCapacity"] = int(min(max(desired, low), high))
         desired = float(checked["DesiredCapacity"])  # type: ignore[arg-type]
     if not low <= desired <= high:
