@@ -27,7 +27,7 @@ from edgeinfer.greengrass import nuclei
 from edgeinfer.greengrass.nuclei import CLASSIC, NucleusProfile
 from edgeinfer.greengrass.recipe import Recipe, VarContext, cget, interpolate, lifecycle_strings
 from edgeinfer.sim import ipc_server as ipc
-from edgeinfer.sim import users
+from edgeinfer.sim import tes, users
 from edgeinfer.sim.artifacts import Layout
 from edgeinfer.sim.authorization import Authorization
 from edgeinfer.sim.component_updates import ComponentUpdates, Deferral
@@ -36,6 +36,7 @@ from edgeinfer.sim.iot_bridge import IotBridge
 from edgeinfer.sim.lifecycle import BROKEN, FINISHED, RUNNING, Component, Lifecycle
 from edgeinfer.sim.mqttproxy import MqttProxy
 from edgeinfer.sim.pubsub import LocalPubSub
+from edgeinfer.sim.tes import CredentialSource, TokenExchangeServer
 from edgeinfer.transport.base import Message
 
 __all__ = ["BROKEN", "FINISHED", "GGC_VERSION", "RUNNING", "Component", "Deferral", "Nucleus", "Options"]
@@ -58,6 +59,7 @@ class Options:
     env: dict[str, str] = field(default_factory=dict)
     nucleus: NucleusProfile = CLASSIC
     component_user: str | None = None  # "user[:group]"; None: the nucleus's default when run as root
+    tes_credentials: CredentialSource | None = None  # the token exchange service's (None: test keys)
 
 
 class Nucleus:
@@ -110,8 +112,11 @@ class Nucleus:
             if op.partition("#")[2] not in self.profile.refused_operations
         }
         self.warnings: list[str] = []
+        self.tes: TokenExchangeServer | None = None
         self._prepare()
         self.server: ipc.IpcServer | None = None
+        if any(tes.DEPENDENCY in c.recipe.dependencies for c in self.components.values()):
+            self.tes = TokenExchangeServer(self.component_for_token, options.tes_credentials)
 
     # ------------------------------------------------------------ set-up
 
@@ -241,6 +246,8 @@ class Nucleus:
                 "GG_ROOT_CA_PATH": str(self.options.root / "rootCA.pem"),
             }
         )
+        if self.tes is not None and tes.DEPENDENCY in comp.recipe.dependencies:
+            env[tes.URI_VARIABLE] = self.tes.uri  # both nuclei: for the service's dependants
         if self.profile.env_socket_variable:
             env["AWS_GG_NUCLEUS_DOMAIN_SOCKET_FILEPATH"] = socket
         else:
@@ -272,6 +279,8 @@ class Nucleus:
         self.mqttproxy.start(loop)
         self.server = ipc.IpcServer(self, self.options.socket_path)
         await self.server.start()
+        if self.tes is not None:
+            self.tes.start()
         if any(c.run_as is not None for c in self.components.values()):
             os.chmod(self.options.socket_path, 0o666)  # the nucleus's socket is for every component user
             os.chmod(os.path.dirname(self.options.socket_path), 0o755)
@@ -281,6 +290,8 @@ class Nucleus:
         await self.lifecycle.stop()
         if self.server is not None:
             await self.server.stop()
+        if self.tes is not None:
+            self.tes.stop()
 
     def shutting_down(self) -> bool:
         return self.lifecycle.stopping

@@ -28,6 +28,7 @@ from edgeinfer.sim.core import BROKEN, Deferral, Nucleus, Options
 from edgeinfer.sim.iot_bridge import IotBridge
 from edgeinfer.sim.pubsub import LocalClient
 from edgeinfer.sim.status import status_document
+from edgeinfer.sim.tes import CredentialSource
 from edgeinfer.transport.base import TransportError
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,9 @@ class Simulator:
         env: Mapping[str, str] | None = None,
         nucleus: str | NucleusProfile = "classic",
         component_user: str | None = None,
+        tes_credentials: CredentialSource | None = None,
     ) -> None:
+        self.tes_credentials = tes_credentials  # the token exchange service's source (None: test keys)
         try:
             self.nucleus: NucleusProfile = nuclei.profile(nucleus)
         except RecipeError as exc:
@@ -151,6 +154,7 @@ class Simulator:
             env=self._env,
             nucleus=self.nucleus,
             component_user=self.component_user,
+            tes_credentials=self.tes_credentials,
             **self._opts,  # type: ignore[arg-type]
         )
         # Everything that can fail on bad input fails here, before any process starts.
