@@ -17,7 +17,7 @@ import datetime as _dt
 import enum
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, cast
 
@@ -26,7 +26,9 @@ from edgeinfer import codec
 __all__ = [
     "DEFAULT_TOP_K",
     "IOT_CORE_MAX_BYTES",
+    "IPC_MAX_BYTES",
     "RAW_IMAGE_TYPES",
+    "TIMED_DETECTIONS",
     "TIMINGS_TOPIC",
     "Box",
     "Detection",
@@ -34,7 +36,9 @@ __all__ = [
     "ErrorInfo",
     "Latency",
     "MessageError",
+    "ModelQuality",
     "ModelRef",
+    "ModelTable",
     "OffloadOrigin",
     "OffloadRequest",
     "Prediction",
@@ -43,6 +47,7 @@ __all__ = [
     "Result",
     "StageQuantiles",
     "TelemetryWindow",
+    "TimedModel",
     "TimingBatch",
     "TimingRecord",
     "error_result",
@@ -868,9 +873,25 @@ def error_result(
 # ------------------------------------------------------------------------------------- timing events
 
 
+IPC_MAX_BYTES = 10_000
+"""Nucleus lite's cap on one IPC message: a larger PublishToTopic / PublishToIoTCore closes the
+component's whole IPC connection. A timing batch (`TimingPublisher`) and a telemetry window stay below."""
+
+TIMED_DETECTIONS = 10
+"""A detector's answer carries its most confident detections up to this many into its timing record."""
+_TIMED_LABEL = 64  # a label is cut to this many characters in a timing batch's model table
+
+
 @dataclass
 class TimingRecord:
-    """One request's stage timings, as the runtime saw it."""
+    """One request's stage timings, as the runtime saw it, and what the model answered.
+
+    `model` is the model that answered (None for a request refused before any model); `top` its top-1
+    prediction (a classifier), or its most confident detections, up to `TIMED_DETECTIONS` (a detector:
+    `detector` is True, and `top` may be empty). On the wire a record names its model by an index into
+    its batch's model table, which also holds the labels, so a record adds a few bytes; a record
+    without these fields (an older runtime's) reads as no model.
+    """
 
     id: str | None
     status: Literal["ok", "error"]
@@ -884,8 +905,12 @@ class TimingRecord:
     dropped: bool = False
     queue_depth: int = 0
     end: float = 0.0  # epoch seconds when the result was published
+    model: ModelRef | None = None
+    top: tuple[Prediction, ...] = ()
+    detector: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, table: ModelTable | None = None) -> dict[str, Any]:
+        """The record's JSON; its model and answer only with the batch's `table` to name them in."""
         out: dict[str, Any] = {
             "id": self.id,
             "status": self.status,
@@ -901,12 +926,20 @@ class TimingRecord:
         for flag in ("offloaded", "cascaded", "dropped"):
             if getattr(self, flag):
                 out[flag] = True
+        if table is not None and self.model is not None:
+            out["m"] = table.add(self.model, self.provider, self.top)
+            if self.top:
+                out["top"] = [x for p in self.top for x in (p.index, round(float(p.score), 3))]
+            if self.detector:
+                out["det"] = True
         return out
 
     @classmethod
-    def from_dict(cls, doc: Mapping[str, Any]) -> TimingRecord:
+    def from_dict(cls, doc: Mapping[str, Any], models: Sequence[TimedModel | None] = ()) -> TimingRecord:
+        """Raises what reading a wrongly shaped document raises, except for the model and answer: an
+        index or pair that does not read is left out (they are statistics, never worth the record)."""
         code = doc.get("code")
-        return cls(
+        record = cls(
             id=doc.get("id"),
             status=doc.get("status", "ok"),
             latency_ms=Latency.from_dict(doc.get("latency_ms", {})),
@@ -920,6 +953,69 @@ class TimingRecord:
             queue_depth=int(doc.get("queue_depth", 0)),
             end=float(doc.get("end", 0.0)),
         )
+        index = doc.get("m")
+        timed = models[index] if isinstance(index, int) and 0 <= index < len(models) else None
+        if timed is not None:
+            record.model = timed.model
+            record.top = _read_top(doc.get("top"), timed.labels)
+            record.detector = doc.get("det") is True
+        return record
+
+
+def _read_top(flat: Any, labels: Mapping[int, str]) -> tuple[Prediction, ...]:
+    if not isinstance(flat, list):
+        return ()
+    top = []
+    for index, score in zip(flat[::2], flat[1::2], strict=False):
+        if isinstance(index, int) and isinstance(score, (int, float)) and not isinstance(score, bool):
+            top.append(Prediction(index, labels.get(index, str(index)), float(score)))
+    return tuple(top)
+
+
+@dataclass(frozen=True)
+class TimedModel:
+    """An entry of a timing batch's model table: a model, the provider that ran it, and the labels of
+    the classes its records in the batch name."""
+
+    model: ModelRef
+    provider: str | None
+    labels: dict[int, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> TimedModel | None:
+        if not isinstance(doc, dict) or not all(isinstance(doc.get(k), str) for k in ("name", "version")):
+            return None
+        raw = doc.get("labels")
+        labels = {}
+        for key, label in raw.items() if isinstance(raw, dict) else ():
+            with contextlib.suppress(ValueError):
+                labels[int(key)] = str(label)
+        provider = doc.get("provider")
+        return cls(
+            ModelRef(doc["name"], doc["version"], str(doc.get("variant", ""))),
+            provider if isinstance(provider, str) else None,
+            labels,
+        )
+
+
+class ModelTable:
+    """The model table a timing batch is written with: one entry per (model, provider), filled as the
+    batch's records are written, holding the labels those records name."""
+
+    def __init__(self) -> None:
+        self._index: dict[tuple[ModelRef, str | None], int] = {}
+        self.entries: list[dict[str, Any]] = []
+
+    def add(self, model: ModelRef, provider: str | None, top: Sequence[Prediction]) -> int:
+        key = (model, provider)
+        index = self._index.get(key)
+        if index is None:
+            index = self._index[key] = len(self.entries)
+            self.entries.append({**model.to_dict(), "provider": provider, "labels": {}})
+        labels = self.entries[index]["labels"]
+        for p in top:
+            labels.setdefault(str(p.index), p.label[:_TIMED_LABEL])
+        return index
 
 
 @dataclass
@@ -927,7 +1023,8 @@ class TimingBatch:
     """What the runtime publishes on `edgeinfer/local/timings`: records plus batch executions.
 
     `executions` lists the batch sizes the engine ran since the previous message, so the telemetry
-    component can tell executions from inferences (Triton's split).
+    component can tell executions from inferences (Triton's split). The records' models travel in a
+    `models` table beside them (see `TimingRecord`); a batch without one parses as before.
     """
 
     thing: str
@@ -936,14 +1033,16 @@ class TimingBatch:
     timestamp: str = ""
 
     def to_json(self) -> bytes:
-        return _dumps(
-            {
-                "thing": self.thing,
-                "records": [r.to_dict() for r in self.records],
-                "executions": self.executions,
-                "timestamp": self.timestamp,
-            }
-        )
+        table = ModelTable()
+        doc: dict[str, Any] = {
+            "thing": self.thing,
+            "records": [r.to_dict(table) for r in self.records],
+            "executions": self.executions,
+            "timestamp": self.timestamp,
+        }
+        if table.entries:
+            doc["models"] = table.entries
+        return _dumps(doc)
 
     @classmethod
     def parse(cls, payload: bytes | str) -> TimingBatch:
@@ -951,10 +1050,13 @@ class TimingBatch:
         records = doc.get("records")
         if not isinstance(records, list):
             raise MessageError(ErrorCode.BAD_REQUEST, "'records' must be a list")
+        raw_models = doc.get("models")
+        # an unreadable entry keeps its place (records index the table) and reads as no model
+        models = [TimedModel.from_dict(m) for m in raw_models] if isinstance(raw_models, list) else []
         try:
             return cls(
                 thing=str(doc.get("thing", "")),
-                records=[TimingRecord.from_dict(r) for r in records if isinstance(r, dict)],
+                records=[TimingRecord.from_dict(r, models) for r in records if isinstance(r, dict)],
                 executions=[int(n) for n in doc.get("executions", []) if isinstance(n, int)],
                 timestamp=str(doc.get("timestamp", "")),
             )
@@ -977,6 +1079,62 @@ class StageQuantiles:
 
 
 @dataclass
+class ModelQuality:
+    """What one model answered in a window (`TelemetryWindow.models`): its identity and the provider
+    that ran it; `count` answers (ok, from this model), of which `low_confidence` had a top score below
+    the telemetry's threshold; answers per class (a classifier's top-1, a detector's detections; the
+    most frequent classes, the rest summed as "other"); and a histogram of the scores (a classifier's
+    top-1, a detector's detections) over fixed `bins` edges."""
+
+    name: str
+    version: str
+    variant: str = ""
+    provider: str | None = None
+    count: int = 0
+    low_confidence: int = 0
+    classes: dict[str, int] = field(default_factory=dict)
+    bins: list[float] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+
+    @property
+    def low_confidence_share(self) -> float:
+        return self.low_confidence / self.count if self.count else 0.0
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} {self.version}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "variant": self.variant,
+            "provider": self.provider,
+            "count": self.count,
+            "low_confidence": self.low_confidence,
+            "low_confidence_share": _round(self.low_confidence_share, 4),
+            "classes": dict(self.classes),
+            "scores": {"bins": list(self.bins), "counts": list(self.counts)},
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> ModelQuality:
+        scores = doc.get("scores") or {}
+        provider = doc.get("provider")
+        return cls(
+            name=str(doc["name"]),
+            version=str(doc["version"]),
+            variant=str(doc.get("variant", "")),
+            provider=str(provider) if provider is not None else None,
+            count=int(doc.get("count", 0)),
+            low_confidence=int(doc.get("low_confidence", 0)),
+            classes={str(k): int(v) for k, v in (doc.get("classes") or {}).items()},
+            bins=[float(b) for b in scores.get("bins", [])],
+            counts=[int(n) for n in scores.get("counts", [])],
+        )
+
+
+@dataclass
 class TelemetryWindow:
     thing: str
     seq: int
@@ -993,9 +1151,10 @@ class TelemetryWindow:
     system: dict[str, Any]
     timestamp: str
     cascaded: int = 0
+    models: list[ModelQuality] = field(default_factory=list)  # empty: an older window, or no answers
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "thing": self.thing,
             "seq": self.seq,
             "window_s": self.window_s,
@@ -1012,6 +1171,9 @@ class TelemetryWindow:
             "system": dict(self.system),
             "timestamp": self.timestamp,
         }
+        if self.models:
+            out["models"] = [m.to_dict() for m in self.models]
+        return out
 
     def to_json(self) -> bytes:
         return _dumps(self.to_dict())
@@ -1036,6 +1198,7 @@ class TelemetryWindow:
                 provider=doc.get("provider"),
                 system=dict(doc.get("system", {})),
                 timestamp=str(doc.get("timestamp", "")),
+                models=[ModelQuality.from_dict(m) for m in doc.get("models") or []],
             )
         except _MALFORMED as exc:
             raise _malformed("telemetry window", exc) from None

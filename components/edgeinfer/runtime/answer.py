@@ -24,9 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 from edgeinfer.messages import (
     IOT_CORE_MAX_BYTES,
+    TIMED_DETECTIONS,
     ErrorCode,
     Latency,
     ModelRef,
+    Prediction,
     Request,
     Result,
     TimingRecord,
@@ -283,20 +285,29 @@ class Answers:
                 self.stats.errors[code] = self.stats.errors.get(code, 0) + n
 
     def _record(self, result: Result) -> None:
-        self.timings.record(
-            TimingRecord(
-                id=result.id,
-                status=result.status,
-                latency_ms=result.latency_ms,
-                batch_size=result.batch_size,
-                provider=result.provider,
-                placement=result.placement,
-                code=result.error.code if result.error else None,
-                offloaded=result.placement == "cloud",
-                queue_depth=self.queue_depth(),
-                end=self.wall(),
-            )
+        """The answer's timing record, with the model that answered and its top answer: every result
+        passes here, so telemetry sees each model's identity and confidence."""
+        record = TimingRecord(
+            id=result.id,
+            status=result.status,
+            latency_ms=result.latency_ms,
+            batch_size=result.batch_size,
+            provider=result.provider,
+            placement=result.placement,
+            code=result.error.code if result.error else None,
+            offloaded=result.placement == "cloud",
+            queue_depth=self.queue_depth(),
+            end=self.wall(),
+            model=result.model,
         )
+        if result.status == "ok" and result.model is not None:
+            if result.detections is not None:
+                best = sorted(result.detections, key=lambda d: d.score, reverse=True)[:TIMED_DETECTIONS]
+                record.top = tuple(Prediction(d.index, d.label, d.score) for d in best)
+                record.detector = True
+            elif result.predictions:
+                record.top = (result.predictions[0],)
+        self.timings.record(record)
 
 
 def _instead(result: Result, code: ErrorCode, message: str) -> Result:

@@ -3,6 +3,10 @@
 `record()` only appends to a list under a lock; a background thread publishes a `TimingBatch` when
 `max_records` are waiting or `flush_interval_ms` after the first one, whichever comes first. If the
 bus refuses the publish the batch is dropped (timings are telemetry, never worth blocking a result).
+
+A batch stays under `BATCH_MAX_BYTES` whatever its records hold (ids of up to 256 characters, a
+detector's labels): one that would be larger goes as two halves, and so on. Nucleus lite closes a
+component's whole IPC connection over a message above `IPC_MAX_BYTES`.
 """
 
 from __future__ import annotations
@@ -12,10 +16,12 @@ import threading
 import time
 from collections.abc import Callable
 
-from edgeinfer.messages import TIMINGS_TOPIC, TimingBatch, TimingRecord, iso_utc
+from edgeinfer.messages import IPC_MAX_BYTES, TIMINGS_TOPIC, TimingBatch, TimingRecord, iso_utc
 from edgeinfer.transport import PubSub, TransportError
 
 log = logging.getLogger(__name__)
+
+BATCH_MAX_BYTES = IPC_MAX_BYTES - 1000  # room for the IPC envelope (topic, framing) around the payload
 
 
 class TimingPublisher:
@@ -82,18 +88,25 @@ class TimingPublisher:
             self._records, self._executions, self._first = [], [], None
         if not records and not executions:
             return 0
+        stamp = iso_utc(self.wall())
         for start in range(0, max(1, len(records)), self.max_records):
             chunk = records[start : start + self.max_records]
-            batch = TimingBatch(
-                self.thing, chunk, executions if start == 0 else [], timestamp=iso_utc(self.wall())
-            )
-            try:
-                self.bus.publish(TIMINGS_TOPIC, batch.to_json(), target="local")
-                self.published += 1
-            except TransportError as exc:
-                self.failed += 1
-                log.debug("timings not published: %s", exc)
+            self._publish(TimingBatch(self.thing, chunk, executions if start == 0 else [], stamp))
         return len(records)
+
+    def _publish(self, batch: TimingBatch) -> None:
+        payload = batch.to_json()
+        if len(payload) > BATCH_MAX_BYTES and len(batch.records) > 1:
+            half = len(batch.records) // 2
+            self._publish(TimingBatch(batch.thing, batch.records[:half], batch.executions, batch.timestamp))
+            self._publish(TimingBatch(batch.thing, batch.records[half:], [], batch.timestamp))
+            return
+        try:
+            self.bus.publish(TIMINGS_TOPIC, payload, target="local")
+            self.published += 1
+        except TransportError as exc:
+            self.failed += 1
+            log.debug("timings not published: %s", exc)
 
     def hello(self) -> None:
         """Publish an empty batch (start-up: warms the publish path; telemetry ignores it)."""

@@ -21,6 +21,10 @@ then logged and ignored.
     processMatch      "edgeinfer." command-line substring of the device's processes (RSS, CPU)
     prometheusPort    0           0 = off; else serve /metrics on prometheusBind:port
     prometheusBind    "127.0.0.1" loopback by default: the device's metrics are not for the network
+    lowConfidence     0.5         a model's answer whose top score is below this counts as low confidence
+
+`lowConfidence` ships with the code, not in the recipe (nucleus lite caps a recipe's size): a
+deployment may still set it, and `TelemetryConfig.to_dict()` (the recipe's defaults) leaves it out.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from edgeinfer.messages import TIMINGS_TOPIC, TelemetryWindow, telemetry_topic
 from edgeinfer.telemetry.prometheus import MetricsState, PrometheusExporter
 from edgeinfer.telemetry.spool import Spool, SpoolingPublisher
 from edgeinfer.telemetry.system import SystemSampler
-from edgeinfer.telemetry.window import WindowAggregator
+from edgeinfer.telemetry.window import DEFAULT_LOW_CONFIDENCE, WindowAggregator
 from edgeinfer.transport import Bus, Message, Subscription, TransportError
 
 __all__ = ["ConfigError", "TelemetryComponent", "TelemetryConfig", "main"]
@@ -66,6 +70,7 @@ class TelemetryConfig:
     process_match: str = "edgeinfer."
     prometheus_port: int = 0
     prometheus_bind: str = "127.0.0.1"
+    low_confidence: float = DEFAULT_LOW_CONFIDENCE
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any] | None) -> TelemetryConfig:
@@ -73,7 +78,11 @@ class TelemetryConfig:
         return config.read(cls, doc, component=COMPONENT)
 
     def to_dict(self) -> dict[str, Any]:
-        return config.to_recipe(self)
+        """The recipe's DefaultConfiguration: every key but those whose default ships in the code."""
+        doc = config.to_recipe(self)
+        for key in SHIPPED_IN_CODE:
+            doc.pop(key, None)
+        return doc
 
     def check(self) -> list[tuple[str, str]]:
         problems = []
@@ -87,6 +96,8 @@ class TelemetryConfig:
             problems.append(("spoolMaxBytes", "must be at least 1024"))
         if not 0 <= self.prometheus_port <= 65535:
             problems.append(("prometheusPort", "must be 0 (off) or a TCP port"))
+        if not 0 <= self.low_confidence <= 1:
+            problems.append(("lowConfidence", "must be a score between 0 and 1"))
         return problems
 
     def spool_path(self, work: Path | None = None) -> Path:
@@ -94,7 +105,9 @@ class TelemetryConfig:
 
 
 # Applied while running; every other key waits for the next start.
-LIVE_KEYS = frozenset({"window_seconds", "spool_max_windows", "spool_max_bytes", "qos"})
+LIVE_KEYS = frozenset({"window_seconds", "spool_max_windows", "spool_max_bytes", "qos", "low_confidence"})
+# Recipe keys whose default is only in the code (nucleus lite caps a recipe's size).
+SHIPPED_IN_CODE = frozenset({"lowConfidence"})
 
 
 class TelemetryComponent:
@@ -136,6 +149,7 @@ class TelemetryComponent:
             wall=wall,
             system=system,
             first_seq=self.publisher.next_seq,
+            low_confidence=cfg.low_confidence,
         )
         self.metrics = MetricsState()
         self.exporter: PrometheusExporter | None = None
@@ -258,6 +272,7 @@ class TelemetryComponent:
         self.spool.max_windows = new.spool_max_windows
         self.spool.max_bytes = new.spool_max_bytes
         self.publisher.qos = new.qos
+        self.aggregator.low_confidence = new.low_confidence
         restart_needed = [
             config.key_of(f)
             for f in fields(TelemetryConfig)

@@ -14,7 +14,14 @@ What a window counts (the wire shape is `edgeinfer.messages.TelemetryWindow`):
 - `batch`: `executions` (engine runs), `inferences` (images run) and `mean_size` (inferences/execution);
 - `queue_depth`: mean and max of the depth each record saw when it was queued;
 - `provider`: the execution provider that ran most requests in the window (the last one seen when the
-  window is empty).
+  window is empty);
+- `models`: per model that answered (name, version, variant and the provider that ran it), its `ok`
+  answers, how many had a top score below `low_confidence` (a classifier's top-1, a detector's most
+  confident detection; a detector's answer with no detection is not counted low), the answers per class
+  (a classifier's top-1, a detector's detections) for the `MAX_CLASSES` most frequent and the rest as
+  "other", and a histogram of those scores over `SCORE_BINS`. The most frequent `MAX_MODELS` models,
+  so that a window stays well under nucleus lite's IPC message cap. A model update shows in the first
+  window after it: its records name the new version.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ from typing import Any
 
 from edgeinfer.messages import (
     ErrorCode,
+    ModelQuality,
+    ModelRef,
     StageQuantiles,
     TelemetryWindow,
     TimingBatch,
@@ -36,7 +45,15 @@ from edgeinfer.messages import (
 )
 from edgeinfer.telemetry.histogram import Histogram
 
-__all__ = ["STAGES", "WindowAggregator"]
+__all__ = [
+    "DEFAULT_LOW_CONFIDENCE",
+    "MAX_CLASSES",
+    "MAX_MODELS",
+    "OTHER",
+    "SCORE_BINS",
+    "STAGES",
+    "WindowAggregator",
+]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +61,59 @@ STAGES = ("queue", "decode", "inference", "postprocess", "total")
 _QUANTILES = (0.5, 0.9, 0.99)
 
 SystemSampler = Callable[[], Mapping[str, Any]]
+
+DEFAULT_LOW_CONFIDENCE = 0.5  # a top score below it counts as a low-confidence answer (`lowConfidence`)
+SCORE_BINS = tuple(i / 10 for i in range(11))  # the histogram's edges: ten bins over [0, 1]
+MAX_CLASSES = 8  # per model and window, the most frequent classes; the rest are summed as OTHER
+MAX_MODELS = 8  # per window, the models with the most answers
+MAX_LABEL = 40  # a class label is cut to this many characters in a window
+OTHER = "other"
+
+
+def _bin(score: float, n: int) -> int:
+    """The bin of `score` among `n` equal bins over [0, 1]; 1.0 in the last, anything outside (or NaN)
+    in the nearer end bin."""
+    if not score > 0:
+        return 0
+    return min(n - 1, int(score * n))
+
+
+class _ModelAccumulator:
+    """One model's answers in an open window."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.low = 0
+        self.classes: Counter[str] = Counter()
+        self.bins = [0] * (len(SCORE_BINS) - 1)
+
+    def add(self, rec: TimingRecord, threshold: float) -> None:
+        self.count += 1
+        top = rec.top
+        if top and max(p.score for p in top) < threshold:
+            self.low += 1
+        bins = self.bins
+        for p in top:
+            self.classes[p.label[:MAX_LABEL]] += 1
+            bins[_bin(p.score, len(bins))] += 1
+
+    def quality(self, model: ModelRef, provider: str | None) -> ModelQuality:
+        kept = self.classes.most_common(MAX_CLASSES)
+        classes = dict(kept)
+        rest = sum(self.classes.values()) - sum(classes.values())
+        if rest:
+            classes[OTHER] = classes.get(OTHER, 0) + rest
+        return ModelQuality(
+            name=model.name,
+            version=model.version,
+            variant=model.variant,
+            provider=provider,
+            count=self.count,
+            low_confidence=self.low,
+            classes=classes,
+            bins=list(SCORE_BINS),
+            counts=list(self.bins),
+        )
 
 
 class _Accumulator:
@@ -61,8 +131,9 @@ class _Accumulator:
         self.depth_sum = 0  # over the `count` answered records
         self.depth_max = 0
         self.providers: Counter[str] = Counter()
+        self.models: dict[tuple[ModelRef, str | None], _ModelAccumulator] = {}
 
-    def add(self, rec: TimingRecord) -> None:
+    def add(self, rec: TimingRecord, low_confidence: float = DEFAULT_LOW_CONFIDENCE) -> None:
         if rec.dropped:
             self.dropped += 1
             return
@@ -80,6 +151,12 @@ class _Accumulator:
         if rec.status != "ok":
             self.errors[(rec.code or ErrorCode.INTERNAL).value] += 1
             return
+        if rec.model is not None:
+            key = (rec.model, rec.provider)
+            model = self.models.get(key)
+            if model is None:
+                model = self.models[key] = _ModelAccumulator()
+            model.add(rec, low_confidence)
         lat = rec.latency_ms
         hists = self.hists
         hists["queue"].record(lat.queue)
@@ -93,6 +170,13 @@ class _Accumulator:
             if size > 0:
                 self.executions += 1
                 self.inferences += size
+
+    def model_qualities(self) -> list[ModelQuality]:
+        """The `MAX_MODELS` models with the most answers, most first (then by name and version)."""
+        ranked = sorted(
+            self.models.items(), key=lambda item: (-item[1].count, item[0][0].name, item[0][0].version)
+        )
+        return [acc.quality(model, provider) for (model, provider), acc in ranked[:MAX_MODELS]]
 
 
 class WindowAggregator:
@@ -112,6 +196,7 @@ class WindowAggregator:
         wall: Callable[[], float] = time.time,
         system: SystemSampler | None = None,
         first_seq: int = 0,
+        low_confidence: float = DEFAULT_LOW_CONFIDENCE,
     ) -> None:
         if not window_s > 0:
             raise ValueError("window_s must be positive")
@@ -127,15 +212,16 @@ class WindowAggregator:
         self._end = self._start + self.window_s
         self.next_seq = first_seq
         self._last_provider: str | None = None
+        self.low_confidence = low_confidence  # applies to the records added from now on
         self.bad_messages = 0
 
     # ---------------------------------------------------------------------------------------- input
 
     def add(self, batch: TimingBatch) -> None:
         with self._lock:
-            acc = self._acc
+            acc, low = self._acc, self.low_confidence
             for rec in batch.records:
-                acc.add(rec)
+                acc.add(rec, low)
             acc.add_executions(batch.executions)
 
     def add_payload(self, payload: bytes) -> bool:
@@ -231,4 +317,5 @@ class WindowAggregator:
             provider=self._last_provider,
             system=system,
             timestamp=iso_utc(self._wall()),
+            models=acc.model_qualities(),
         )
