@@ -16,6 +16,7 @@ from edgeinfer.messages import (
     ErrorCode,
     Latency,
     MessageError,
+    ModelQuality,
     ModelRef,
     OffloadOrigin,
     OffloadRequest,
@@ -222,6 +223,71 @@ def test_timing_batch_round_trips() -> None:
     assert back.executions == [4, 1]
 
 
+def test_timing_batch_names_each_model_once_and_its_labels_beside_the_records() -> None:
+    v1, v2 = ModelRef("resnet", "1.0.0", "int8"), ModelRef("resnet", "1.1.0", "int8")
+    cat, dog = Prediction(281, "tabby cat", 0.91234), Prediction(207, "golden retriever", 0.4)
+    records = [
+        TimingRecord("a", "ok", Latency(total=5), provider="CPUExecutionProvider", model=v1, top=(cat,)),
+        TimingRecord("b", "ok", Latency(total=5), provider="CPUExecutionProvider", model=v1, top=(dog,)),
+        TimingRecord("c", "ok", Latency(total=5), provider="CPUExecutionProvider", model=v2, top=(cat,)),
+        TimingRecord(
+            "d",
+            "ok",
+            Latency(total=5),
+            model=v2,
+            top=(cat, dog),
+            detector=True,
+            provider="CPUExecutionProvider",
+        ),
+        TimingRecord("e", "error", Latency(total=1), code=ErrorCode.BAD_IMAGE),
+    ]
+    payload = TimingBatch("dev", records, timestamp=iso_utc(3)).to_json()
+    doc = json.loads(payload)
+    assert [(m["name"], m["version"], m["provider"]) for m in doc["models"]] == [
+        ("resnet", "1.0.0", "CPUExecutionProvider"),
+        ("resnet", "1.1.0", "CPUExecutionProvider"),
+    ]
+    assert doc["models"][0]["labels"] == {"281": "tabby cat", "207": "golden retriever"}
+    assert [r.get("m") for r in doc["records"]] == [0, 0, 1, 1, None]
+    assert doc["records"][0]["top"] == [281, 0.912]  # the index and the score, never the label
+    back = TimingBatch.parse(payload).records
+    assert [(r.model, r.detector) for r in back] == [
+        (v1, False),
+        (v1, False),
+        (v2, False),
+        (v2, True),
+        (None, False),
+    ]
+    assert back[3].top == (Prediction(281, "tabby cat", 0.912), Prediction(207, "golden retriever", 0.4))
+    assert back[4].top == ()
+
+
+def test_timing_batch_without_a_model_table_reads_as_before_and_bad_entries_are_left_out() -> None:
+    old = {
+        "thing": "dev",
+        "records": [{"id": "a", "status": "ok", "latency_ms": {"total": 2}}],
+        "executions": [1],
+    }
+    (record,) = TimingBatch.parse(json.dumps(old)).records
+    assert (record.model, record.top, record.detector) == (None, (), False)
+    odd = {
+        "thing": "dev",
+        "models": [{"name": 3}, {"name": "m", "version": "2", "labels": {"1": "one", "x": "?"}}],
+        "records": [
+            {"id": "a", "status": "ok", "m": 0, "top": [1, 0.5]},
+            {"id": "b", "status": "ok", "m": 1, "top": [1, 0.5, "2", 0.3, 4]},
+            {"id": "c", "status": "ok", "m": 7, "top": [1, 0.5]},
+            {"id": "d", "status": "ok", "m": 1, "top": "nope"},
+        ],
+    }
+    a, b, c, d = TimingBatch.parse(json.dumps(odd)).records
+    assert (a.model, c.model) == (None, None)
+    assert b.model == ModelRef("m", "2", "")
+    assert b.top == (Prediction(1, "one", 0.5),)
+    assert d.model == ModelRef("m", "2", "")
+    assert d.top == ()
+
+
 def test_telemetry_window_round_trips() -> None:
     window = TelemetryWindow(
         thing="dev",
@@ -240,6 +306,35 @@ def test_telemetry_window_round_trips() -> None:
         timestamp=iso_utc(0),
     )
     assert TelemetryWindow.from_dict(json.loads(window.to_json())) == window
+    assert "models" not in window.to_dict()  # a window without answers reads as an older one
+    window.models = [
+        ModelQuality(
+            "resnet",
+            "1.1.0",
+            "int8",
+            "CPUExecutionProvider",
+            10,
+            3,
+            {"cat": 7, "other": 3},
+            [0.0, 0.5, 1.0],
+            [3, 7],
+        )
+    ]
+    doc = json.loads(window.to_json())
+    assert doc["models"] == [
+        {
+            "name": "resnet",
+            "version": "1.1.0",
+            "variant": "int8",
+            "provider": "CPUExecutionProvider",
+            "count": 10,
+            "low_confidence": 3,
+            "low_confidence_share": 0.3,
+            "classes": {"cat": 7, "other": 3},
+            "scores": {"bins": [0.0, 0.5, 1.0], "counts": [3, 7]},
+        }
+    ]
+    assert TelemetryWindow.from_dict(doc) == window
 
 
 def test_topics_and_timestamps() -> None:

@@ -6,12 +6,17 @@ import json
 import threading
 
 from edgeinfer.messages import (
+    TIMED_DETECTIONS,
+    TIMINGS_TOPIC,
+    Box,
+    Detection,
     ErrorCode,
     Latency,
     ModelRef,
     Prediction,
     Request,
     Result,
+    TimingBatch,
     result_topic,
 )
 from edgeinfer.runtime.answer import AnswerHook, Answers, Job, Stats
@@ -174,3 +179,26 @@ def test_a_self_test_job_publishes_nothing() -> None:
     assert bus.published == []
     assert rec.seen == []
     assert done == [1]
+
+
+def test_the_timing_record_names_the_model_and_its_top_answer() -> None:
+    answers, bus, clock, _ = make()
+    answers.timings.enabled = True
+    answers.send(Job(Request("c"), ReplyTarget(DEFAULT), clock()), ok("c", n=3))
+    boxes = [Detection(i % 4, f"class {i % 4}", s, Box(0, 0, 1, 1)) for i, s in enumerate([0.3, 0.9] * 8)]
+    detector = Result("d", "ok", "", model=ModelRef("yolo", "2", "int8"), detections=boxes)
+    answers.send(Job(Request("d"), ReplyTarget(DEFAULT), clock()), detector)
+    late = Job(Request("late"), ReplyTarget(DEFAULT), clock(), deadline=clock() - 1)
+    answers.send(late, ok("late"))
+    answers.timings.flush()
+    (batch,) = [TimingBatch.parse(m.payload) for m in bus.published if m.topic == TIMINGS_TOPIC]
+    classified, detected, refused = batch.records
+    assert classified.model == ModelRef("m", "1", "int8")
+    assert classified.top == (Prediction(0, "class 0", 0.5),)  # the top-1 only
+    assert not classified.detector
+    assert detected.model == ModelRef("yolo", "2", "int8")
+    assert detected.detector
+    assert [p.score for p in detected.top] == [0.9] * 8 + [0.3] * (TIMED_DETECTIONS - 8)  # the most confident
+    assert refused.status == "error"
+    assert refused.model == ModelRef("m", "1", "int8")  # what would have answered
+    assert refused.top == ()  # an error's answer is not the model's

@@ -5,8 +5,9 @@
 bus refuses the publish the batch is dropped (timings are telemetry, never worth blocking a result).
 
 A batch stays under `BATCH_MAX_BYTES` whatever its records hold (ids of up to 256 characters, a
-detector's labels): one that would be larger goes as two halves, and so on. Nucleus lite closes a
-component's whole IPC connection over a message above `IPC_MAX_BYTES`.
+detector's labels, the executions of many small batches): one that would be larger goes as two
+halves, and so on. Nucleus lite closes a component's whole IPC connection over a message above
+`IPC_MAX_BYTES`.
 """
 
 from __future__ import annotations
@@ -96,10 +97,11 @@ class TimingPublisher:
 
     def _publish(self, batch: TimingBatch) -> None:
         payload = batch.to_json()
-        if len(payload) > BATCH_MAX_BYTES and len(batch.records) > 1:
-            half = len(batch.records) // 2
-            self._publish(TimingBatch(batch.thing, batch.records[:half], batch.executions, batch.timestamp))
-            self._publish(TimingBatch(batch.thing, batch.records[half:], [], batch.timestamp))
+        records, executions = batch.records, batch.executions
+        if len(payload) > BATCH_MAX_BYTES and (len(records) > 1 or len(executions) > 1):
+            r, e = len(records) // 2, len(executions) // 2
+            self._publish(TimingBatch(batch.thing, records[:r], executions[:e], batch.timestamp))
+            self._publish(TimingBatch(batch.thing, records[r:], executions[e:], batch.timestamp))
             return
         try:
             self.bus.publish(TIMINGS_TOPIC, payload, target="local")
