@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from edgeinfer import cli
 from edgeinfer.bundle.build import BuildError, build_bundle, check_recipes
@@ -185,3 +187,82 @@ def test_check_says_when_a_gdk_config_would_publish_another_version(
         "components/setup/gdk-config.json: com.example.Setup 0.9.0, the bundle builds 1.0.0: the GDK "
         "would publish 0.9.0 (a plain 'edgeinfer build' writes 1.0.0 there)"
     )
+
+
+def _big(items: int) -> str:
+    many = "".join(f"          - item{i}\n" for i in range(items))
+    return (
+        textwrap.dedent(
+            """\
+        RecipeFormatVersion: "2020-01-25"
+        ComponentName: com.example.Big
+        ComponentVersion: "1.0.0"
+        ComponentConfiguration:
+          DefaultConfiguration:
+            many:  # <- many
+        """
+        )
+        + many
+        + textwrap.dedent(
+            """\
+        Manifests:
+          - Platform: {os: linux, runtime: "*"}
+            Lifecycle:
+              run: "true"
+            Artifacts:
+              - URI: s3://BUCKET_NAME/COMPONENT_NAME/COMPONENT_VERSION/data.bin
+        """
+        )
+    )
+
+
+def test_a_recipe_over_lites_budget_fails_check_and_build_with_its_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edgeinfer.greengrass.nuclei import subobject_count, with_digests
+
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "pyproject.toml").write_text("")
+    # 251 as written: the Digest and Algorithm a build adds to its one artifact take it to 255, in
+    # budget; one more item takes the built recipe over, though the source still fits.
+    recipe = tmp_path / "recipes" / "com.example.Big.yaml"
+    for items, built in ((221, 255), (222, 256)):
+        recipe.write_text(_big(items))
+        raw = yaml.safe_load(recipe.read_text())
+        assert subobject_count(with_digests(raw)) == built
+    assert subobject_count(raw) <= 255
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["build", "--check"]) == 1
+    out = capsys.readouterr().out
+    assert "com.example.Big: classic ok, lite refuses" in out
+    assert (
+        "recipes/com.example.Big.yaml:4: ComponentConfiguration: the recipe counts 256 sub-objects as built"
+        in out
+    )
+    assert "over the 255 " in out
+    with pytest.raises(BuildError, match=r"Big\.yaml:4: ComponentConfiguration: the recipe counts 256 "):
+        build_bundle(tmp_path, artifacts_dir=tmp_path / "a", out_dir=tmp_path / "gb")
+    assert not (tmp_path / "gb").exists()
+
+
+def test_a_build_refuses_a_recipe_the_artifacts_it_adds_take_over_the_budget(tmp_path: Path) -> None:
+    from edgeinfer.bundle.build import RUNTIME_INSTALLER
+
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "pyproject.toml").write_text("")
+    # 255 as built: --check passes it; the wheelhouse.zip artifact a build adds to the installer
+    # does not fit any more.
+    text = _big(221).replace("com.example.Big", RUNTIME_INSTALLER)
+    (tmp_path / "recipes" / f"{RUNTIME_INSTALLER}.yaml").write_text(text)
+    folder = tmp_path / "a" / RUNTIME_INSTALLER / "1.0.0"
+    folder.mkdir(parents=True)
+    (folder / "data.bin").write_bytes(b"x")
+    assert [f for c in check_recipes(tmp_path) for fs in c.findings.values() for f in fs] == []
+    build_bundle(tmp_path, artifacts_dir=tmp_path / "a", out_dir=tmp_path / "gb")  # fits as built
+    house = tmp_path / "house"
+    house.mkdir()
+    with zipfile.ZipFile(house / "tiny-1.0-py3-none-any.whl", "w") as zf:
+        zf.writestr("tiny-1.0.dist-info/RECORD", "")
+    with pytest.raises(BuildError, match=r"counts 268 sub-objects as built.*\(the recipe as built, with its"):
+        build_bundle(tmp_path, artifacts_dir=tmp_path / "a", out_dir=tmp_path / "gb2", wheelhouse=house)
+    assert not (tmp_path / "gb2").exists()

@@ -11,8 +11,10 @@ from edgeinfer.greengrass.nuclei import (
     LITE,
     check_recipe,
     check_subobject_budget,
+    object_depth,
     profile,
     subobject_count,
+    with_digests,
 )
 from edgeinfer.greengrass.recipe import RecipeError, read_recipe, read_sources
 from tests.helpers import PROJECT
@@ -206,3 +208,61 @@ def test_the_subobject_budget_names_the_count_and_the_budget(tmp_path: Path) -> 
     assert "over the 255 " in finding.reason
     assert "the deployment fails" in finding.reason
     assert check_subobject_budget(big, "classic") == []
+
+
+def test_the_budget_counts_the_recipe_as_built_and_is_a_rule(tmp_path: Path) -> None:
+    art = "    Artifacts:\n" + "".join(f"      - URI: s3://b/f{i}.bin\n" for i in range(20))
+    recipe = PORTABLE + art
+    path = _write(tmp_path, "arts", recipe)
+    source = subobject_count(read_recipe(path))
+    built = subobject_count(with_digests(read_recipe(path)))
+    assert built == source + 20 * 4  # Digest and Algorithm: two map entries on each artifact
+    assert check_recipe(path, "lite") == []
+    # Grow it until only the digests a build adds take it over the budget.
+    extra = "".join(f"      - item{i}\n" for i in range(255 - built + 1))
+    fat = _write(tmp_path, "fat", recipe.replace("    port: 8080\n", f"    port: 8080\n    many:\n{extra}"))
+    assert subobject_count(read_recipe(fat)) <= 255 < subobject_count(with_digests(read_recipe(fat)))
+    (finding,) = check_recipe(fat, "lite")
+    assert f"counts {subobject_count(with_digests(read_recipe(fat)))} sub-objects as built" in str(finding)
+    assert check_recipe(fat, "classic") == []
+
+
+def test_depth_is_nucleus_lites_and_over_15_fails(tmp_path: Path) -> None:
+    docs: list[object] = [5, {}, {"a": 5}, [{"a": 5}], {"a": [[]]}]
+    assert [object_depth(d) for d in docs] == [1, 1, 2, 3, 3]
+
+    def deep(levels: int) -> Path:
+        nested: object = "x"
+        for _ in range(levels):
+            nested = {"n": nested}
+        text = PORTABLE.replace("    port: 8080\n", f"    port: 8080\n    deep: {json_of(nested)}\n")
+        return _write(tmp_path, f"deep{levels}", text)
+
+    # the recipe, ComponentConfiguration, DefaultConfiguration, then `deep`: 3 + levels + 1
+    fits, over = deep(11), deep(12)
+    assert (object_depth(read_recipe(fits)), object_depth(read_recipe(over))) == (15, 16)
+    assert check_recipe(fits, "lite") == []
+    (finding,) = check_recipe(over, "lite")
+    assert finding.field.startswith("ComponentConfiguration.DefaultConfiguration.deep")
+    assert finding.line == 7
+    assert "nests 16 levels deep, over the 15" in finding.reason
+    assert check_recipe(over, "classic") == []
+    assert check_recipe(_write(tmp_path, "ok", PORTABLE), "lite") == []  # PORTABLE nests 5
+
+
+def test_a_component_without_a_run_step_fails_the_deployment_on_lite(tmp_path: Path) -> None:
+    path = _write(tmp_path, "lib", INSTALL_ONLY)
+    (finding,) = check_recipe(path, "lite")
+    assert finding.field == "Manifests[0].Lifecycle"
+    assert "waits 300 s for the component's run unit, then reports FAILED" in finding.reason
+    assert check_recipe(path, "classic") == []
+    startup = _write(tmp_path, "startup", INSTALL_ONLY.replace("install: 'true'", "startup: 'true'"))
+    assert check_recipe(startup, "lite") == []
+    with_run = _write(tmp_path, "run", INSTALL_ONLY + "      run: 'true'\n")
+    assert check_recipe(with_run, "lite") == []
+
+
+def json_of(value: object) -> str:
+    import json
+
+    return json.dumps(value)

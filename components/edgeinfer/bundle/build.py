@@ -54,7 +54,7 @@ from edgeinfer.bundle.wheel import build_wheel
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.files import atomic_write, check_replaceable, new_parents, sha256_file
 from edgeinfer.greengrass import recipe as gg_recipe
-from edgeinfer.greengrass.nuclei import Finding, check_recipe
+from edgeinfer.greengrass.nuclei import Finding, check_recipe, check_subobject_budget
 from edgeinfer.greengrass.recipe import RecipeError, artifact_filename, cget
 
 __all__ = [
@@ -270,6 +270,19 @@ def check_recipes(root: Path, nuclei: Sequence[str] = NUCLEI) -> list[RecipeChec
         ]
     except RecipeError as exc:
         raise BuildError(str(exc)) from None
+
+
+def _check_built(components: Iterable[Component], nuclei: Sequence[str]) -> None:
+    """The recipes as they will be written (digests, and the artifacts the build adds, such as the
+    wheelhouse) against each nucleus's size budget: `check_recipes` counts the digests but cannot
+    know the artifacts a build adds."""
+    for comp in components:
+        built = gg_recipe.RecipeSource(
+            comp.recipe_file, comp.built_recipe(), comp.name, comp.version, tuple(comp.dependencies)
+        )
+        for nucleus in nuclei:
+            for finding in check_subobject_budget(built, nucleus):
+                raise BuildError(f"{finding} (the recipe as built, with its artifacts)")
 
 
 # ---------------------------------------------------------------------------------------------- GDK
@@ -639,8 +652,10 @@ def _write(
     artifacts: Path,
     wheelhouse: Path | None,
     stamp_gdk: bool,
+    nuclei: Sequence[str] = NUCLEI,
 ) -> None:
-    """The artifacts, then the layout; with `stamp_gdk`, the bundle's version into every GDK config."""
+    """The artifacts, then the layout (refused where a nucleus would refuse a recipe as built); with
+    `stamp_gdk`, the bundle's version into every GDK config."""
     written = artifacts
     try:  # an OSError here: an output folder that cannot be created or written
         check_replaceable(
@@ -651,6 +666,7 @@ def _write(
         wheel = build_wheel(project) if _needs_wheel(components) else None
         for comp in components:
             comp.artifacts = _artifacts_for(comp, artifacts, wheel, wheelhouse)
+        _check_built(components, nuclei)
         written = target
         with new_parents(target):
             _write_layout(target, components, names)
@@ -701,5 +717,6 @@ def build_bundle(
         artifacts=artifacts,
         wheelhouse=wheelhouse,
         stamp_gdk=not gdk,
+        nuclei=nuclei,
     )
     return Bundle(root=project, artifacts_dir=artifacts, out_dir=target, components=components)

@@ -10,6 +10,7 @@ with the line and the reason, what a nucleus would refuse or run differently.
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,12 +37,15 @@ __all__ = [
     "LITE",
     "NUCLEI",
     "NUCLEUS_OWNED_OPERATIONS",
+    "SYSTEMD_DEFAULT_PATH",
     "Finding",
     "NucleusProfile",
     "check_recipe",
     "check_subobject_budget",
+    "object_depth",
     "profile",
     "subobject_count",
+    "with_digests",
 ]
 
 # Operations the classic nucleus serves itself (not through a plugin component).
@@ -58,6 +62,8 @@ NUCLEUS_OWNED_OPERATIONS = frozenset(
 VALIDATION_OPERATIONS = frozenset(
     {"SubscribeToValidateConfigurationUpdates", "SendConfigurationValidityReport"}
 )
+# What systemd gives a unit that sets no PATH (nucleus lite's components run as such units).
+SYSTEMD_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 @dataclass(frozen=True)
@@ -90,17 +96,30 @@ class NucleusProfile:
     update_events: Literal["per-node", "per-leaf"]  # configuration-update events of one merge
     # IPC
     refused_operations: frozenset[str]  # answered ServiceError although in the model
+    refused_operations_say_why: bool  # their ServiceError has a message (lite's has none)
     empty_error_messages: frozenset[str]  # modeled errors sent with an empty message
+    # an IPC message (event-stream frame) larger than this closes the component's whole connection
+    ipc_max_message_bytes: int | None
     # processes
     component_user: str  # "user" or "user:group"
     env_socket_variable: bool  # AWS_GG_NUCLEUS_DOMAIN_SOCKET_FILEPATH besides ..._FOR_COMPONENT
     env_ca_bundle: bool  # AWS_CA_BUNDLE
+    component_path: str | None  # PATH of every component (None: the nucleus's own)
     # IoT Core
     mqtt_max_message_bytes: int  # PublishToIoTCore above this: ServiceError before the network
     max_in_flight_publishes: int | None  # QoS 1 publishes in flight (None: no limit modeled)
     spooler_bytes: int | None  # queued publishes beyond the in-flight ones (None: no spooler)
+    # the largest MQTT packet IoT Core may send the device (its CONNECT's Maximum Packet Size): the
+    # broker drops larger ones silently (None: IoT Core's own limit only)
+    iot_inbound_max_packet_bytes: int | None
+    mqtt5_properties: bool  # content type, correlation data, response topic, user properties carried
     # deployments
     recipe_subobject_limit: int | None  # a recipe counting more sub-objects fails the deployment
+    recipe_depth_limit: int | None  # a recipe nested deeper fails the deployment
+    # a deployment waits this long for every component's run unit, then reports FAILED where one
+    # has none (None: a component without a run step simply FINISHES)
+    run_unit_wait_s: float | None
+    unarchives_local_artifacts: bool  # a local deployment unpacks `Unarchive: ZIP` artifacts
 
     @property
     def user_and_group(self) -> tuple[str, str]:
@@ -129,14 +148,22 @@ CLASSIC = NucleusProfile(
     update_leaf="merge-into-parent",
     update_events="per-node",
     refused_operations=frozenset(),
+    refused_operations_say_why=True,
     empty_error_messages=frozenset(),
+    ipc_max_message_bytes=None,  # 16 MiB, not modeled
     component_user="ggc_user:ggc_group",
     env_socket_variable=True,
     env_ca_bundle=True,
+    component_path=None,
     mqtt_max_message_bytes=131072,
     max_in_flight_publishes=5,
     spooler_bytes=2_621_440,  # mqtt.spooler.maxSizeInBytes: 2.5 MiB
+    iot_inbound_max_packet_bytes=None,
+    mqtt5_properties=True,
     recipe_subobject_limit=None,
+    recipe_depth_limit=None,
+    run_unit_wait_s=None,
+    unarchives_local_artifacts=True,
 )
 
 LITE = NucleusProfile(
@@ -160,14 +187,22 @@ LITE = NucleusProfile(
     update_leaf="replace",
     update_events="per-leaf",
     refused_operations=VALIDATION_OPERATIONS | (NUCLEUS_OWNED_OPERATIONS - {"ValidateAuthorizationToken"}),
+    refused_operations_say_why=False,
     empty_error_messages=frozenset({"UnauthorizedError", "ResourceNotFoundError"}),
+    ipc_max_message_bytes=10_000,  # GGL_IPC_MAX_MSG_LEN, GGL_COREBUS_MAX_MSG_LEN
     component_user="gg_component",
     env_socket_variable=False,
     env_ca_bundle=False,
+    component_path=SYSTEMD_DEFAULT_PATH,
     mqtt_max_message_bytes=131072,
     max_in_flight_publishes=None,
     spooler_bytes=None,
+    iot_inbound_max_packet_bytes=5_000,  # iotcored's IOTCORED_NETWORK_BUFFER_SIZE (compile-time)
+    mqtt5_properties=False,  # ggipcd's mqttproxy passes topic, payload and QoS only
     recipe_subobject_limit=255,  # GG_MAX_OBJECT_SUBOBJECTS: each recipe is deep-copied within it
+    recipe_depth_limit=15,  # GG_MAX_OBJECT_DEPTH: a scalar is depth 1, {"a": 5} depth 2
+    run_unit_wait_s=300.0,  # waits for ggl.<name>.service to be RUNNING or FINISHED
+    unarchives_local_artifacts=False,  # only what it downloads for a cloud deployment
 )
 
 NUCLEI: dict[str, NucleusProfile] = {"classic": CLASSIC, "lite": LITE}
@@ -359,12 +394,9 @@ def check_recipe(
 def check_subobject_budget(
     recipe: RecipeSource | Path, nucleus: NucleusProfile | str = "lite"
 ) -> list[Finding]:
-    """Whether `recipe` fits the sub-objects `nucleus` copies a recipe into (nucleus lite: over it the
-    whole deployment fails); a Finding with the count and the budget when it does not.
-
-    Not yet one of RECIPE_RULES: the project's own recipes are over nucleus lite's budget, and
-    registering it would make `edgeinfer build` refuse them until they are slimmed down.
-    """
+    """Whether `recipe`, as built (`with_digests`), fits the sub-objects `nucleus` copies a recipe
+    into (nucleus lite: over it the whole deployment fails); a Finding with the count and the budget
+    when it does not. One of RECIPE_RULES; on its own for a recipe `edgeinfer build` has written."""
     return _run((_subobject_budget,), recipe, nucleus, None)
 
 
@@ -448,18 +480,62 @@ def subobject_count(doc: Any) -> int:
     return 0
 
 
+def object_depth(doc: Any) -> int:
+    """The depth nucleus lite gives a parsed document (`GG_MAX_OBJECT_DEPTH`, component-sdk's
+    include/gg/object.h): a scalar or an empty list or map is 1, `{"a": 5}` 2, `[{"a": 5}]` 3."""
+    children: list[Any] = []
+    if isinstance(doc, Mapping):
+        children = list(doc.values())
+    elif isinstance(doc, list):
+        children = doc
+    return 1 + max((object_depth(c) for c in children), default=0)
+
+
+def with_digests(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """`raw` as `edgeinfer build` writes it: `Digest` and `Algorithm` on every artifact that has
+    none (their values do not change the count or the depth)."""
+    out: dict[str, Any] = copy.deepcopy(dict(raw))
+    for manifest in cget(out, "Manifests") or []:
+        for artifact in cget(manifest, "Artifacts") or [] if isinstance(manifest, Mapping) else []:
+            if isinstance(artifact, dict):
+                for key in ("Digest", "Algorithm"):
+                    if _key(artifact, key) is None:
+                        artifact[key] = ""
+    return out
+
+
 def _subobject_budget(s: _Subject) -> _Found:
     limit = s.prof.recipe_subobject_limit
-    count = subobject_count(s.raw)
+    built = with_digests(s.raw)
+    count = subobject_count(built)
     if limit is None or count <= limit:
         return
     # Named at the top-level field that holds the most, where slimming down pays most.
-    key, held = max(((k, 2 + subobject_count(v)) for k, v in _items(s.raw)), key=lambda kv: kv[1])
+    key, held = max(((k, 2 + subobject_count(v)) for k, v in _items(built)), key=lambda kv: kv[1])
     yield (
         (key,),
-        f"the recipe counts {count} sub-objects (a list item once, a map entry twice), over the {limit} "
-        f"this nucleus copies a recipe into: the deployment fails (\"Visited object's subobjects exceeds "
-        f'maximum"); {key} counts {held}',
+        f"the recipe counts {count} sub-objects as built (a list item once, a map entry twice; Digest "
+        f"and Algorithm on every artifact), over the {limit} this nucleus copies a recipe into: the "
+        f'deployment fails ("Visited object\'s subobjects exceeds maximum"); {key} counts {held}',
+    )
+
+
+def _depth_limit(s: _Subject) -> _Found:
+    limit = s.prof.recipe_depth_limit
+    if limit is None or object_depth(s.raw) <= limit:
+        return
+    path: _Path = ()
+    node: Any = s.raw
+    while isinstance(node, (Mapping, list)) and node:  # down the deepest branch, to name its line
+        pairs = list(node.items()) if isinstance(node, Mapping) else list(enumerate(node))
+        step, node = max(pairs, key=lambda kv: object_depth(kv[1]))
+        path = (*path, step if isinstance(step, int) else str(step))
+        if len(path) >= limit:
+            break
+    yield (
+        path,
+        f"the recipe nests {object_depth(s.raw)} levels deep, over the {limit} this nucleus reads "
+        '("Visited object\'s depth exceeds maximum"): the deployment fails',
     )
 
 
@@ -534,6 +610,20 @@ def _no_lifecycle_step(s: _Subject, lc: _Lifecycle) -> _Found:
         )
 
 
+def _no_run_unit(s: _Subject, lc: _Lifecycle) -> _Found:
+    wait = s.prof.run_unit_wait_s
+    steps = set(lc.steps) - {"setenv"}
+    if s.prof.lifecycle_keys_lower_case_only:
+        steps = {k for k in steps if lc.steps[k][0] == k}
+    if wait is None or not steps or steps & {"run", "startup"}:
+        return  # without any step, _no_lifecycle_step says so
+    yield (
+        lc.path,
+        f"no run or startup step: the deployment waits {wait:.0f} s for the component's run unit, "
+        'then reports FAILED; add a run step that exits at once (run: "true")',
+    )
+
+
 def _steps_not_run(s: _Subject, lc: _Lifecycle) -> _Found:
     seen_steps = {
         k.lower()
@@ -582,6 +672,8 @@ def _script_variables(s: _Subject, path: _Path, value: Any) -> _Found:
 
 RECIPE_RULES: tuple[Callable[[_Subject], _Found], ...] = (
     _component_type,
+    _subobject_budget,
+    _depth_limit,
     _manifests,
     _hard_dependency_on_install_only,
 )
@@ -590,6 +682,7 @@ LIFECYCLE_RULES: tuple[Callable[[_Subject, _Lifecycle], _Found], ...] = (
     _lower_case_steps,
     _step_key_spelling,
     _no_lifecycle_step,
+    _no_run_unit,
     _steps_not_run,
     _each_step,
 )
