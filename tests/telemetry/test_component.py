@@ -16,7 +16,16 @@ from typing import Any
 import pytest
 import yaml
 
-from edgeinfer.messages import TIMINGS_TOPIC, TelemetryWindow, TimingBatch, telemetry_topic
+from edgeinfer.messages import (
+    TIMINGS_TOPIC,
+    Latency,
+    ModelRef,
+    Prediction,
+    TelemetryWindow,
+    TimingBatch,
+    TimingRecord,
+    telemetry_topic,
+)
 from edgeinfer.telemetry.component import ConfigError, TelemetryComponent, TelemetryConfig
 from edgeinfer.transport import MemoryBus
 from tests.helpers import PROJECT
@@ -94,6 +103,23 @@ def test_configuration_validation_and_live_update(tmp_path: Path, clock: FakeClo
     assert comp.tick()[0].window_s == 10
     clock.advance(2)
     assert comp.tick()[0].window_s == 2
+
+
+def test_low_confidence_ships_in_the_code_and_follows_updates(tmp_path: Path, clock: FakeClock) -> None:
+    assert TelemetryConfig().low_confidence == 0.5
+    assert "lowConfidence" not in TelemetryConfig().to_dict()  # not in the recipe: lite caps its size
+    bus, comp = make(tmp_path, clock, windowSeconds=1, lowConfidence="0.3")
+    assert comp.aggregator.low_confidence == 0.3
+    assert bus.propose_configuration({"lowConfidence": 1.5}) is not None
+    assert bus.propose_configuration({"lowConfidence": 0.7}) is None
+    assert comp.aggregator.low_confidence == 0.7
+    model = ModelRef("m", "2", "int8")
+    record = TimingRecord("a", "ok", Latency(total=1), model=model, top=(Prediction(1, "cat", 0.6),))
+    bus.publish(TIMINGS_TOPIC, TimingBatch("dev", [record]).to_json())
+    clock.advance(1)
+    comp.tick()
+    (window,) = windows(bus)
+    assert [(m.name, m.version, m.count, m.low_confidence) for m in window.models] == [("m", "2", 1, 1)]
 
 
 def test_without_live_validation_updates_apply_and_bad_ones_are_logged(

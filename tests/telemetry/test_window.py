@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -9,9 +10,25 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgeinfer.messages import ErrorCode, Latency, TelemetryWindow, TimingBatch, TimingRecord
+from edgeinfer.messages import (
+    ErrorCode,
+    Latency,
+    ModelRef,
+    Prediction,
+    TelemetryWindow,
+    TimingBatch,
+    TimingRecord,
+)
 from edgeinfer.telemetry.histogram import RELATIVE_PRECISION
-from edgeinfer.telemetry.window import STAGES, WindowAggregator
+from edgeinfer.telemetry.window import (
+    DEFAULT_LOW_CONFIDENCE,
+    MAX_CLASSES,
+    MAX_MODELS,
+    OTHER,
+    SCORE_BINS,
+    STAGES,
+    WindowAggregator,
+)
 from tests.helpers.clock import FakeClock
 from tests.helpers.telemetry import make_record
 
@@ -197,3 +214,156 @@ def test_flush_closes_a_short_window(clock: FakeClock) -> None:
     assert window.count == 1
     assert window.window_s == 2.5
     assert window.throughput_rps == pytest.approx(0.4)
+
+
+# ------------------------------------------------------------------------------------ model quality
+
+V1 = ModelRef("resnet50", "1.0.0", "int8")
+V2 = ModelRef("resnet50", "1.1.0", "int8")
+CPU = "CPUExecutionProvider"
+
+
+def answered(model: ModelRef, *top: tuple[int, str, float], detector: bool = False) -> TimingRecord:
+    return TimingRecord(
+        "r",
+        "ok",
+        Latency(1, 1, 1, 1, 4),
+        provider=CPU,
+        model=model,
+        top=tuple(Prediction(i, label, score) for i, label, score in top),
+        detector=detector,
+    )
+
+
+def window_of(agg: WindowAggregator, clock: FakeClock, *records: TimingRecord) -> TelemetryWindow:
+    agg.add_payload(TimingBatch("dev", list(records)).to_json())  # through the wire
+    clock.advance(agg.window_s)
+    (window,) = agg.poll()
+    return window
+
+
+def test_a_window_counts_each_models_classes_scores_and_low_confidence(clock: FakeClock) -> None:
+    agg = WindowAggregator("dev", window_s=1, clock=clock)
+    window = window_of(
+        agg,
+        clock,
+        answered(V1, (1, "cat", 0.95)),
+        answered(V1, (1, "cat", 0.45)),
+        answered(V1, (2, "dog", 1.0)),
+        answered(V1),  # an answer without a prediction counts, with no class or score
+        TimingRecord("e", "error", Latency(total=1), code=ErrorCode.BAD_IMAGE, model=V1),
+        answered(ModelRef("yolo", "3", "int8"), (0, "person", 0.9), (0, "person", 0.2), detector=True),
+        answered(ModelRef("yolo", "3", "int8"), (5, "bus", 0.3), (0, "person", 0.1), detector=True),
+        answered(ModelRef("yolo", "3", "int8"), detector=True),  # nothing detected: not low confidence
+    )
+    resnet, yolo = window.models
+    assert (resnet.name, resnet.version, resnet.variant, resnet.provider) == (
+        "resnet50",
+        "1.0.0",
+        "int8",
+        CPU,
+    )
+    assert (resnet.count, resnet.low_confidence) == (4, 1)  # the error is not an answer of the model
+    assert resnet.classes == {"cat": 2, "dog": 1}
+    assert resnet.bins == list(SCORE_BINS)
+    assert resnet.counts == [0, 0, 0, 0, 1, 0, 0, 0, 0, 2]  # 1.0 falls in the last bin
+    assert (yolo.count, yolo.low_confidence, yolo.low_confidence_share) == (3, 1, 1 / 3)
+    assert yolo.classes == {"person": 3, "bus": 1}
+    assert sum(yolo.counts) == 4  # every detection's score
+
+
+def test_the_low_confidence_threshold_is_the_aggregators(clock: FakeClock) -> None:
+    agg = WindowAggregator("dev", window_s=1, clock=clock, low_confidence=0.2)
+    records = [answered(V1, (1, "cat", s)) for s in (0.1, 0.3, 0.6)]
+    assert window_of(agg, clock, *records).models[0].low_confidence == 1
+    agg.low_confidence = DEFAULT_LOW_CONFIDENCE
+    assert window_of(agg, clock, *records).models[0].low_confidence == 2
+
+
+def test_a_model_update_shows_in_the_next_window(clock: FakeClock) -> None:
+    agg = WindowAggregator("dev", window_s=1, clock=clock)
+    assert [m.label for m in window_of(agg, clock, answered(V1, (1, "cat", 0.9))).models] == [
+        "resnet50 1.0.0"
+    ]
+    # the update lands mid-window: both versions answered in it, the newer alone after
+    both = window_of(agg, clock, answered(V1, (1, "cat", 0.9)), *[answered(V2, (1, "cat", 0.9))] * 2)
+    assert [(m.version, m.count) for m in both.models] == [("1.1.0", 2), ("1.0.0", 1)]
+    assert [m.version for m in window_of(agg, clock, answered(V2, (1, "cat", 0.9))).models] == ["1.1.0"]
+    assert window_of(agg, clock).models == []  # no answers, no model figures
+
+
+def test_the_class_table_and_the_models_are_capped(clock: FakeClock) -> None:
+    agg = WindowAggregator("dev", window_s=1, clock=clock)
+    records = [answered(V1, (i, f"class {i}", 0.9)) for i in range(30) for _ in range(30 - i)]
+    records += [answered(ModelRef(f"m{k}", "1", "fp32"), (0, "a", 0.9)) for k in range(MAX_MODELS + 3)]
+    window = window_of(agg, clock, *records)
+    assert len(window.models) == MAX_MODELS
+    top = window.models[0]
+    assert list(top.classes)[:MAX_CLASSES] == [f"class {i}" for i in range(MAX_CLASSES)]
+    assert top.classes[OTHER] == sum(30 - i for i in range(MAX_CLASSES, 30))
+    assert sum(top.classes.values()) == top.count
+
+
+def test_a_window_of_many_models_and_classes_stays_well_under_the_ipc_cap(clock: FakeClock) -> None:
+    system = {
+        "cpu_percent": 99.9,
+        "cpu_count": 64,
+        "load_1m": 12.34,
+        "mem_total_mb": 131072.0,
+        "mem_available_mb": 65536.0,
+        "processes": 12,
+        "rss_mb": 4096.0,
+        "process_cpu_percent": 800.0,
+        "gpus": [
+            {"index": i, "name": "NVIDIA H200", "util_percent": 99, "mem_used_mb": 140000.0, "temp_c": 80}
+            for i in range(2)
+        ],
+        "gpu_util_percent": 99,
+        "gpu_mem_used_mb": 280000.0,
+        "spool": {"pending": 8640, "dropped": 123456, "bytes": 50_000_000},
+    }
+    agg = WindowAggregator("t" * 128, window_s=1, clock=clock, system=lambda: system, first_seq=10**9)
+    records = []
+    for k in range(MAX_MODELS + 4):
+        model = ModelRef(f"a-model-name-of-some-length-{k}", f"10.20.30-rc{k}", "int8-static")
+        for i in range(200):
+            label = f"{i:03d} " + "a label as long as imagenet's longest ones are, or longer"
+            top = tuple(Prediction(i * 10 + j, label + str(j), i / 200) for j in range(10))
+            records.append(
+                TimingRecord(
+                    "r",
+                    "ok",
+                    Latency(1, 2, 3, 4, 10),
+                    provider="TensorrtExecutionProvider",
+                    model=model,
+                    top=top,
+                    detector=True,
+                )
+            )
+        records.append(TimingRecord("e", "error", Latency(), code=ErrorCode(list(ErrorCode)[k % 6])))
+    for start in range(0, len(records), 32):
+        agg.add_payload(TimingBatch("dev", records[start : start + 32]).to_json())
+    clock.advance(1)
+    (window,) = agg.poll()
+    assert len(window.models) == MAX_MODELS
+    assert len(window.to_json()) < 9000
+
+
+def test_what_fleet_and_canary_read_of_a_window(clock: FakeClock) -> None:
+    from edgeinfer.telemetry.fleet import model_label
+    from edgeinfer_cloud.canary.windows import low_confidence, read_window
+
+    agg = WindowAggregator("dev", window_s=1, clock=clock)
+    window = window_of(
+        agg,
+        clock,
+        *[answered(V2, (1, "cat", 0.3))] * 3,
+        *[answered(V2, (1, "cat", 0.9))] * 5,
+        answered(ModelRef("yolo", "3", "int8"), (0, "person", 0.9), detector=True),
+    )
+    doc = json.loads(window.to_json())
+    assert model_label(doc) == "resnet50 1.1.0, yolo 3"
+    assert low_confidence(doc) == (3, 9)
+    seen = read_window(window.to_json())
+    assert seen is not None
+    assert seen.low_confidence == (3, 9)
