@@ -4,7 +4,9 @@ Serves `GET /metrics` in the Prometheus text exposition format 0.0.4 with the st
 per-stage latency quantiles of the last closed window (a `summary` without sum/count, as Prometheus
 allows), the window's throughput and queue depth, counters accumulated since the component started
 (requests, errors by code, dropped, offloaded, cascaded, executions, inferences), the provider as an
-info-style gauge, and the numeric system figures.
+info-style gauge, and the numeric system figures. Per model (`model`, `version` labels): answers and
+low-confidence answers since start (counters), and the last window's low-confidence share and an
+info-style gauge naming the variant and provider of each model it saw.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from edgeinfer.messages import TelemetryWindow
 
-__all__ = ["MetricsState", "PrometheusExporter", "render_metrics"]
+__all__ = ["MetricsState", "ModelTotals", "PrometheusExporter", "render_metrics"]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +43,7 @@ class MetricsState:
         self.last: TelemetryWindow | None = None
         self.totals: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
+        self.models = ModelTotals()
         self._lock = threading.Lock()
 
     def update(self, window: TelemetryWindow) -> None:
@@ -52,13 +56,65 @@ class MetricsState:
             self.totals["batch_executions"] += int(window.batch.get("executions", 0))
             self.totals["inferences"] += int(window.batch.get("inferences", 0))
             self.errors.update(window.errors)
+            for model in window.models:
+                key = (model.name, model.version)
+                self.models.requests[key] += model.count
+                self.models.low_confidence[key] += model.low_confidence
 
     def render(self) -> str:
         with self._lock:
-            return render_metrics(self.last, self.totals, self.errors)
+            return render_metrics(self.last, self.totals, self.errors, self.models)
 
 
-def render_metrics(window: TelemetryWindow | None, totals: Counter[str], errors: Counter[str]) -> str:
+@dataclass
+class ModelTotals:
+    """Per (model name, version), summed over every window since start."""
+
+    requests: Counter[tuple[str, str]] = field(default_factory=Counter)
+    low_confidence: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+
+def _model_labels(name: str, version: str) -> str:
+    return f'model="{_label(name)}",version="{_label(version)}"'
+
+
+def _model_lines(window: TelemetryWindow | None, models: ModelTotals) -> list[str]:
+    lines: list[str] = []
+
+    def family(name: str, kind: str, help_text: str) -> None:
+        lines.append(f"# HELP edgeinfer_{name} {help_text}")
+        lines.append(f"# TYPE edgeinfer_{name} {kind}")
+
+    if models.requests:
+        family("model_requests_total", "counter", "Answers per model and version (ok, from the model).")
+        for (name, version), n in sorted(models.requests.items()):
+            lines.append(f"edgeinfer_model_requests_total{{{_model_labels(name, version)}}} {n}")
+        family("model_low_confidence_total", "counter", "Answers whose top score was below lowConfidence.")
+        for (name, version), n in sorted(models.low_confidence.items()):
+            lines.append(f"edgeinfer_model_low_confidence_total{{{_model_labels(name, version)}}} {n}")
+    if window is None or not window.models:
+        return lines
+    thing = _label(window.thing)
+    family("model_low_confidence_share", "gauge", "Share of low-confidence answers in the last window.")
+    for m in window.models:
+        labels = f'thing="{thing}",{_model_labels(m.name, m.version)}'
+        lines.append(f"edgeinfer_model_low_confidence_share{{{labels}}} {_num(m.low_confidence_share)}")
+    family("model_info", "gauge", "The models that answered in the last window, their variant and provider.")
+    for m in window.models:
+        labels = (
+            f'thing="{thing}",{_model_labels(m.name, m.version)},variant="{_label(m.variant)}",'
+            f'provider="{_label(m.provider or "")}"'
+        )
+        lines.append(f"edgeinfer_model_info{{{labels}}} 1")
+    return lines
+
+
+def render_metrics(
+    window: TelemetryWindow | None,
+    totals: Counter[str],
+    errors: Counter[str],
+    models: ModelTotals | None = None,
+) -> str:
     lines: list[str] = []
 
     def family(name: str, kind: str, help_text: str) -> None:
@@ -79,6 +135,7 @@ def render_metrics(window: TelemetryWindow | None, totals: Counter[str], errors:
     family("errors_total", "counter", "Error results by stable error code.")
     for code, n in sorted(errors.items()):
         lines.append(f'edgeinfer_errors_total{{code="{_label(code)}"}} {n}')
+    lines += _model_lines(window, models or ModelTotals())
     if window is None:
         return "\n".join(lines) + "\n"
     thing = _label(window.thing)
