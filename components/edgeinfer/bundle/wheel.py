@@ -48,7 +48,7 @@ __all__ = [
 SOURCE_ROOT = "components"  # the source root of the `edgeinfer` import package
 PACKAGE = "edgeinfer"
 # Subpackages a device gets whole, with their data files.
-DEVICE_PACKAGES = ("installer", "runtime", "telemetry", "transport")
+DEVICE_PACKAGES = ("capture", "installer", "runtime", "telemetry", "transport")
 # Subpackages that hold device code beside developer tools: of each, a device gets only these files.
 # model/: the runtime and installer read a model store through manifest.py; the rest is the pipeline
 # that builds the store (torch, onnx), which only a developer runs.

@@ -32,6 +32,7 @@ from edgeinfer import procfs
 from edgeinfer.transport import Bus, Message, Subscription
 
 if TYPE_CHECKING:  # imported where used: `main` answers a bad command line before numpy is loaded
+    from edgeinfer.capture.hook import CaptureHook
     from edgeinfer.runtime.config import RuntimeConfig
     from edgeinfer.runtime.engine import Engine
     from edgeinfer.runtime.server import InferenceServer
@@ -140,6 +141,7 @@ class Component:
         self._stop = threading.Event()
         self.store_watcher: StoreWatcher | None = None
         self.updates: Subscription | None = None
+        self.capture: CaptureHook | None = None
 
     @property
     def server(self) -> InferenceServer:
@@ -199,6 +201,9 @@ class Component:
         engine = self.build_engine(cfg)
         server = self._server = InferenceServer(self.bus, engine, cfg, self.thing)
         self._wire_placement()
+        from edgeinfer.capture.hook import start_capture  # the `capture` node: docs/capture.md
+
+        self.capture = start_capture(self._capture_doc(), self.thing, self.work_dir, server.answers.hooks)
         server.start(subscribe=False)
         if not server.self_test():
             log.warning("the self-test requests did not come back; starting anyway")
@@ -224,6 +229,10 @@ class Component:
             engine.provider,
             engine.model_ref.variant,
         )
+
+    def _capture_doc(self) -> object:
+        doc = self.bus.get_configuration()
+        return doc.get("capture") if isinstance(doc, dict) else None
 
     def _wire_placement(self) -> None:
         """The recipe's `placement` object: the hybrid edge/cloud policy when enabled, else edge-only."""
@@ -400,6 +409,8 @@ class Component:
             self.updates.close()
         if self.source is not None:
             self.source.stop()
+        if self.capture is not None:
+            self.capture.stop()  # what was chosen is spooled; the spool keeps what is not uploaded
         if self._server is not None:
             offloader = self._server.offloader
             if offloader is not None and hasattr(offloader, "stop"):
