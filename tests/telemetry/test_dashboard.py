@@ -7,7 +7,17 @@ import random
 
 from rich.console import Console
 
-from edgeinfer.messages import ErrorCode, Latency, Result, TelemetryWindow, TimingBatch, error_result
+from edgeinfer.messages import (
+    ErrorCode,
+    Latency,
+    ModelRef,
+    Prediction,
+    Result,
+    TelemetryWindow,
+    TimingBatch,
+    TimingRecord,
+    error_result,
+)
 from edgeinfer.telemetry.dashboard import Dashboard, FleetDashboard, sparkline
 from edgeinfer.telemetry.window import WindowAggregator
 from tests.helpers.clock import FakeClock
@@ -69,6 +79,31 @@ def test_frame_shows_stages_rates_offload_and_errors(clock: FakeClock) -> None:
     assert "BAD_IMAGE 1" in text
     p50 = window.latency_ms["total"].p50
     assert f"{p50:.2f}" in text
+
+
+def test_frame_has_a_line_per_model_with_its_version_and_low_confidence(clock: FakeClock) -> None:
+    agg = WindowAggregator("cam-1", window_s=10, clock=clock)
+    dashboard = Dashboard(clock=clock)
+    v1, v2 = ModelRef("resnet50", "1.0.0", "int8"), ModelRef("resnet50", "1.1.0", "int8")
+    for model in (v1, v2):  # a model update between two windows
+        records = [
+            TimingRecord(
+                str(i),
+                "ok",
+                Latency(total=5),
+                provider="CPUExecutionProvider",
+                model=model,
+                top=(Prediction(i % 4, ("cat", "dog", "fox", "owl")[i % 4], 0.3 if i < 5 else 0.9),),
+            )
+            for i in range(20)
+        ]
+        agg.add(TimingBatch("cam-1", records))
+        clock.advance(10)
+        dashboard.add_window(agg.poll()[0])
+    text = frame(dashboard)
+    assert "model resnet50 1.1.0 (int8, CPUExecutionProvider)  answers 20  low confidence 5 (25%)" in text
+    assert "top cat 5, dog 5, fox 5" in text
+    assert "1.0.0" not in text  # the latest window's models
 
 
 def test_gaps_and_restarts_are_shown(clock: FakeClock) -> None:

@@ -163,6 +163,8 @@ class Dashboard:
         else:
             rows.append(self._latency_table(window))
             rows.append(self._window_summary(dev, window, now))
+            if window.models:
+                rows.append(_models_summary(window))
         rows.append(self._results_summary(dev, now))
         return Panel(Group(*rows), title=f"[bold]{dev.thing}[/]", title_align="left")
 
@@ -244,6 +246,30 @@ class Dashboard:
         if codes:
             text.append("  errors " + ", ".join(f"{c} {n}" for c, n in sorted(codes.items())), style="red")
         return text
+
+
+_SHOWN_CLASSES = 3
+
+
+def _models_summary(window: TelemetryWindow) -> Text:
+    """One line per model that answered in the window: identity, answers, low confidence, top classes."""
+    text = Text()
+    for i, m in enumerate(window.models):
+        if i:
+            text.append("\n")
+        text.append(f"model {m.name} {m.version}", style="bold")
+        text.append(f" ({m.variant or '-'}, {m.provider or '-'})  answers {m.count}  ")
+        share = m.low_confidence_share
+        text.append(
+            f"low confidence {m.low_confidence} ({share:.0%})",
+            style="yellow" if m.low_confidence else "green",
+        )
+        top = sorted(m.classes.items(), key=lambda item: -item[1])[:_SHOWN_CLASSES]
+        if top:
+            text.append("  top " + ", ".join(f"{label} {n}" for label, n in top), style="dim")
+        if m.counts and sum(m.counts):
+            text.append(f"  scores {sparkline([float(n) for n in m.counts])}")
+    return text
 
 
 # -------------------------------------------------------------------------------------------- fleet

@@ -4,9 +4,9 @@
 both `watch --fleet` (`dashboard.FleetDashboard`) and `report --fleet` sort by. Standard library only:
 the command line imports this for its help text.
 
-Windows do not carry the model's identity yet; `model_label()` reads it from the window document when
-it does (a `models` list of `{name, version}` objects, one per model the runtime serves, or one
-`model` object), and a row shows "–" until then.
+`model_label()` reads the model's identity from the window document: its `models` list (one
+`{name, version, …}` object per model that answered in the window, see `messages.ModelQuality`), or
+one `model` object; a row shows "–" for a window without (an older telemetry, or no answers).
 """
 
 from __future__ import annotations
