@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 
 import pytest
 
 from edgeinfer.cli import main
-from edgeinfer.messages import ErrorCode, TimingBatch
+from edgeinfer.messages import ErrorCode, Latency, ModelRef, Prediction, TimingBatch, TimingRecord
 from edgeinfer.stats import quantile
-from edgeinfer.telemetry.report import find_quantiles, fleet_figsize, fleet_series, fleet_summary, load
+from edgeinfer.telemetry.report import (
+    find_quantiles,
+    fleet_figsize,
+    fleet_series,
+    fleet_summary,
+    load,
+    low_confidence_series,
+)
 from edgeinfer.telemetry.window import WindowAggregator
 from tests.helpers.clock import FakeClock
 from tests.helpers.telemetry import make_record
@@ -232,3 +240,25 @@ def test_report_fleet_takes_only_telemetry(tmp_path: Path, capsys: pytest.Captur
     )
     assert "holds benchmark figures" in capsys.readouterr().err
     assert not (tmp_path / "fleet.png").exists()
+
+
+def test_report_draws_each_models_low_confidence_across_an_update(tmp_path: Path, clock: FakeClock) -> None:
+    agg = WindowAggregator("dev", window_s=10, clock=clock, wall=lambda: clock.now + 1.7e9)
+    windows = []
+    for version, low in (("1", 0.2), ("1", 0.6), ("2", 0.9)):
+        model = ModelRef("resnet", version, "int8")
+        top = [(Prediction(0, "cat", low),), (Prediction(1, "dog", 0.95),)]
+        records = [TimingRecord("r", "ok", Latency(total=3), model=model, top=t) for t in top]
+        agg.add(TimingBatch("dev", records))
+        clock.advance(10)
+        windows += agg.poll()
+    series = low_confidence_series(windows)
+    assert list(series) == ["resnet 1", "resnet 2"]
+    assert series["resnet 1"][:2] == [50.0, 0.0]
+    assert math.isnan(series["resnet 1"][2])  # the old version's line ends at the update
+    assert math.isnan(series["resnet 2"][0])
+    assert series["resnet 2"][2] == 0.0
+    src = tmp_path / "windows.jsonl"
+    src.write_text("".join(w.to_json().decode() + "\n" for w in windows))
+    assert main(["report", str(src), "--out", str(tmp_path)]) == 0
+    assert_png(tmp_path / "windows.png")

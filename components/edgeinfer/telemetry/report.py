@@ -4,7 +4,7 @@ Two kinds of input, told apart by their shape:
 
 - telemetry: telemetry windows, as a JSON list, an object with a `windows` list, or JSON Lines (what
   `edgeinfer watch --record FILE` writes). One PNG per device: p50 and p99 per stage over time, and
-  throughput with the offloaded share and errors below it.
+  throughput with the offloaded share, errors and each model's low-confidence share below it.
 - benchmark: any JSON in which objects carry numeric `p50` and `p99` (milliseconds), at any depth, as
   `edgeinfer bench … --json FILE` writes them. One PNG: p50 and p99 side by side per entry, labelled by
   the path of keys that leads to it.
@@ -40,6 +40,7 @@ __all__ = [
     "fleet_series",
     "fleet_summary",
     "load",
+    "low_confidence_series",
     "plot_file",
     "plot_fleet",
 ]
@@ -178,7 +179,11 @@ def plot_telemetry(windows: list[TelemetryWindow], out_dir: Path, stem: str) -> 
         ax_share.plot(
             xs, [100.0 * w.offloaded / w.count if w.count else 0.0 for w in items], color="C2", linestyle=":"
         )
-        ax_share.set_ylabel("offloaded %", color="C2")
+        for k, (label, shares) in enumerate(low_confidence_series(items).items()):
+            ax_share.plot(xs, shares, color=f"C{4 + k % 6}", linestyle="-.", label=f"low conf. {label}")
+        if ax_share.get_legend_handles_labels()[0]:
+            ax_share.legend(fontsize=7, loc="upper right")
+        ax_share.set_ylabel("offloaded % (dotted), low confidence % (dash-dot)", color="C2")
         ax_share.set_ylim(0, 100)
         ax_rate.set_xlabel(xlabel)
         ax_rate.set_ylabel("per second")
@@ -191,6 +196,19 @@ def plot_telemetry(windows: list[TelemetryWindow], out_dir: Path, stem: str) -> 
         plt.close(fig)
         written.append(out)
     return written
+
+
+def low_confidence_series(windows: list[TelemetryWindow]) -> dict[str, list[float]]:
+    """Per model ("name version"), its low-confidence share in percent in each window; NaN (a gap) in
+    a window it did not answer in, so that a model update shows as one line ending and the next
+    beginning."""
+    labels = list(dict.fromkeys(m.label for w in windows for m in w.models))
+    series = {label: [math.nan] * len(windows) for label in labels}
+    for i, w in enumerate(windows):
+        for m in w.models:
+            if m.count:
+                series[m.label][i] = 100.0 * m.low_confidence_share
+    return series
 
 
 def plot_bench(series: Series, out_dir: Path, stem: str, title: str) -> list[Path]:
