@@ -137,6 +137,7 @@ _DEVICE_TREE = [
     "__init__.py",
     "py.typed",
     "messages.py",
+    "capture/__init__.py",
     "installer/__init__.py",
     "runtime/__init__.py",
     "runtime/placement/__init__.py",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +24,8 @@ def moto_s3() -> Iterator[str]:
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
+    # moto's backends live in the process, across servers: start each test from an empty store
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=10)
     s3 = boto3_client(endpoint)
     s3.create_bucket(Bucket=BUCKET)
     try:

@@ -1,0 +1,88 @@
+"""The uploader against moto's S3 server, with the token exchange service's credentials: an outage,
+a crash mid-upload, pacing — every record arrives once."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from edgeinfer.capture.credentials import CredentialChain
+from edgeinfer.capture.record import Record, make_id
+from edgeinfer.capture.s3 import S3Client, S3Error
+from edgeinfer.capture.spool import Spool
+from edgeinfer.capture.uploader import Pacer, Uploader
+from tests.capture.conftest import BUCKET, all_objects
+
+
+def _fill(spool: Spool, n: int) -> list[str]:
+    keys = []
+    for i in range(n):
+        rid = make_id(1_700_000_000.0 + i, f"req{i}")
+        rec = Record(rid, f"cap/thing/m/1/2023/11/14/{rid}", b"\xff\xd8\xff" + bytes([i]) * 100, {"id": rid})
+        spool.put(rec)
+        keys += [rec.key + ".jpg", rec.key + ".json"]
+    return keys
+
+
+def test_an_outage_then_everything_arrives_once(tmp_path: Path, moto_s3: str, chain: CredentialChain) -> None:
+    spool = Spool(tmp_path / "spool", max_bytes=10**7, max_age_s=10**9)
+    keys = _fill(spool, 5)
+    down = Uploader(
+        spool, S3Client(BUCKET, "us-east-1", chain, endpoint="http://127.0.0.1:9"), bytes_per_s=10**7
+    )
+    with pytest.raises(S3Error):
+        down.drain()
+    assert len(spool) == 5  # kept through the outage
+    up = Uploader(spool, S3Client(BUCKET, "us-east-1", chain, endpoint=moto_s3), bytes_per_s=10**7)
+    assert up.drain() == 5
+    objects = all_objects(moto_s3)
+    assert sorted(objects) == sorted(keys)
+    assert len(spool) == 0 and up.uploaded == 5
+    doc = json.loads(objects[keys[1]])
+    assert doc["key"] == keys[1].removesuffix(".json")
+
+
+class _CrashAfter(S3Client):
+    """Dies (as a killed process would, for the spool) after `n` successful PUTs."""
+
+    def __init__(self, n: int, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.left = n
+
+    def put(self, key: str, body: bytes, content_type: str) -> None:
+        if self.left == 0:
+            raise SystemExit("killed")
+        super().put(key, body, content_type)
+        self.left -= 1
+
+
+def test_killed_mid_upload_and_restarted_nothing_lost_or_duplicated(
+    tmp_path: Path, moto_s3: str, chain: CredentialChain
+) -> None:
+    folder = tmp_path / "spool"
+    keys = _fill(Spool(folder, max_bytes=10**7, max_age_s=10**9), 4)
+    crashing = _CrashAfter(3, BUCKET, "us-east-1", chain, endpoint=moto_s3)  # 1 record and a half
+    with pytest.raises(SystemExit):
+        Uploader(Spool(folder, max_bytes=10**7, max_age_s=10**9), crashing, bytes_per_s=10**7).drain()
+    restarted = Spool(folder, max_bytes=10**7, max_age_s=10**9)  # a new process reads the spool
+    assert len(restarted) == 3
+    client = S3Client(BUCKET, "us-east-1", chain, endpoint=moto_s3)
+    assert Uploader(restarted, client, bytes_per_s=10**7).drain() == 3
+    assert sorted(all_objects(moto_s3)) == sorted(keys)  # the half-sent record's keys written again
+
+
+def test_the_pacer_keeps_to_its_rate() -> None:
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        now[0] += s
+
+    pacer = Pacer(1000, clock=lambda: now[0], sleep=sleep)
+    for _ in range(10):
+        pacer.wait(500)
+    # a second's burst, then the rate: 5000 bytes take 4 s
+    assert sum(slept) == pytest.approx(4.0)
