@@ -1122,8 +1122,8 @@ class ModelQuality:
         scores = doc.get("scores") or {}
         provider = doc.get("provider")
         return cls(
-            name=str(doc["name"]),
-            version=str(doc["version"]),
+            name=str(doc.get("name", "")),
+            version=str(doc.get("version", "")),
             variant=str(doc.get("variant", "")),
             provider=str(provider) if provider is not None else None,
             count=int(doc.get("count", 0)),
@@ -1198,7 +1198,8 @@ class TelemetryWindow:
                 provider=doc.get("provider"),
                 system=dict(doc.get("system", {})),
                 timestamp=str(doc.get("timestamp", "")),
-                models=[ModelQuality.from_dict(m) for m in doc.get("models") or []],
+                # what another writer left out of an entry reads as empty (older readers take the document)
+                models=[ModelQuality.from_dict(m) for m in doc.get("models") or [] if isinstance(m, dict)],
             )
         except _MALFORMED as exc:
             raise _malformed("telemetry window", exc) from None
