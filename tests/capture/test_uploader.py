@@ -39,7 +39,8 @@ def test_an_outage_then_everything_arrives_once(tmp_path: Path, moto_s3: str, ch
     assert up.drain() == 5
     objects = all_objects(moto_s3)
     assert sorted(objects) == sorted(keys)
-    assert len(spool) == 0 and up.uploaded == 5
+    assert len(spool) == 0
+    assert up.uploaded == 5
     doc = json.loads(objects[keys[1]])
     assert doc["key"] == keys[1].removesuffix(".json")
 
