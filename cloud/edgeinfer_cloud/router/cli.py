@@ -1,4 +1,7 @@
-"""`edgeinfer cloud router`: run a router process (start as many as you like; they share the stream)."""
+"""`edgeinfer cloud router`: run a router process (start as many as you like; they share the stream).
+
+Each process holds `--connections` MQTT connections in the shared subscription, each paced within AWS
+IoT Core's per-connection limits (docs/router.md: how many connections and processes a load needs)."""
 
 from __future__ import annotations
 
@@ -20,7 +23,8 @@ examples:
   edgeinfer cloud router --broker 127.0.0.1:1883
   edgeinfer cloud router --broker 127.0.0.1:1883 --model-dir artifacts/com.edgeinfer.ModelStore/0.1.0
   edgeinfer cloud router --endpoint xxxx-ats.iot.eu-west-1.amazonaws.com \\
-      --cert router.pem.crt --key router.pem.key --ca AmazonRootCA1.pem --workers 2
+      --cert router.pem.crt --key router.pem.key --ca AmazonRootCA1.pem --workers 2 \
+      --connections 4 --cloudwatch --region eu-west-1
   edgeinfer cloud router --broker 127.0.0.1:1883 --sagemaker-endpoint lite2-prod --region eu-west-1
 """
 
@@ -52,7 +56,33 @@ def register(subparsers: Any) -> None:
     p.add_argument("--cert", metavar="FILE", help="X.509 certificate for --endpoint")
     p.add_argument("--key", metavar="FILE", help="private key for --endpoint")
     p.add_argument("--ca", metavar="FILE", help="CA bundle for --endpoint (default: the system's)")
-    p.add_argument("--client-id", help="MQTT client id (default: edgeinfer-router-<pid>)")
+    p.add_argument(
+        "--client-id", help="MQTT client id (default: edgeinfer-router-<pid>; -<i> added per connection)"
+    )
+    p.add_argument(
+        "--connections",
+        type=int,
+        default=1,
+        metavar="N",
+        help="MQTT connections this process holds in the shared subscription (default 1)",
+    )
+    pacing = p.add_argument_group("pacing (per connection, each way; docs/router.md)")
+    pacing.add_argument(
+        "--no-pacing", action="store_true", help="no pacing (a local broker without IoT Core's limits)"
+    )
+    pacing.add_argument(
+        "--pacing-scale",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="the default limits times F, 0 < F <= 1 (default 1: under IoT Core's with a margin)",
+    )
+    pacing.add_argument(
+        "--receive-maximum",
+        type=int,
+        metavar="N",
+        help="unacknowledged QoS 1 offloads the broker may send a connection (default: the pacing's)",
+    )
     p.add_argument("--group", default="edgeinfer-router", help="shared-subscription group")
     backend = p.add_argument_group("backend")
     backend.add_argument(
@@ -74,6 +104,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--cloudwatch", action="store_true", help="publish metrics to CloudWatch")
     p.add_argument("--namespace", default="edgeinfer/router", help="CloudWatch namespace")
     p.add_argument(
+        "--metrics-every",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="publish the metrics (the scaling signal among them) every S s (default 60)",
+    )
+    p.add_argument(
         "--report-every",
         type=float,
         default=60.0,
@@ -94,11 +131,28 @@ def default_model_dir() -> Path:
     return BuildOptions(arch="lite2", int8=False).output_dir()
 
 
-def _connect(args: argparse.Namespace) -> Any:
+def _connect(args: argparse.Namespace, pacing: Any) -> list[Any]:
+    """`--connections` clients, distinct client ids; all or none (the ones made are closed on failure)."""
+    import os
+
+    base = args.client_id or f"edgeinfer-router-{os.getpid()}"
+    ids = [base] if args.connections == 1 else [f"{base}-{i}" for i in range(args.connections)]
+    receive_maximum = None if pacing is None else pacing.receive_maximum
+    clients: list[Any] = []
+    try:
+        for client_id in ids:
+            clients.append(_connect_one(args, client_id, receive_maximum))
+    except BaseException:
+        for client in clients:
+            client.close()
+        raise
+    return clients
+
+
+def _connect_one(args: argparse.Namespace, client_id: str, receive_maximum: int | None) -> Any:
     from edgeinfer.transport import TransportError
     from edgeinfer.transport.mqtt import MqttPubSub, parse_broker
 
-    client_id = args.client_id
     try:
         if args.broker and args.endpoint:
             raise EdgeinferError("give either --broker HOST:PORT or --endpoint HOST, not both")
@@ -107,7 +161,7 @@ def _connect(args: argparse.Namespace) -> Any:
                 host, port = parse_broker(args.broker)
             except ValueError as exc:
                 raise EdgeinferError(f"--broker: {exc}") from None
-            return MqttPubSub.connect_tcp(host, port, client_id=client_id)
+            return MqttPubSub.connect_tcp(host, port, client_id=client_id, receive_maximum=receive_maximum)
         if args.endpoint:
             if not args.cert or not args.key:
                 raise EdgeinferError("--endpoint needs --cert FILE and --key FILE (mutual TLS)")
@@ -118,10 +172,25 @@ def _connect(args: argparse.Namespace) -> Any:
                 pri_key_filepath=args.key,
                 ca_filepath=args.ca,
                 client_id=client_id,
+                receive_maximum=receive_maximum,
             )
     except TransportError as exc:
         raise EdgeinferError(str(exc)) from None
     raise EdgeinferError("say where to connect: --broker HOST:PORT or --endpoint HOST --cert --key")
+
+
+def _pacing(args: argparse.Namespace) -> Any:
+    """The per-connection `PacingConfig` the flags ask for (None: --no-pacing)."""
+    from edgeinfer_cloud.router.pacer import PacingConfig
+
+    if args.no_pacing:
+        return None
+    try:
+        pacing = PacingConfig().scaled(args.pacing_scale, args.receive_maximum)
+        pacing.check()
+    except ValueError as exc:
+        raise EdgeinferError(f"pacing: {exc}") from None
+    return pacing
 
 
 def _backend(args: argparse.Namespace) -> Any:
@@ -158,14 +227,18 @@ def _check(args: argparse.Namespace) -> frozenset[str] | None:
 
     for flag, value, low in (
         ("--workers", args.workers, 1),
+        ("--connections", args.connections, 1),
         ("--threads", args.threads, 0),
         ("--max-batch-size", args.max_batch_size, 1),
         ("--max-queue", args.max_queue, 1),
     ):
         if value < low:
             raise EdgeinferError(f"{flag} must be at least {low}, not {value}")
-    if not (math.isfinite(args.report_every) and args.report_every > 0):
-        raise EdgeinferError(f"--report-every must be a positive number of seconds, not {args.report_every}")
+    for flag, seconds in (("--report-every", args.report_every), ("--metrics-every", args.metrics_every)):
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise EdgeinferError(f"{flag} must be a positive number of seconds, not {seconds}")
+    if not (math.isfinite(args.pacing_scale) and 0 < args.pacing_scale <= 1):
+        raise EdgeinferError(f"--pacing-scale must be in (0, 1], not {args.pacing_scale}")
     # The group is one level of a $share/{group}/... filter, and the IoT policy's resource.
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,128}", args.group):
         raise EdgeinferError(
@@ -195,6 +268,7 @@ def run(args: argparse.Namespace) -> int:
     from edgeinfer_cloud.router.router import Router, RouterConfig
 
     known = _check(args)
+    pacing = _pacing(args)
     uses_aws = bool(args.sagemaker_endpoint or args.cloudwatch)  # botocore is the [cloud] extra's
     with aws_errors() if uses_aws else contextlib.nullcontext():  # no region, a bad one → one line
         backend = _backend(args)
@@ -203,22 +277,26 @@ def run(args: argparse.Namespace) -> int:
             from edgeinfer_cloud.router.metrics import CloudWatchMetrics
 
             metrics = CloudWatchMetrics(namespace=args.namespace, router=args.group, region_name=args.region)
-    pubsub = _connect(args)
+    clients = _connect(args, pacing)
+    pubsub = clients[0]
     config = RouterConfig(
         group=args.group,
         workers=args.workers,
         max_batch_size=args.max_batch_size,
         max_queue=args.max_queue,
         known_things=known,
+        pacing=pacing,
+        metrics_interval_s=args.metrics_every,
     )
-    router = Router(pubsub, backend, config, metrics=metrics)
+    router = Router(clients, backend, config, metrics=metrics)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     router.start()
     print(
         f"router: serving {backend.model_ref.name} ({backend.provider}) for group {args.group} "
-        f"via {pubsub.describe}; Ctrl-C to stop",
+        f"via {pubsub.describe} on {len(clients)} connection(s), "
+        f"{'paced' if pacing else 'unpaced'}; Ctrl-C to stop",
         file=sys.stderr,
     )
     try:
@@ -235,7 +313,8 @@ def run(args: argparse.Namespace) -> int:
             )
     finally:
         router.stop()
-        pubsub.close()
+        for client in clients:
+            client.close()
         stats = router.stats()
         print(
             f"router: answered {stats['answered']} ({stats['ok']} ok, errors {stats['errors'] or 'none'})",

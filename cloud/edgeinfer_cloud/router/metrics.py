@@ -4,6 +4,11 @@ Per flush and per thing: `Requests`, `Errors` (and one `Errors` datum per error 
 as CloudWatch statistic sets (SampleCount / Sum / Minimum / Maximum, milliseconds), so a busy router
 makes a handful of API calls a minute instead of one per request. Failures to publish are logged and
 the data dropped: metrics never stop the router.
+
+The signal to scale on (`record_load`), per flush and with the `Router` dimension only, so that every
+router of a group writes the same metric and CloudWatch aggregates them: `BusyShare` (Percent, the
+share of the time the backend computed: its Average over the routers is the target to track) and
+`Backlog` (Count, requests waiting: its Sum says how far behind the group is).
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ class CloudWatchMetrics:
         self._requests: dict[str, int] = {}
         self._errors: dict[tuple[str, str], int] = {}
         self._latency: dict[str, _Stats] = {}
+        self._load: tuple[float, float] | None = None  # (busy share 0..1, backlog)
         self.failed_flushes = 0
 
     def record(self, thing: str, *, ok: bool, code: str | None, latency_ms: float) -> None:
@@ -69,10 +75,16 @@ class CloudWatchMetrics:
             else:
                 self._latency.setdefault(thing, _Stats()).add(latency_ms)
 
+    def record_load(self, busy_share: float, backlog: float) -> None:
+        """The router's load since the last flush (the newest reading wins)."""
+        with self._lock:
+            self._load = (busy_share, backlog)
+
     def _take(self) -> list[dict[str, Any]]:
         with self._lock:
             requests, errors, latency = self._requests, self._errors, self._latency
             self._requests, self._errors, self._latency = {}, {}, {}
+            load, self._load = self._load, None
         stamp = self.now()
 
         def dims(thing: str, **extra: str) -> list[dict[str, str]]:
@@ -81,6 +93,25 @@ class CloudWatchMetrics:
             return out
 
         data: list[dict[str, Any]] = []
+        if load is not None:
+            router = [{"Name": "Router", "Value": self.router}]
+            busy, backlog = load
+            data += [
+                {
+                    "MetricName": "BusyShare",
+                    "Dimensions": router,
+                    "Timestamp": stamp,
+                    "Value": round(100 * busy, 2),
+                    "Unit": "Percent",
+                },
+                {
+                    "MetricName": "Backlog",
+                    "Dimensions": router,
+                    "Timestamp": stamp,
+                    "Value": backlog,
+                    "Unit": "Count",
+                },
+            ]
         for thing, n in sorted(requests.items()):
             data.append(
                 {

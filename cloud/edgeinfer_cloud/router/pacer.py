@@ -37,6 +37,8 @@ IOT_CORE_PUBLISHES_PER_S = 100
 IOT_CORE_BYTES_PER_S = 512 * KB
 IOT_CORE_MAX_UNACKED = 100
 
+_EPSILON = 1e-9
+
 
 class TokenBucket:
     """`rate` tokens a second up to `capacity`; `take(n)` waits until it may, then takes `n`.
@@ -82,7 +84,7 @@ class TokenBucket:
             with self._lock:
                 self._refill()
                 short = self._shortfall(n)
-                if short <= 0:
+                if short <= _EPSILON * max(1.0, n):  # rounding must not leave it waiting for nothing
                     self._tokens -= n  # may go below zero: a message over the capacity leaves a debt
                     return waited
                 pause = short / self.rate

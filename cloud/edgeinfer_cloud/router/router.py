@@ -567,6 +567,8 @@ class Router:
         assert self.metrics is not None
         while not self._stopping.wait(self.config.metrics_interval_s):
             try:
+                load = self.load()
+                self.metrics.record_load(load["busy_share"], load["backlog"])
                 self.metrics.flush()
             except Exception:
                 log.exception("metrics flush failed")

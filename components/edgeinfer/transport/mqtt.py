@@ -394,8 +394,10 @@ class MqttPubSub:
         timeout_s: float = 20.0,
         keep_alive_interval_sec: int = 30,
         tcp_nodelay: bool = True,
+        receive_maximum: int | None = None,
     ) -> MqttPubSub:
-        """Mutual TLS to AWS IoT Core (`xxxx-ats.iot.<region>.amazonaws.com`) with an X.509 cert/key."""
+        """Mutual TLS to AWS IoT Core (`xxxx-ats.iot.<region>.amazonaws.com`) with an X.509 cert/key.
+        `receive_maximum`: as for `connect_tcp` (acknowledged once the handlers have run)."""
         for label, path in (("certificate", cert_filepath), ("private key", pri_key_filepath)):
             if not os.path.isfile(path):
                 raise TransportError(f"{label} file {path} does not exist")
@@ -416,6 +418,7 @@ class MqttPubSub:
                     ca_filepath=ca_filepath,
                     client_id=cid,
                     keep_alive_interval_sec=keep_alive_interval_sec,
+                    receive_maximum=receive_maximum,
                     session_behavior=mqtt5.ClientSessionBehaviorType.CLEAN,
                     offline_queue_behavior=mqtt5.ClientOperationQueueBehaviorType.FAIL_ALL_ON_DISCONNECT,
                     connack_timeout_ms=int(timeout_s * 1000),
@@ -431,6 +434,7 @@ class MqttPubSub:
             peer=(endpoint, port),
             tcp_nodelay=tcp_nodelay,
         )
+        self._ack_when_handled = receive_maximum is not None
         self.start(timeout_s)
         return self
 

@@ -388,3 +388,96 @@ def test_offload_payload_shape_matches_the_contract() -> None:
     assert doc["origin"]["thing"] == "dev-1"
     assert base64.b64decode(doc["image"]) == b"\xff\xd8img"
     assert Latency().to_dict()["total"] == 0.0
+
+
+# ------------------------------------------------------------------ connections, deadlines, load
+
+
+def test_several_connections_batch_into_one_backend_and_answer_on_their_own(
+    fake_backend: FakeBackend,
+) -> None:
+    buses = [MemoryBus(), MemoryBus(), MemoryBus()]
+    fake_backend.gate.clear()  # hold the first batch so the rest queue up together
+    r = Router(buses, fake_backend, RouterConfig(group="", max_batch_size=8)).start()
+    try:
+        send(buses[0], "dev-1", offload("first"))
+        assert wait_for(lambda: fake_backend.entered == 1)
+        for i, bus in enumerate(buses):
+            send(bus, "dev-1", offload(f"on-{i}"))
+        fake_backend.gate.set()
+        assert wait_for(lambda: sum(len(results(b)) for b in buses) == 4)
+        assert [sorted(x.id or "" for x in results(b)) for b in buses] == [
+            ["first", "on-0"],
+            ["on-1"],
+            ["on-2"],
+        ]
+        assert fake_backend.calls == [1, 3]  # what came on three connections, one batch
+    finally:
+        r.stop()
+
+
+def test_what_cannot_be_served_in_time_is_answered_at_once(bus: MemoryBus, fake_backend: FakeBackend) -> None:
+    clock = Clock()
+    r = Router(bus, fake_backend, RouterConfig(group="", trust_sent_at=False, max_batch_size=1), clock=clock)
+    r._service_s = 0.2  # as measured: one batch takes 200 ms
+    fake_backend.gate.clear()
+    r.start()
+    try:
+        send(bus, "dev-1", offload("busy", left_ms=None))
+        assert wait_for(lambda: fake_backend.entered == 1)
+        send(bus, "dev-1", offload("queued", left_ms=None))  # one batch ahead of the next ones
+        send(bus, "dev-1", offload("tight", left_ms=300))  # 200 ms ahead + 200 ms own > 300 ms
+        send(bus, "dev-1", offload("roomy", left_ms=1000))
+        (tight,) = [x for x in results(bus) if x.id == "tight"]  # answered before any compute ends
+        assert tight.error is not None
+        assert tight.error.code is ErrorCode.DEADLINE_EXCEEDED
+        assert "cannot be served in time" in tight.error.message
+        fake_backend.gate.set()
+        assert wait_for(lambda: len(results(bus)) == 4)
+        assert {x.id: x.status for x in results(bus)} == {
+            "busy": "ok",
+            "queued": "ok",
+            "tight": "error",
+            "roomy": "ok",
+        }
+    finally:
+        r.stop()
+
+
+def test_a_request_whose_service_would_end_after_its_deadline_is_not_computed(
+    bus: MemoryBus, fake_backend: FakeBackend
+) -> None:
+    clock = Clock()
+    r = Router(bus, fake_backend, RouterConfig(group="", trust_sent_at=False), clock=clock)
+    fake_backend.gate.clear()
+    r.start()
+    try:
+        send(bus, "dev-1", offload("first", left_ms=None))
+        assert wait_for(lambda: fake_backend.entered == 1)
+        send(bus, "dev-1", offload("second", left_ms=500))
+        r._service_s = 0.2
+        clock.t += 0.4  # 100 ms left when a worker takes it: less than a batch takes
+        fake_backend.gate.set()
+        assert wait_for(lambda: len(results(bus)) == 2)
+        by_id = {x.id: x for x in results(bus)}
+        assert by_id["second"].error is not None
+        assert by_id["second"].error.code is ErrorCode.DEADLINE_EXCEEDED
+        assert fake_backend.calls == [1]
+    finally:
+        r.stop()
+
+
+def test_load_is_the_backends_busy_share_and_the_backlog(bus: MemoryBus, fake_backend: FakeBackend) -> None:
+    clock = Clock()
+    r = Router(bus, fake_backend, RouterConfig(group="", workers=2), clock=clock)
+    r.start()
+    try:
+        assert r.load() == {"busy_share": 0.0, "backlog": 0.0}
+        clock.t += 10
+        with r._lock:
+            r._busy_s += 5  # 5 s of compute in 10 s of two workers
+        assert r.load() == {"busy_share": 0.25, "backlog": 0.0}
+        clock.t += 1
+        assert r.load()["busy_share"] == 0.0  # since the last reading
+    finally:
+        r.stop()
