@@ -40,6 +40,7 @@ __all__ = [
     "SYSTEMD_DEFAULT_PATH",
     "Finding",
     "NucleusProfile",
+    "check_deployable",
     "check_recipe",
     "check_subobject_budget",
     "object_depth",
@@ -398,6 +399,12 @@ def check_subobject_budget(
     into (nucleus lite: over it the whole deployment fails); a Finding with the count and the budget
     when it does not. One of RECIPE_RULES; on its own for a recipe `edgeinfer build` has written."""
     return _run((_subobject_budget,), recipe, nucleus, None)
+
+
+def check_deployable(recipe: RecipeSource | Path, nucleus: NucleusProfile | str) -> list[Finding]:
+    """What fails a whole deployment on `nucleus` before any component is installed (nucleus lite:
+    the recipe's sub-object budget and nesting depth, at dependency resolution)."""
+    return _run((_subobject_budget, _depth_limit), recipe, nucleus, None)
 
 
 def _run(

@@ -2,7 +2,8 @@
 
 `packages/artifacts/<Component>/<Version>/` is the component's artifact folder (a link to the
 `--artifactDir` folder greengrass-cli was given, or a folder holding the files that `file:` URIs
-name), `packages/artifacts-unarchived/...` holds ZIP artifacts unpacked, and `work/<Component>/` is
+name), `packages/artifacts-unarchived/...` holds ZIP artifacts unpacked (nucleus lite leaves it
+empty on a local deployment: it unpacks only what it downloads), and `work/<Component>/` is
 its working folder, owned by the user it runs as. Everything is checked before anything is laid out.
 """
 
@@ -82,7 +83,7 @@ class Layout:
             art.mkdir(parents=True, exist_ok=True)
             for name, src in sources.items():
                 os.symlink(src.resolve(), art / name)
-        for artifact in recipe.artifacts:
+        for artifact in recipe.artifacts if self.profile.unarchives_local_artifacts else ():
             if artifact.unarchive == "ZIP" and artifact.filename in sources:
                 archive = sources[artifact.filename]
                 dest = unz / archive.name.rsplit(".", 1)[0]

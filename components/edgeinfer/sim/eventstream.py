@@ -127,11 +127,16 @@ def _decode_headers(raw: bytes) -> dict[str, Any]:
     return headers
 
 
-class Decoder:
-    """Incremental decoder: feed bytes, get whole frames."""
+class FrameTooLargeError(FrameError):
+    """A frame longer than the receiver takes (nucleus lite's 10,000-byte IPC messages)."""
 
-    def __init__(self) -> None:
+
+class Decoder:
+    """Incremental decoder: feed bytes, get whole frames (FrameTooLargeError past `max_frame`)."""
+
+    def __init__(self, max_frame: int | None = None) -> None:
         self._buf = bytearray()
+        self.max_frame = max_frame
 
     def feed(self, data: bytes) -> list[Frame]:
         self._buf += data
@@ -143,6 +148,8 @@ class Decoder:
                 raise FrameError("prelude CRC mismatch")
             if total > MAX_FRAME or total < PRELUDE_LEN + 4 or headers_len > total - PRELUDE_LEN - 4:
                 raise FrameError(f"bad frame length {total}")
+            if self.max_frame is not None and total > self.max_frame:
+                raise FrameTooLargeError(f"a {total}-byte message, over the {self.max_frame} taken")
             if len(buf) < total:
                 break
             (message_crc,) = struct.unpack_from(">I", buf, total - 4)

@@ -22,6 +22,10 @@ from the socket, and the broker holds the rest. That thread reads nothing else t
 the PUBACKs of the nucleus's own publishes arrive on the other connection, whose thread is never
 held. Each event is written to the subscriber's IPC connection only once that has room
 (`Stream.send_frame_when_writable`).
+
+A profile with a Maximum Packet Size for what IoT Core sends the device (nucleus lite's iotcored
+announces 5,000 bytes) never sees a larger message: the broker drops it silently; here the bridge
+does, and counts it (`dropped`, in the simulator's status).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from edgeinfer.transport.mqtt import MqttPubSub
 
 log = logging.getLogger(__name__)
 
-__all__ = ["IotBridge", "LoopHandoff", "PublishRefusedError"]
+__all__ = ["IotBridge", "LoopHandoff", "PublishRefusedError", "publish_packet_size"]
 
 # MQTT 5 flow control on the connection to IoT Core: at most this many QoS 1 messages from the cloud
 # are unacknowledged, each acknowledged once handed to the event loop (MqttPubSub(receive_maximum)).
@@ -58,6 +62,30 @@ MAX_PUBLISH_RETRY = 100  # mqtt.maxPublishRetry: a spooled message is dropped af
 _REQUEST_EXCEPTION = "com.aws.greengrass.mqttclient.MqttRequestException"
 _SPOOLER_EXCEPTION = "com.aws.greengrass.mqttclient.spool.SpoolerStoreException"
 _SENT, _IDLE, _REFUSED = "sent", "idle", "refused"  # what `IotBridge._send_one` did
+
+
+def _varint_len(n: int) -> int:
+    size = 1
+    while n >= 128:
+        n //= 128
+        size += 1
+    return size
+
+
+def publish_packet_size(message: Message, qos: int = 1) -> int:
+    """The bytes of the MQTT 5 PUBLISH packet that carries `message`, as a broker measures it
+    against the receiver's Maximum Packet Size: fixed header, topic, packet id, properties, payload."""
+    props = 0
+    p = message.properties
+    if p is not None:
+        for text in (p.content_type, p.response_topic):
+            props += 0 if text is None else 3 + len(text.encode())
+        props += 0 if p.correlation_data is None else 3 + len(p.correlation_data)
+        props += sum(5 + len(k.encode()) + len(v.encode()) for k, v in p.user_properties)
+        props += (0 if p.message_expiry_s is None else 5) + (0 if p.payload_format is None else 2)
+    body = 2 + len(message.topic.encode()) + (2 if qos else 0) + _varint_len(props) + props
+    body += len(message.payload)
+    return 1 + _varint_len(body) + body
 
 
 class PublishRefusedError(Exception):
@@ -208,9 +236,17 @@ class IotBridge:
     """Publish to and subscribe on IoT Core as the nucleus does. Thread-safe."""
 
     def __init__(
-        self, host: str, port: int, *, client_id: str, profile: NucleusProfile, timeout_s: float = 10.0
+        self,
+        host: str,
+        port: int,
+        *,
+        client_id: str,
+        profile: NucleusProfile,
+        timeout_s: float = 10.0,
+        on_drop: Callable[[], None] | None = None,
     ) -> None:
         self.host, self.port, self.client_id = host, port, client_id
+        self.on_drop = on_drop  # called (on the MQTT client's thread) for each message dropped
         self.profile = profile
         self.timeout_s = timeout_s
         self._cond = threading.Condition()
@@ -223,6 +259,7 @@ class IotBridge:
         self._offline = False
         self._closed = False
         self._subs: list[_Sub] = []
+        self._dropped = 0  # messages over the profile's inbound Maximum Packet Size
         self._client: MqttPubSub | None = None  # publishes
         self._inbound: MqttPubSub | None = None  # subscriptions
         self._client, self._inbound = self._connect()
@@ -277,6 +314,11 @@ class IotBridge:
         """(messages, payload bytes) spooled and not yet acknowledged."""
         with self._cond:
             return len(self._spool) + self._in_flight, self._spool_bytes
+
+    def dropped(self) -> int:
+        """Messages from IoT Core dropped for being larger than the device's Maximum Packet Size."""
+        with self._cond:
+            return self._dropped
 
     def in_flight(self) -> int:
         """Publishes sent and not yet acknowledged (at most `maxInFlightPublishes`)."""
@@ -477,10 +519,29 @@ class IotBridge:
 
     # ------------------------------------------------------------------------------ subscribe
 
+    def _deliver_within(self, limit: int, handler: Callable[[Message], None], message: Message) -> None:
+        size = publish_packet_size(message)
+        if size <= limit:
+            handler(message)
+            return
+        with self._cond:
+            self._dropped += 1
+        if self.on_drop is not None:
+            self.on_drop()
+        log.warning(
+            "dropping a %d-byte PUBLISH to %s: over the device's Maximum Packet Size of %d bytes",
+            size,
+            message.topic,
+            limit,
+        )
+
     def subscribe(
         self, topic_filter: str, handler: Callable[[Message], None], qos: int
     ) -> Callable[[], None]:
         """Subscribe (blocking until the broker's SUBACK when online); returns the unsubscribe."""
+        limit = self.profile.iot_inbound_max_packet_bytes
+        if limit is not None:
+            handler = functools.partial(self._deliver_within, limit, handler)
         sub = _Sub(topic_filter, handler, min(qos, 1))
         with self._cond:
             self._subs.append(sub)

@@ -5,7 +5,8 @@ Shapes are (de)serialized with the awsiotsdk's own model classes, so the JSON is
 `edgeinfer.sim.core.Nucleus`; this module does the wire: connect/auth, streams, replies, errors.
 An operation of the model without a handler is answered with the modeled ServiceError the nucleus
 sends ("Operation aws.greengrass#X is not supported by Greengrass"); one outside the model with an
-error that carries no model type.
+error that carries no model type. A profile with an IPC message limit (nucleus lite: 10,000 bytes)
+closes the component's whole connection, its subscriptions with it, on a larger message either way.
 """
 
 from __future__ import annotations
@@ -151,14 +152,34 @@ class Connection:
     def send(self, headers: dict[str, Any], payload: bytes = b"") -> None:
         if self.closed or self.writer.is_closing():
             return
-        self.writer.write(es.encode(headers, payload))
+        frame = es.encode(headers, payload)
+        if not self._fits(frame):
+            return
+        self.writer.write(frame)
+
+    def _fits(self, frame: bytes) -> bool:
+        """Whether the nucleus can send `frame`; where it cannot, the connection is closed."""
+        limit = self.nucleus.profile.ipc_max_message_bytes
+        if limit is None or len(frame) <= limit:
+            return True
+        self.close_for_size(f"a {len(frame)}-byte message to it, over the {limit} bytes IPC carries")
+        return False
+
+    def close_for_size(self, why: str) -> None:
+        """Close the whole connection (nucleus lite on a message over its IPC limit)."""
+        log.warning("closing the IPC connection of %s: %s", self.component or "a client", why)
+        comp = self.nucleus.components.get(self.component or "")
+        if comp is not None:
+            comp.log(f"IPC connection closed by the nucleus: {why}")
+        with contextlib.suppress(Exception):
+            self.writer.close()
 
     def _has_room(self) -> bool:
         return self.writer.transport.get_write_buffer_size() < WRITE_BUFFER_HIGH
 
     def write_when_writable(self, stream: Stream, frame: bytes, done: Callable[[], None]) -> None:
         """See `Stream.send_frame_when_writable`."""
-        if self.closed or self.writer.is_closing():
+        if self.closed or self.writer.is_closing() or not self._fits(frame):
             done()
             return
         if not self._pending and self._has_room():
@@ -200,7 +221,7 @@ class Connection:
                 await self.writer.drain()
 
     async def serve(self) -> None:
-        decoder = es.Decoder()
+        decoder = es.Decoder(max_frame=self.nucleus.profile.ipc_max_message_bytes)
         try:
             while True:
                 data = await self.reader.read(1 << 20)  # a whole image request in one go
@@ -208,6 +229,8 @@ class Connection:
                     break
                 for frame in decoder.feed(data):
                     await self._on_frame(frame)
+        except es.FrameTooLargeError as exc:
+            self.close_for_size(f"{exc} from it")
         except es.FrameError as exc:
             log.warning("IPC protocol error from %s: %s", self.component or "unauthenticated client", exc)
             self.send(
@@ -314,8 +337,11 @@ class Connection:
         handler = self.nucleus.ipc_handlers.get(operation)
         if handler is None:
             # The nucleus registers a handler for every operation of its model; those it does not
-            # implement answer with this modeled error (classic's UnsupportedOperationHandler).
+            # implement answer with this modeled error (classic's UnsupportedOperationHandler;
+            # nucleus lite's carries no message).
             message = f"Operation {operation} is not supported by Greengrass"
+            if not self.nucleus.profile.refused_operations_say_why:
+                message = ""
             self._reply_error(sid, model.ServiceError(message=message))
             return
         try:

@@ -263,7 +263,11 @@ class Lifecycle:
             await comp.reported_error.wait()
             return "component reported ERRORED"
         if self._has_step(comp, "run"):
-            proc = await self._spawn(comp, "run")
+            try:
+                proc = await self._spawn(comp, "run")
+            except RecipeError as exc:  # nucleus lite: the unit runs, fails and is restarted
+                comp.log(str(exc))
+                return f"Run failed: {exc}"
             if proc is None:
                 return None
             self.set_state(comp, RUNNING)
@@ -328,6 +332,8 @@ class Lifecycle:
             return None
         who = self.run_as(comp, privileged)
         env = self.nucleus.component_env(comp, who)
+        if self.profile.component_path is not None:  # a systemd unit's PATH, not the core's
+            env["PATH"] = self.profile.component_path
         env.update(step_env)
         # the recipe's text, not the interpolated script: configuration values may be secrets
         raw = comp.recipe.lifecycle[step]

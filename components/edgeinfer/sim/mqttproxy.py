@@ -1,12 +1,14 @@
 """PublishToIoTCore and SubscribeToIoTCore (the nucleus's `MqttProxyIPCAgent`) over the IoT bridge.
 
 MQTT 5 properties (content type, correlation data, response topic, user properties, expiry, payload
-format) pass through both ways, converted by the same functions as the component side's IPC bus.
+format) pass through both ways, converted by the same functions as the component side's IPC bus;
+nucleus lite drops them both ways (its mqttproxy passes topic, payload and QoS only).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -60,7 +62,8 @@ class MqttProxy:
             payload = payload.encode()
         qos = 1 if str(req.qos or "1") == "1" else 0
         try:
-            future = bridge.publish(topic, payload, qos, bool(req.retain), request_properties(req))
+            properties = request_properties(req) if self.nucleus.profile.mqtt5_properties else None
+            future = bridge.publish(topic, payload, qos, bool(req.retain), properties)
         except PublishRefusedError as exc:
             raise ipc.service_error(f"Publish to topic {topic} failed with error {exc}") from None
         # Classic answers once the spool holds the message, without waiting for IoT Core's PUBACK
@@ -83,7 +86,11 @@ class MqttProxy:
         if bridge is None or handoff is None:
             raise ipc.service_error(f"Subscribe to topic {topic} failed with error IoT Core is not connected")
 
+        keep_properties = self.nucleus.profile.mqtt5_properties
+
         def on_message(message: Message) -> None:  # the MQTT client's dispatcher thread
+            if not keep_properties and message.properties is not None:
+                message = dataclasses.replace(message, properties=None)
             frame = stream.event_frame(IOT_CORE_MESSAGE, iot_core_message_json(message))
             handoff.hold(stream.send_frame_when_writable, frame, size=len(frame))
 

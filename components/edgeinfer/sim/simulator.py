@@ -25,6 +25,7 @@ from edgeinfer.greengrass.recipe import RecipeError, apply_reset, deep_merge, lo
 from edgeinfer.messages import is_thing_name
 from edgeinfer.sim.broker import BrokerError, CloudClient, MosquittoBroker, parse_hostport
 from edgeinfer.sim.core import BROKEN, Deferral, Nucleus, Options
+from edgeinfer.sim.deployment import DeploymentStatus, deployment_status
 from edgeinfer.sim.iot_bridge import IotBridge
 from edgeinfer.sim.pubsub import LocalClient
 from edgeinfer.sim.status import status_document
@@ -65,6 +66,7 @@ class Simulator:
         nucleus: str | NucleusProfile = "classic",
         component_user: str | None = None,
         tes_credentials: CredentialSource | None = None,
+        run_unit_wait: float | None = None,
     ) -> None:
         self.tes_credentials = tes_credentials  # the token exchange service's source (None: test keys)
         try:
@@ -72,6 +74,11 @@ class Simulator:
         except RecipeError as exc:
             raise SimError(str(exc)) from None
         self.component_user = component_user
+        # How long the deployment waits for run units (nucleus lite's 300 s unless given).
+        self.run_unit_wait = run_unit_wait if run_unit_wait is not None else self.nucleus.run_unit_wait_s
+        self._has_run_unit: dict[str, bool] = {}
+        self._deployed_at = 0.0
+        self._wait_timer: threading.Timer | None = None
         self.recipes_dir = Path(recipes_dir)
         self.artifacts_dir = Path(artifacts_dir) if artifacts_dir is not None else None
         if not is_thing_name(thing):
@@ -105,6 +112,7 @@ class Simulator:
         self._thread: threading.Thread | None = None
         self._owned_broker: MosquittoBroker | None = None
         self._bridge: IotBridge | None = None
+        self._dropped_at_stop = 0
         self._clients: list[CloudClient] = []
         self._tmp_dirs: list[str] = []
         self.root: Path = Path()
@@ -117,9 +125,15 @@ class Simulator:
     def start(self) -> Simulator:
         index = load_recipes(self.recipes_dir, reader=nuclei.reader(self.nucleus))
         order = resolve(index, self.components)
+        for recipe in order:  # nucleus lite copies each recipe within fixed limits first
+            for finding in nuclei.check_deployable(recipe.file, self.nucleus):
+                raise RecipeError(f"deployment FAILED: Failed to do dependency resolution: {finding}")
         for recipe in order:  # nucleus lite keeps YAML scalars as strings
             recipe.default_config = nuclei.typed_defaults(recipe.default_config, self.nucleus)
         names = {r.name for r in order}
+        self._has_run_unit = {
+            r.name: bool({"run", "startup"} & set(r.lifecycle) & self.nucleus.steps) for r in order
+        }
         for name in list(self.config_merge) + list(self.config_reset):
             if name not in names:
                 raise RecipeError(f"configuration given for {name}, which is not deployed")
@@ -175,7 +189,9 @@ class Simulator:
                 self.broker = (self._broker_arg[0], int(self._broker_arg[1]))
             client_id = f"{self.thing}-{os.getpid()}-{id(self) % 10000}"
             try:
-                self._bridge = IotBridge(*self.broker, client_id=client_id, profile=self.nucleus)
+                self._bridge = IotBridge(
+                    *self.broker, client_id=client_id, profile=self.nucleus, on_drop=self._write_status
+                )
             except TransportError as exc:
                 host, port = self.broker
                 raise BrokerError(f"cannot connect to the broker at {host}:{port}: {exc}") from None
@@ -189,11 +205,16 @@ class Simulator:
             self._thread.start()
             ready.wait()
             assert self._loop is not None
+            self._deployed_at = time.monotonic()
             asyncio.run_coroutine_threadsafe(nucleus.start(), self._loop).result(30)
         except BaseException:
             self.stop()
             raise
         self.started = True
+        if self.nucleus.run_unit_wait_s is not None and self.run_unit_wait is not None:
+            self._wait_timer = threading.Timer(self.run_unit_wait, self._run_unit_wait_over)
+            self._wait_timer.daemon = True
+            self._wait_timer.start()
         atexit.register(self._kill_at_exit)
         self._write_status()
         return self
@@ -226,8 +247,16 @@ class Simulator:
         if self._owned_broker is not None:
             self._owned_broker.stop()
 
+    def _run_unit_wait_over(self) -> None:
+        self._write_status()  # first: a waiter woken below may read status.json at once
+        with self._cond:
+            self._cond.notify_all()
+
     def stop(self) -> None:
         atexit.unregister(self._kill_at_exit)
+        if self._wait_timer is not None:
+            self._wait_timer.cancel()
+            self._wait_timer = None
         if self._loop is not None and self._nucleus is not None and self._thread is not None:
             try:
                 asyncio.run_coroutine_threadsafe(self._nucleus.stop(), self._loop).result(60)
@@ -237,6 +266,7 @@ class Simulator:
             client.close()
         self._clients.clear()
         if self._bridge is not None:
+            self._dropped_at_stop = self._bridge.dropped()
             self._bridge.close()
             self._bridge = None
         if self._loop is not None and self._thread is not None:
@@ -399,6 +429,37 @@ class Simulator:
         except FileNotFoundError:
             return ""
 
+    # ------------------------------------------------------------ the deployment
+
+    def deployment(self) -> DeploymentStatus:
+        """The start's deployment as the nucleus reports it: IN_PROGRESS, SUCCEEDED or FAILED (a
+        component BROKEN; on nucleus lite also a component without a run unit once `run_unit_wait`
+        is over)."""
+        with self._cond:
+            return self._deployment_locked()
+
+    def _deployment_locked(self) -> DeploymentStatus:
+        elapsed = time.monotonic() - self._deployed_at if self._deployed_at else 0.0
+        wait = self.run_unit_wait if self.nucleus.run_unit_wait_s is not None else None
+        return deployment_status(self._states, self._has_run_unit, elapsed, wait)
+
+    def wait_for_deployment(self, timeout: float = 60.0) -> DeploymentStatus:
+        """Block until the deployment SUCCEEDED or FAILED; SimError if it is still in progress."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._deployment_locked().status != "IN_PROGRESS", timeout)
+            status = self._deployment_locked()
+        if status.status == "IN_PROGRESS":
+            raise SimError(f"the deployment is still IN_PROGRESS after {timeout}s: {status.reason}")
+        return status
+
+    def _failed_while_broken(self) -> None:
+        """Nucleus lite reports every deployment FAILED while a component of the group is BROKEN."""
+        if self.nucleus.run_unit_wait_s is None:
+            return
+        broken = sorted(n for n, s in self.states().items() if s == BROKEN)
+        if broken:
+            raise SimError(f"deployment FAILED: {', '.join(broken)} BROKEN")
+
     # ------------------------------------------------------------ clients
 
     def cloud_client(self, client_id: str | None = None) -> CloudClient:
@@ -471,6 +532,7 @@ class Simulator:
         ).result(timeout)
         if reason is not None:
             raise SimError(f"configuration update of {component} rejected: {reason}")
+        self._failed_while_broken()
 
     # ------------------------------------------------------------ deployments
 
@@ -508,7 +570,13 @@ class Simulator:
         ).result(timeout)
         if rejected is not None:
             raise SimError(f"update of {component} rejected: {rejected}")
+        self._failed_while_broken()
         return deferrals
+
+    def dropped_iot_messages(self) -> int:
+        """Messages from IoT Core never delivered for being over the nucleus's Maximum Packet Size
+        (nucleus lite: 5,000 bytes; the broker drops them silently, here the bridge counts them)."""
+        return self._bridge.dropped() if self._bridge is not None else self._dropped_at_stop
 
     def pending_iot_publishes(self) -> tuple[int, int]:
         """(messages, bytes) the IoT bridge's spooler holds that IoT Core has not acknowledged."""

@@ -13,6 +13,7 @@ def status_document(
     sim: Simulator, states: dict[str, str], reported: dict[str, str], versions: dict[str, str]
 ) -> dict[str, Any]:
     """What `status.json` says: `edgeinfer sim status | logs | down` and `--wait` read it."""
+    deployment = sim.deployment()
     return {
         "pid": os.getpid(),
         "running": sim.started,
@@ -21,6 +22,9 @@ def status_document(
         "broker": f"{sim.broker[0]}:{sim.broker[1]}",
         "socket": sim.socket_path,
         "root": str(sim.root),
+        # IoT Core messages over the nucleus's Maximum Packet Size, never delivered (nucleus lite)
+        "iot_dropped_oversize": sim.dropped_iot_messages(),
+        "deployment": {"status": deployment.status, "reason": deployment.reason},
         "components": {
             n: {
                 "state": s,
