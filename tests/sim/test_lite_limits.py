@@ -202,3 +202,15 @@ def test_components_get_systemds_default_path_on_lite(simulator: Factory, device
     sim = simulator(device.recipes, device.artifacts, nucleus="lite")
     sim.wait_for_state("com.example.Path", "RUNNING")
     eventually(lambda: f"PATH={SYSTEMD_DEFAULT_PATH}\n" in sim.logs("com.example.Path"), 10, "PATH logged")
+
+
+def test_the_tests_local_client_keeps_to_lites_ipc_limit(simulator: Factory, device: Device) -> None:
+    _lite(device, "com.example.A", {"run": "sleep 30"})
+    sim = simulator(device.recipes, device.artifacts, nucleus="lite", thing="lite-local")
+    inbox = sim.local_client().subscribe("big")
+    sim.local_client().publish("big", b"s" * 7000)  # base64 in the frame's JSON: ~9,500 bytes
+    assert len(inbox.wait_for(1, 10)) == 1
+    with pytest.raises(SimError, match=r"over the 10000 bytes nucleus lite carries in one IPC message"):
+        sim.local_client().publish("big", b"L" * 7600)
+    with pytest.raises(SimError, match="closes the sender's whole IPC connection"):
+        sim.local_client().publish("big", {"image": "x" * 10_000})

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from awsiot.greengrasscoreipc import model
 
 from edgeinfer import codec
+from edgeinfer.sim import eventstream as es
 from edgeinfer.sim import ipc_server as ipc
 from edgeinfer.sim.broker import Inbox
 from edgeinfer.transport.base import Message, topic_matches
@@ -126,6 +127,25 @@ def binary_event_payload(topic: str, message: bytes) -> bytes:
     )
 
 
+def request_frame_size(topic: str, kind: str, value: Any) -> int:
+    """The bytes of the PublishToTopic frame a component's IPC client sends for this message."""
+    message = (
+        model.PublishMessage(json_message=model.JsonMessage(message=value))
+        if kind == "json"
+        else model.PublishMessage(binary_message=model.BinaryMessage(message=value))
+    )
+    request = model.PublishToTopicRequest(topic=topic, publish_message=message)
+    headers = {
+        ":message-type": es.APPLICATION_MESSAGE,
+        ":message-flags": 0,
+        ":stream-id": 1,
+        "operation": "aws.greengrass#PublishToTopic",
+        "service-model-type": request._model_name(),
+        ":content-type": "application/json",
+    }
+    return len(es.encode(headers, json.dumps(request._to_payload()).encode()))
+
+
 class LocalClient:
     """Local pub/sub as a test component sees it, straight on the simulator's router (no auth)."""
 
@@ -133,13 +153,24 @@ class LocalClient:
         self._sim = sim
 
     def publish(self, topic: str, payload: bytes | str | dict[str, Any] | list[Any]) -> None:
-        """bytes/str go out as a binaryMessage, dict/list as a jsonMessage."""
+        """bytes/str go out as a binaryMessage, dict/list as a jsonMessage. Over the nucleus's IPC
+        message limit (nucleus lite: 10,000 bytes) SimError: a component sending it would have its
+        whole IPC connection closed, and nobody would receive the message."""
         value: Any
         if isinstance(payload, (dict, list)):
             kind, value = "json", payload
         else:
             kind, value = "binary", payload.encode() if isinstance(payload, str) else bytes(payload)
         nucleus = self._sim._need()
+        limit = nucleus.profile.ipc_max_message_bytes
+        size = request_frame_size(topic, kind, value) if limit is not None else 0
+        if limit is not None and size > limit:
+            from edgeinfer.sim.simulator import SimError  # which imports this module
+
+            raise SimError(
+                f"a {size}-byte PublishToTopic, over the {limit} bytes nucleus {nucleus.profile.name} "
+                "carries in one IPC message: it closes the sender's whole IPC connection"
+            )
         self._sim._call(lambda: nucleus.publish_local(topic, kind, value, None))
 
     def subscribe(self, topic_filter: str) -> Inbox:
