@@ -16,6 +16,7 @@ cleanly, answering what was accepted.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import logging
 import os
@@ -35,6 +36,7 @@ if TYPE_CHECKING:  # imported where used: `main` answers a bad command line befo
     from edgeinfer.capture.hook import CaptureHook
     from edgeinfer.runtime.config import RuntimeConfig
     from edgeinfer.runtime.engine import Engine
+    from edgeinfer.runtime.models import ModelRepository, ModelSlot
     from edgeinfer.runtime.server import InferenceServer
     from edgeinfer.runtime.sources import SourceRunner
     from edgeinfer.runtime.updates import StoreWatcher
@@ -140,6 +142,7 @@ class Component:
         self._update_queued = False
         self._stop = threading.Event()
         self.store_watcher: StoreWatcher | None = None
+        self.model_watchers: list[StoreWatcher] = []  # one per model component of `models`
         self.updates: Subscription | None = None
         self.capture: CaptureHook | None = None
 
@@ -167,10 +170,50 @@ class Component:
         return cfg
 
     def model_dir(self, cfg: RuntimeConfig) -> str:
+        """The default model's store: `modelDir`, else the command line's (the ModelStore); with
+        `models`, the first one's."""
+        if cfg.models and self._server is not None:
+            return self.server.models.default.source.folder
         return str(cfg.model_dir or self.args.model_dir or "")
 
     def build_engine(self, cfg: RuntimeConfig) -> Engine:
         return self.build_engine_in(cfg, self.model_dir(cfg))
+
+    def new_repository(self, cfg: RuntimeConfig) -> ModelRepository:
+        """The models to serve, the default's engine built and warmed: `models`, else the one store.
+        Raises ConfigError when the default's store cannot be read; a later one that cannot is
+        logged and left out."""
+        from edgeinfer.config import ConfigError
+        from edgeinfer.model.manifest import Manifest
+        from edgeinfer.runtime.config import COMPONENT
+        from edgeinfer.runtime.models import ModelRepository, ModelSlot, ModelSource, read_sources
+
+        if cfg.models:
+            read = read_sources(cfg.models, self.work_dir)
+            if isinstance(read[0], str):  # the default: nothing to serve without it
+                raise ConfigError(COMPONENT, [("models[0]", read[0])])
+            for problem in read:
+                if isinstance(problem, str):
+                    log.error("%s: not served", problem)
+            sources = [source for source in read if not isinstance(source, str)]
+        else:
+            folder = self.model_dir(cfg)
+            manifest = Manifest.load(folder)
+            sources = [ModelSource(manifest.name, folder, version=manifest.version)]
+        start = time.monotonic()
+        engine = self.build_engine_in(cfg, sources[0].folder) if cfg.models else self.build_engine(cfg)
+        slots = [ModelSlot(sources[0], engine, load_s=time.monotonic() - start)]
+        slots += [ModelSlot(source) for source in sources[1:]]
+        return ModelRepository(
+            slots,
+            build=self._build_slot,
+            max_loaded=cfg.max_loaded_models,
+            max_waiting=cfg.max_queue_size,
+        )
+
+    def _build_slot(self, slot: ModelSlot) -> Engine:
+        """A model's engine, built and warmed on the repository's loader thread."""
+        return self.build_engine_in(self.cfg, slot.source.folder)
 
     def build_engine_in(self, cfg: RuntimeConfig, model_dir: str) -> Engine:
         """A warmed-up engine on the model store in `model_dir`."""
@@ -198,8 +241,10 @@ class Component:
         self.cfg = cfg
         early = EarlyInbox(limit=max(1024, cfg.max_queue_size))
         early.subscribe(self.bus, infer_topic(self.thing), local=cfg.subscribe_local, iot=cfg.subscribe_iot)
-        engine = self.build_engine(cfg)
-        server = self._server = InferenceServer(self.bus, engine, cfg, self.thing)
+        models = self.new_repository(cfg)
+        engine = models.default.engine
+        assert engine is not None
+        server = self._server = InferenceServer(self.bus, engine, cfg, self.thing, models=models)
         self._wire_placement()
         from edgeinfer.capture.hook import start_capture  # the `capture` node: docs/capture.md
 
@@ -229,6 +274,13 @@ class Component:
             engine.provider,
             engine.model_ref.variant,
         )
+        if len(models.slots) > 1:
+            log.info(
+                "serving models %s (default %s; at most %s loaded)",
+                ", ".join(models.names()),
+                models.default.name,
+                cfg.max_loaded_models or "all",
+            )
 
     def _capture_doc(self) -> object:
         doc = self.bus.get_configuration()
@@ -282,7 +334,10 @@ class Component:
             cfg = self.read_config(proposed)
         except ConfigError as exc:
             return exc.reasons
-        model_dir = self.model_dir(cfg)
+        for i, entry in enumerate(cfg.models):
+            if entry.dir and not os.path.isfile(os.path.join(entry.dir, "manifest.json")):
+                return f"models[{i}].dir {entry.dir!r} holds no manifest.json"
+        model_dir = "" if cfg.models else self.model_dir(cfg)
         if model_dir and not os.path.isfile(os.path.join(model_dir, "manifest.json")):
             return f"modelDir {model_dir!r} holds no manifest.json"
         return None
@@ -316,6 +371,8 @@ class Component:
             if not changed:
                 return
             log.info("configuration changed: %s", ", ".join(sorted(changed)))
+            if "models" in changed:
+                log.warning("models changed: the models served now are kept until the runtime restarts")
             engine: Engine | None = None
             if engine_keys_changed(self.cfg, cfg):
                 try:
@@ -327,6 +384,8 @@ class Component:
             self.cfg = cfg
             if engine is not None:
                 self.server.swap_engine(engine)
+                self._rebuild_other_models()
+            self.server.models.configure(cfg.max_loaded_models)
             self.server.apply_config(cfg)
             if "cpu" in changed:
                 from edgeinfer.runtime.providers import apply_process_options
@@ -340,6 +399,19 @@ class Component:
             # A new engine means new local model names and a new a·n + b seed for the policy.
             if "placement" in changed or (engine is not None and self.server.offloader is not None):
                 self._rewire_placement()
+
+    def _rebuild_other_models(self) -> None:
+        """New engine options: each loaded model besides the default on a new engine too (a model
+        not loaded takes them at its next load)."""
+        for slot in self.server.models.slots[1:]:
+            if slot.engine is None:
+                continue
+            try:
+                engine = self._build_slot(slot)
+            except Exception as exc:
+                log.error("model %s not rebuilt, keeping its running engine: %s", slot.name, exc)
+                continue
+            self.server.swap_model(slot, engine)
 
     # ------------------------------------------------------------------------------------ model updates
 
@@ -355,12 +427,47 @@ class Component:
             store_pointer,
         )
 
-        pointer = store_pointer(self.work_dir)
-        current = os.path.normpath(self.args.model_dir) if self.args.model_dir else ""
-        if current and read_pointer(pointer) == current:
-            self.store_watcher = StoreWatcher(pointer, current, self._store_changed).start()
-        poke = self.store_watcher.poke if self.store_watcher is not None else (lambda: None)
+        if self.cfg.models:
+            for slot in self.server.models.slots:
+                if slot.source.component:
+                    pointer = store_pointer(self.work_dir, slot.source.component)
+                    on_change = functools.partial(self._model_changed, slot)
+                    self.model_watchers.append(StoreWatcher(pointer, slot.source.folder, on_change).start())
+        else:
+            pointer = store_pointer(self.work_dir)
+            current = os.path.normpath(self.args.model_dir) if self.args.model_dir else ""
+            if current and read_pointer(pointer) == current:
+                self.store_watcher = StoreWatcher(pointer, current, self._store_changed).start()
+        watchers = [w for w in (self.store_watcher, *self.model_watchers) if w is not None]
+
+        def poke() -> None:
+            for watcher in watchers:
+                watcher.poke()
+
         self.updates = follow_component_updates(self.bus, DeferPolicy(self.server.inflight), poke, COMPONENT)
+
+    def _model_changed(self, slot: ModelSlot, folder: str) -> None:
+        """A new version of one model component (`models`): that model alone on a new engine, built
+        and warmed off the hot path; one not loaded now loads the new version when next asked for."""
+        with self._lock:
+            old = slot.source.folder
+            if slot.engine is None:
+                slot.source.folder = folder
+                log.info("model %s: store now at %s (loaded when next asked for)", slot.name, folder)
+                return
+            try:
+                engine = self.build_engine_in(self.cfg, folder)
+            except Exception as exc:
+                log.error(
+                    "model store at %s not loaded, still serving %s from %s: %s", folder, slot.name, old, exc
+                )
+                return
+            slot.source.folder = folder  # recorded before the swap, as for the one store
+            slot.source.version = engine.manifest.version
+            self.server.swap_model(slot, engine)
+            if slot is self.server.models.default and self.server.offloader is not None:
+                self._rewire_placement()
+            log.info("model %s updated: %s -> %s (%s)", slot.name, old, engine.manifest.version, folder)
 
     def _store_changed(self, folder: str) -> None:
         """A new ModelStore artifact folder: build and warm its engine, then swap it in; batches
@@ -405,6 +512,8 @@ class Component:
     def stop(self) -> None:
         if self.store_watcher is not None:
             self.store_watcher.stop()
+        for watcher in self.model_watchers:
+            watcher.stop()
         if self.updates is not None:
             self.updates.close()
         if self.source is not None:

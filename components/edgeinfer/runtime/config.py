@@ -27,6 +27,7 @@ __all__ = [
     "ConfigError",
     "CpuOptions",
     "CudaOptions",
+    "ModelEntry",
     "RuntimeConfig",
     "SourceConfig",
     "TensorrtOptions",
@@ -157,6 +158,25 @@ class SourceConfig:
 
 
 @dataclass
+class ModelEntry:
+    """One model the runtime serves (`models`): a store folder (`dir`) or a Greengrass model component
+    (`component`, found by the `work/<component>/artifacts-path` its install step writes, and followed
+    to its new versions). `pinned`: never evicted; `preload`: loaded at start, not on first use."""
+
+    dir: str = ""
+    component: str = ""
+    pinned: bool = False
+    preload: bool = False
+
+    def check(self) -> list[tuple[str, str]]:
+        if bool(self.dir) == bool(self.component):
+            return [("", "give exactly one of dir and component")]
+        if self.dir and not os.path.isabs(self.dir):
+            return [("dir", f"{self.dir!r} must be an absolute path")]
+        return []
+
+
+@dataclass
 class TimingsConfig:
     enabled: bool = True
     max_records: int = 32  # publish when this many records are waiting …
@@ -180,6 +200,9 @@ class RuntimeConfig:
         ]
     )
     model_dir: str = ""  # empty: the ModelStore artifacts folder passed on the command line
+    # Several models served at once (see docs/models.md); empty: the one store above.
+    models: list[ModelEntry] = field(default_factory=list)
+    max_loaded_models: int = 0  # models loaded at once; 0: every one configured
     input_size: int = 0  # 0: the manifest's preferred input size
     max_batch_size: int = 8
     max_queue_delay_us: int = 2000
@@ -257,6 +280,7 @@ class RuntimeConfig:
             *self._check_answers(),
             *self._check_threads(),
             *self._check_paths(),
+            *self._check_models(),
         ]
 
     def _check_providers(self) -> list[tuple[str, str]]:
@@ -328,6 +352,17 @@ class RuntimeConfig:
         for folder in self.image_folders:
             if not os.path.isabs(folder):
                 out.append(("imageFolders", f"{folder!r} must be an absolute path"))
+        return out
+
+    def _check_models(self) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        if self.max_loaded_models < 0:
+            out.append(("maxLoadedModels", "must be 0 (every model) or positive"))
+        pinned = sum(1 for m in self.models if m.pinned) + (0 if self.models and self.models[0].pinned else 1)
+        if self.max_loaded_models and self.models and pinned > self.max_loaded_models:
+            out.append(
+                ("maxLoadedModels", f"is below the {pinned} models always loaded (the first and pinned)")
+            )
         return out
 
     def cpu_lanes(self) -> int:

@@ -18,6 +18,7 @@ response topic as its own. One that is not allowed is answered BAD_REQUEST on th
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from edgeinfer.messages import (
@@ -34,7 +35,7 @@ from edgeinfer.runtime.config import RuntimeConfig
 from edgeinfer.transport import Message, MqttProperties, Target
 from edgeinfer.transport.base import topic_matches
 
-__all__ = ["Inbound", "Refusal", "ReplyTarget", "read_message", "reply_allowed"]
+__all__ = ["Inbound", "Refusal", "ReplyTarget", "model_refusal", "read_message", "reply_allowed"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,11 @@ def reply_allowed(topic: str, cfg: RuntimeConfig, thing: str) -> bool:
     if topic == result_topic(thing):
         return True
     return any(topic_matches(f.replace("{thing}", thing), topic) for f in cfg.reply_to_topics)
+
+
+def model_refusal(model: str | None, served: Sequence[str]) -> str:
+    """Why a request naming `model` is refused here: the model, and every one this runtime serves."""
+    return f"unknown model {model!r}: this runtime serves {', '.join(repr(name) for name in served)}"
 
 
 def read_message(msg: Message, cfg: RuntimeConfig, thing: str) -> Inbound | Refusal:

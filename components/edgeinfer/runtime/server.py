@@ -56,7 +56,8 @@ from edgeinfer.runtime.decode import (
     warm_up_decoder,
 )
 from edgeinfer.runtime.engine import Engine
-from edgeinfer.runtime.inbound import Inbound, Refusal, ReplyTarget, read_message
+from edgeinfer.runtime.inbound import Inbound, Refusal, ReplyTarget, model_refusal, read_message
+from edgeinfer.runtime.models import ModelRepository, ModelSlot, ModelSource, RepositoryHooks, Waiting
 from edgeinfer.runtime.placement import (
     Decision,
     EdgeOnly,
@@ -100,28 +101,27 @@ class InferenceServer:
         cfg: RuntimeConfig,
         thing: str,
         *,
+        models: ModelRepository | None = None,
         placement: PlacementPolicy | None = None,
         offloader: Offloader | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
+        """`engine`: the default model's (with `models`, the first slot's)."""
         self.bus = bus
-        self.engine = engine
         self.cfg = cfg
         self.thing = thing
         self.placement: PlacementPolicy = placement or EdgeOnly()
         self.offloader = offloader
         self.clock = clock
         self.wall = wall
-        self.batcher: DynamicBatcher[Job] = DynamicBatcher(
-            cfg.max_batch_size,
-            cfg.max_queue_delay_us,
-            cfg.max_queue_size,
-            clock=clock,
-            lanes=engine.lanes if offloader is None else 1,
-            full_session_max_contention=cfg.full_session_max_contention,
-            lane_batch_size=cfg.lane_max_batch_size,
-        )
+        if models is None:
+            models = ModelRepository([ModelSlot(ModelSource(engine.manifest.name, ""), engine)], clock=clock)
+        elif models.default.engine is not engine:
+            raise ValueError("`engine` is the default model's")
+        self.models = models
+        for slot in models.slots:  # each model queues and batches on its own
+            slot.batcher = self._new_batcher(cfg, slot.engine)
         self.timings = TimingPublisher(
             bus,
             thing,
@@ -141,7 +141,7 @@ class InferenceServer:
             inflight=self.inflight,
             stats=self.stats,
             stats_lock=self._stats_lock,
-            queue_depth=lambda: self.batcher.depth,
+            queue_depth=lambda: sum(s.batcher.depth for s in self.models.slots),
             result_format=cfg.result_format,
             clock=clock,
             wall=wall,
@@ -152,10 +152,39 @@ class InferenceServer:
         self._subs: list[Subscription] = []
         self._threads: list[threading.Thread] = []
         self._running = False
-        self._engine_ms = 0.0
-        self._mean_batch = 0.0
-        self._engine_lock = threading.Lock()
         self._handled_at = float("-inf")  # when the transport's last handle_message returned
+
+    @property
+    def engine(self) -> Engine:
+        """The default model's engine (always loaded)."""
+        engine = self.models.default.engine
+        assert engine is not None
+        return engine
+
+    @property
+    def batcher(self) -> DynamicBatcher[Job]:
+        """The default model's batcher."""
+        return self.models.default.batcher
+
+    @property
+    def _engine_ms(self) -> float:
+        """The default model's recent batch time (`ModelSlot.engine_ms`)."""
+        return self.models.default.engine_ms
+
+    @_engine_ms.setter
+    def _engine_ms(self, ms: float) -> None:
+        self.models.default.engine_ms = ms
+
+    def _new_batcher(self, cfg: RuntimeConfig, engine: Engine | None) -> DynamicBatcher[Job]:
+        return DynamicBatcher(
+            cfg.max_batch_size,
+            cfg.max_queue_delay_us,
+            cfg.max_queue_size,
+            clock=self.clock,
+            lanes=engine.lanes if engine is not None and self.offloader is None else 1,
+            full_session_max_contention=cfg.full_session_max_contention,
+            lane_batch_size=cfg.lane_max_batch_size,
+        )
 
     # --------------------------------------------------------------------------------------- control
 
@@ -169,7 +198,9 @@ class InferenceServer:
         reply = threading.Thread(target=self._reply_loop, name="edgeinfer-reply", daemon=True)
         reply.start()
         self._threads.append(reply)
-        self._add_engine_threads(self.engine.lanes)
+        for slot in self.models.loaded():
+            self._add_engine_threads(slot)
+        self.models.start(_ModelEvents(self))
         self.timings.start()
         topic = infer_topic(self.thing)
         if subscribe:
@@ -207,19 +238,27 @@ class InferenceServer:
                 log.debug("closing a subscription failed", exc_info=True)
         self._subs.clear()
 
-    def _add_engine_threads(self, lanes: int) -> None:
-        """One engine thread per lane (`_threads[0]` is the reply thread); back when each has warmed
-        itself up (see `Engine.thread_bound`)."""
+    def _add_engine_threads(self, slot: ModelSlot) -> None:
+        """One engine thread per lane of the model's engine; back when each has warmed itself up
+        (see `Engine.thread_bound`). They end when the model is unloaded."""
+        engine = slot.engine
+        if engine is None:
+            return
         started = []
-        while len(self._threads) - 1 < max(1, lanes):
+        slot.threads = [t for t in slot.threads if t.is_alive()]
+        self._threads[1:] = [t for t in self._threads[1:] if t.is_alive()]  # [0]: the reply thread
+        index = self.models.slots.index(slot)
+        while len(slot.threads) < max(1, engine.lanes):
             ready = threading.Event()
+            n = len(slot.threads) + 1
             t = threading.Thread(
                 target=self._engine_loop,
-                args=(ready,),
-                name=f"edgeinfer-engine-{len(self._threads)}",
+                args=(slot, ready),
+                name=f"edgeinfer-engine-{n}" if index == 0 else f"edgeinfer-engine-{slot.name}-{n}",
                 daemon=True,
             )
             t.start()
+            slot.threads.append(t)
             self._threads.append(t)
             started.append(ready)
         for ready in started:
@@ -228,12 +267,17 @@ class InferenceServer:
 
     def stop(self) -> None:
         self._unsubscribe()
+        for slot, waited in self.models.stop():
+            for w in waited:
+                self._fail(w.job, ErrorCode.INTERNAL, "the runtime is stopping", slot)
         self._decode_pool.shutdown(wait=True)
         self._running = False
-        for t in self._threads[1:]:
-            t.join(timeout=10)  # the engines: running batches finish and are answered
-        for item in self.batcher.close():
-            self._fail(item.item, ErrorCode.INTERNAL, "the runtime is stopping")
+        for slot in self.models.slots:
+            for t in slot.threads:
+                t.join(timeout=10)  # the engines: running batches finish and are answered
+            slot.threads.clear()
+            for item in slot.batcher.close():
+                self._fail(item.item, ErrorCode.INTERNAL, "the runtime is stopping", slot)
         self._replies.put(None)
         if self._threads:
             self._threads[0].join(timeout=10)
@@ -253,7 +297,9 @@ class InferenceServer:
         self.placement = placement
         self.offloader = offloader
         # The offload policy's service-time model and utilisation see one batch at a time.
-        self.batcher.configure(lanes=1 if offloader is not None else self.engine.lanes)
+        for slot in self.models.slots:
+            engine = slot.engine
+            slot.batcher.configure(lanes=1 if offloader is not None or engine is None else engine.lanes)
 
     def apply_config(self, cfg: RuntimeConfig) -> None:
         """Apply the keys that are safe live (batching, limits, topics, timings). The engine keys are
@@ -265,25 +311,42 @@ class InferenceServer:
         if (old.decode_threads, old.decode_nice) != (cfg.decode_threads, cfg.decode_nice):
             pool, self._decode_pool = self._decode_pool, self._new_decode_pool(cfg)
             pool.shutdown(wait=False)  # what it holds still runs and is answered
-        self.batcher.configure(
-            max_batch_size=min(cfg.max_batch_size, self.engine.max_batch_size),
-            max_queue_delay_us=cfg.max_queue_delay_us,
-            max_queue_size=cfg.max_queue_size,
-            full_session_max_contention=cfg.full_session_max_contention,
-            lane_batch_size=cfg.lane_max_batch_size,
-        )
+        for slot in self.models.slots:
+            engine = slot.engine
+            slot.batcher.configure(
+                max_batch_size=cfg.max_batch_size
+                if engine is None
+                else min(cfg.max_batch_size, engine.max_batch_size),
+                max_queue_delay_us=cfg.max_queue_delay_us,
+                max_queue_size=cfg.max_queue_size,
+                full_session_max_contention=cfg.full_session_max_contention,
+                lane_batch_size=cfg.lane_max_batch_size,
+            )
+        self.models.max_waiting = cfg.max_queue_size
         self.timings.max_records = cfg.timings.max_records
         self.timings.flush_interval_ms = cfg.timings.flush_interval_ms
         self.timings.enabled = cfg.timings.enabled
         self.answers.result_format = cfg.result_format
 
     def swap_engine(self, engine: Engine) -> None:
-        """Put a new, warmed-up engine in place; batches running now finish on the old one."""
-        with self._engine_lock:
-            self.engine = engine
+        """Put a new, warmed-up engine in place of the default model's (see `swap_model`)."""
+        self.swap_model(self.models.default, engine)
+
+    def swap_model(self, slot: ModelSlot, engine: Engine) -> None:
+        """Put a new, warmed-up engine in place of `slot`'s; batches running now finish on the old
+        one. A model not loaded now takes it as loaded (its store's new version, say)."""
+        with slot.engine_lock:
+            slot.engine = engine
+        self._engine_ready(slot)
+
+    def _engine_ready(self, slot: ModelSlot) -> None:
+        """`slot.engine` is new: its threads and its batcher's sizes."""
+        engine = slot.engine
+        if engine is None:
+            return
         if self._running:
-            self._add_engine_threads(engine.lanes)
-        self.batcher.configure(
+            self._add_engine_threads(slot)
+        slot.batcher.configure(
             max_batch_size=min(self.cfg.max_batch_size, engine.max_batch_size),
             lanes=engine.lanes if self.offloader is None else 1,
         )
@@ -312,20 +375,40 @@ class InferenceServer:
         if isinstance(read, Refusal):
             self.answers.refuse(read, arrived)
             return
-        job = self._admit(read, arrived)
-        if job is None:
+        admitted = self._admit(read, arrived)
+        if admitted is None:
             return
-        decision = self._place(job)
-        if decision is not None:
-            self._serve(job, decision)
+        job, slot = admitted
+        taken = self.models.acquire(slot, job)
+        if taken.code is not None:
+            self._fail(job, taken.code, taken.why, slot)
+            return
+        if not taken.ready:
+            return  # it waits for its model's load: the loader thread resumes or answers it
+        try:
+            decision = self._place(job, slot)
+            if decision is not None:
+                self._serve(job, slot, decision)
+        finally:
+            self.models.release(slot)  # admitted to its batcher, or answered: it may be unloaded
 
-    def _admit(self, read: Inbound, arrived: float) -> Job | None:
-        """The request as a job in flight, or None when it was answered here: a model this runtime
-        does not serve, a path outside `imageFolders`, a deadline that passed before it arrived."""
+    def _resume(self, job: Job, slot: ModelSlot) -> None:
+        """A request that waited for its model's load (on the loader thread: queued, never run here)."""
+        decision = self._place(job, slot)
+        if decision is not None:
+            self._serve(job, slot, decision, may_inline=False)
+
+    def _admit(self, read: Inbound, arrived: float) -> tuple[Job, ModelSlot] | None:
+        """The request as a job in flight with the model it asks for, or None when it was answered
+        here: a model this runtime does not serve, a path outside `imageFolders`, a deadline that
+        passed before it arrived."""
         req = read.request
-        why = self._not_served_here(req)
-        if why is not None:
-            self.answers.refuse(Refusal(ErrorCode.BAD_REQUEST, why, req.id, read.reply), arrived)
+        slot = self.models.get(req.model)
+        if slot is None and self.offloader is not None:
+            slot = self.models.default  # the placement policy sends it to the cloud
+        why = model_refusal(req.model, self.models.names()) if slot is None else self._path_refusal(req)
+        if slot is None or why is not None:
+            self.answers.refuse(Refusal(ErrorCode.BAD_REQUEST, why or "", req.id, read.reply), arrived)
             return None
         job = Job(
             request=req,
@@ -341,27 +424,23 @@ class InferenceServer:
                 self.stats.expired_on_arrival += 1
             waited_ms = (arrived - job.deadline) * 1000
             self._fail(
-                job, ErrorCode.DEADLINE_EXCEEDED, f"the deadline passed {waited_ms:.0f} ms before it arrived"
+                job,
+                ErrorCode.DEADLINE_EXCEEDED,
+                f"the deadline passed {waited_ms:.0f} ms before it arrived",
+                slot,
             )
             # What placement never decides on is the plainest sign of a backlog in front of it.
             with _policy_guard("on_late_arrival"):
                 self.placement.on_late_arrival(self._age_ms(req), -waited_ms)
             return None
-        return job
+        return job, slot
 
-    def _not_served_here(self, req: Request) -> str | None:
-        engine = self.engine
-        if (
-            req.model is not None
-            and self.offloader is None  # with an offloader, the placement policy sends it to the cloud
-            and req.model not in (engine.manifest.name, engine.model_ref.variant)
-        ):
-            return f"unknown model {req.model!r}: this runtime serves {engine.manifest.name!r}"
+    def _path_refusal(self, req: Request) -> str | None:
         if req.image_path is not None and not self._path_allowed(req.image_path):
             return "'image_path' is not inside a folder listed in imageFolders"
         return None
 
-    def _place(self, job: Job) -> Decision | None:
+    def _place(self, job: Job, slot: ModelSlot) -> Decision | None:
         """The placement policy's decision, or None when the job was answered (a bad image)."""
         if job.head is not None and not isinstance(self.placement, EdgeOnly):
             # A policy weighs (and an offload carries) the image: decode it now. Edge-only, it is
@@ -370,16 +449,17 @@ class InferenceServer:
             try:
                 head.decode()
             except MessageError as exc:
-                self._fail(job, exc.code, exc.message)
+                self._fail(job, exc.code, exc.message, slot)
                 return None
-        return self._decide(job)
+        return self._decide(job, slot)
 
-    def _serve(self, job: Job, decision: Decision) -> None:
+    def _serve(self, job: Job, slot: ModelSlot, decision: Decision, *, may_inline: bool = True) -> None:
         if decision.where == "reject":
-            self._fail(job, decision.code or ErrorCode.OVERLOADED, decision.reason or "refused by placement")
+            why = decision.reason or "refused by placement"
+            self._fail(job, decision.code or ErrorCode.OVERLOADED, why, slot)
             return
         if decision.where == "cloud" and self.offloader is not None:
-            self._offload(job, self.offloader)
+            self._offload(job, slot, self.offloader)
             return
         # Run to completion on this (the transport's) thread when nothing else is in flight and the
         # message did not follow the previous one at once: a hand-off to a decode worker has its cost
@@ -388,23 +468,28 @@ class InferenceServer:
         # while recent arrivals found work in flight (`batcher.quiet`): near capacity the next
         # arrival would wait in the socket for the whole inline run.
         inline = (
-            self.cfg.run_inline_when_idle
+            may_inline
+            and self.cfg.run_inline_when_idle
             and job.arrived - self._handled_at >= BACKLOG_GAP_S
-            and self.batcher.quiet
+            and slot.batcher.quiet
         )
-        self._serve_local(job, inline=inline)
+        self._serve_local(job, slot, inline=inline)
 
-    def _offload(self, job: Job, offloader: Offloader) -> None:
+    def _offload(self, job: Job, slot: ModelSlot, offloader: Offloader) -> None:
         with self._stats_lock:
             self.stats.offloaded += 1
-        ctx = dataclasses.replace(self._context(job), local=lambda: self._serve_local(job, fallback=True))
+        ctx = dataclasses.replace(
+            self._context(job, slot), local=lambda: self._serve_local(job, slot, fallback=True)
+        )
         try:
             offloader.offload(job.request, ctx, lambda result: self._reply_offloaded(job, result))
         except Exception as exc:
             log.warning("offload of %s failed, answering with an error: %s", job.request.id, exc)
-            self._fail(job, ErrorCode.INTERNAL, f"offload failed: {exc}")
+            self._fail(job, ErrorCode.INTERNAL, f"offload failed: {exc}", slot)
 
-    def _serve_local(self, job: Job, *, fallback: bool = False, inline: bool = False) -> None:
+    def _serve_local(
+        self, job: Job, slot: ModelSlot, *, fallback: bool = False, inline: bool = False
+    ) -> None:
         """Admit and decode on the edge (`inline`: on this thread). `fallback`: an offload came back
         late or failed — served here on what is left of its deadline."""
         if job.answered:
@@ -413,29 +498,34 @@ class InferenceServer:
             # Computed now it could only be answered DEADLINE_EXCEEDED (never `ok` late): at once.
             late_ms = (self.clock() - job.deadline) * 1000
             why = f"the deadline had passed {late_ms:.0f} ms before the offload was given up"
-            self._fail(job, ErrorCode.DEADLINE_EXCEEDED, why)
+            self._fail(job, ErrorCode.DEADLINE_EXCEEDED, why, slot)
             return
-        if job.deadline is not None and self.cfg.admit_by_deadline and self._engine_ms > 0:
-            floor_s = self.batcher.wait_floor_s(self._engine_ms / 1000)
+        engine = slot.engine
+        if engine is None:  # a fallback after its model was unloaded
+            self._fail(job, ErrorCode.OVERLOADED, f"model {slot.name} is not loaded", slot)
+            return
+        if job.deadline is not None and self.cfg.admit_by_deadline and slot.engine_ms > 0:
+            floor_s = slot.batcher.wait_floor_s(slot.engine_ms / 1000)
             left_s = job.deadline - self.clock()
             if floor_s > 0 and left_s <= floor_s:
                 # Its deadline counts from its sending: time spent upstream is spent here too.
                 ahead_ms = 1000 * floor_s
                 why = f"{1000 * left_s:.0f} ms left, and the batches ahead take at least {ahead_ms:.0f} ms"
-                self._fail(job, ErrorCode.DEADLINE_EXCEEDED, why)
+                self._fail(job, ErrorCode.DEADLINE_EXCEEDED, why, slot)
                 return
-        if not self.batcher.admit():
-            self._fail(job, ErrorCode.OVERLOADED, f"the queue is full ({self.cfg.max_queue_size} requests)")
+        if not slot.batcher.admit():
+            why = f"the queue is full ({self.cfg.max_queue_size} requests)"
+            self._fail(job, ErrorCode.OVERLOADED, why, slot)
             return
         if inline:
             # Decoded here; run here too, unless the provider is bound to the engine threads.
-            self._decode(job, alone=not self.engine.thread_bound)
+            self._decode(job, slot, alone=not engine.thread_bound)
             return
         try:
-            self._decode_pool.submit(self._decode, job)
+            self._decode_pool.submit(self._decode, job, slot)
         except RuntimeError:  # pool shut down: we are stopping
-            self.batcher.release()
-            self._fail(job, ErrorCode.INTERNAL, "the runtime is stopping")
+            slot.batcher.release()
+            self._fail(job, ErrorCode.INTERNAL, "the runtime is stopping", slot)
 
     def self_test(self, n: int = 2, timeout: float = 30.0) -> bool:
         """Push `n` synthetic 640×480 JPEG requests through parse → decode → batcher → engine → reply,
@@ -452,9 +542,9 @@ class InferenceServer:
             payload = Request(f"self-test-{i}", image=bytes(buf)).to_json()
             req = parse_request(payload, max_bytes=self.cfg.max_payload_bytes)
             job = Job(req, ReplyTarget("", "local"), self.clock(), discard=True, on_done=left.release)
-            if not self.batcher.admit():
+            if not self.batcher.admit():  # the default model's
                 return False
-            self._decode_pool.submit(self._decode, job)
+            self._decode_pool.submit(self._decode, job, self.models.default)
         return all(left.acquire(timeout=timeout) for _ in range(n))
 
     def submit_frame(
@@ -490,14 +580,15 @@ class InferenceServer:
 
     # ------------------------------------------------------------------------------------ pipeline
 
-    def _decode(self, job: Job, *, alone: bool = False) -> None:
-        """Decode on this thread, queue, and run the batch here if a lane is free (`alone`: the
-        request arrived at an idle runtime and may have every core)."""
+    def _decode(self, job: Job, slot: ModelSlot, *, alone: bool = False) -> None:
+        """Decode on this thread for `slot`'s model, queue, and run the batch here if a lane is free
+        (`alone`: the request arrived at an idle runtime and may have every core)."""
+        batcher = slot.batcher
         try:
             job.decode_start = self.clock()
             if job.deadline is not None and job.decode_start >= job.deadline:
-                self.batcher.release()
-                self._fail(job, ErrorCode.DEADLINE_EXCEEDED, "deadline passed before decode")
+                batcher.release()
+                self._fail(job, ErrorCode.DEADLINE_EXCEEDED, "deadline passed before decode", slot)
                 return
             if job.head is not None:
                 head, job.head = job.head, None
@@ -505,7 +596,9 @@ class InferenceServer:
             data = job.request.image
             if data is None:
                 data = self._read_path(job.request.image_path or "")
-            engine = self.engine
+            engine = slot.engine
+            if engine is None:  # admitted to its batcher, it is not unloaded: only a bug gets here
+                raise RuntimeError(f"model {slot.name} is not loaded")
             limits = {
                 "max_pixels": self.cfg.max_image_pixels,
                 "min_side": self.cfg.min_image_side,
@@ -517,31 +610,34 @@ class InferenceServer:
                 job.image = decode_image(data, engine.input_size, **limits)
             job.decode_end = self.clock()
         except DecodeError as exc:
-            self.batcher.release()
-            self._fail(job, ErrorCode.BAD_IMAGE, str(exc))
+            batcher.release()
+            self._fail(job, ErrorCode.BAD_IMAGE, str(exc), slot)
             return
         except MessageError as exc:
-            self.batcher.release()
-            self._fail(job, exc.code, exc.message)
+            batcher.release()
+            self._fail(job, exc.code, exc.message, slot)
             return
         except Exception as exc:
             log.exception("decode of %s failed", job.request.id)
-            self.batcher.release()
-            self._fail(job, ErrorCode.INTERNAL, f"decode failed: {exc}")
+            batcher.release()
+            self._fail(job, ErrorCode.INTERNAL, f"decode failed: {exc}", slot)
             return
-        poll = self.batcher.put_take(job, job.deadline, alone=alone)
+        poll = batcher.put_take(job, job.deadline, alone=alone)
         if poll is None:
-            self._fail(job, ErrorCode.INTERNAL, "the runtime is stopping")
+            self._fail(job, ErrorCode.INTERNAL, "the runtime is stopping", slot)
             return
         # When the batcher handed this thread the batch (`alone` at an idle runtime), it runs and
         # answers it here; otherwise the poll is empty and an engine thread takes it.
-        self._run_poll(poll, inline_replies=True)
+        self._run_poll(slot, poll, inline_replies=True)
 
-    def _engine_loop(self, ready: threading.Event | None = None) -> None:
+    def _engine_loop(self, slot: ModelSlot, ready: threading.Event | None = None) -> None:
+        """One engine thread of `slot`'s model, until the runtime stops or the model is unloaded."""
         failed: Engine | None = None  # an engine whose warm-up failed here is not tried again
         try:
             while self._running:
-                engine = self.engine
+                engine = slot.engine
+                if engine is None:
+                    return
                 if engine.thread_bound and engine is not failed:  # at start, and after a swap
                     try:
                         engine.warm_thread()
@@ -551,31 +647,31 @@ class InferenceServer:
                 if ready is not None:
                     ready.set()
                     ready = None
-                self._run_poll(self.batcher.get(timeout=0.1))
+                self._run_poll(slot, slot.batcher.get(timeout=0.1))
         finally:
             if ready is not None:  # stopped before it began
                 ready.set()
 
-    def _run_poll(self, poll: BatchPoll[Job], *, inline_replies: bool = False) -> None:
+    def _run_poll(self, slot: ModelSlot, poll: BatchPoll[Job], *, inline_replies: bool = False) -> None:
         """Answer what expired, run the batch; whatever goes wrong, every job gets its one answer and
         the batch's lanes are given back (a lane kept would stop the engine for good)."""
         try:
             for item in poll.expired:
-                self._fail(item.item, ErrorCode.DEADLINE_EXCEEDED, "deadline passed while queued")
+                self._fail(item.item, ErrorCode.DEADLINE_EXCEEDED, "deadline passed while queued", slot)
             for item in poll.doomed:
-                self._fail(item.item, ErrorCode.DEADLINE_EXCEEDED, self._doomed_why(item, poll))
+                self._fail(item.item, ErrorCode.DEADLINE_EXCEEDED, self._doomed_why(item, poll), slot)
             if poll.batch:
-                self._run_batch(poll.batch, inline_replies=inline_replies, lane=not poll.alone)
+                self._run_batch(slot, poll.batch, inline_replies=inline_replies, lane=not poll.alone)
         except Exception:
             log.exception("a batch of %d failed after inference", len(poll.batch))
             for q in [*poll.expired, *poll.doomed, *poll.batch]:
                 try:
-                    self._fail(q.item, ErrorCode.INTERNAL, "internal error")  # no-op if answered
+                    self._fail(q.item, ErrorCode.INTERNAL, "internal error", slot)  # no-op if answered
                 except Exception:
                     log.exception("answering %s failed", q.item.request.id)
         finally:
             if poll.batch:
-                self.batcher.done(poll.slots)
+                slot.batcher.done(poll.slots)
 
     def _doomed_why(self, item: Queued[Job], poll: BatchPoll[Job]) -> str:
         left_ms = 0.0 if item.deadline is None else (item.deadline - self.clock()) * 1000
@@ -583,11 +679,13 @@ class InferenceServer:
         return f"{left_ms:.0f} ms left, and a batch of {size} takes about {poll.run_s * 1000:.0f} ms"
 
     def _run_batch(
-        self, batch: list[Queued[Job]], *, inline_replies: bool = False, lane: bool = False
+        self, slot: ModelSlot, batch: list[Queued[Job]], *, inline_replies: bool = False, lane: bool = False
     ) -> None:
         jobs = [q.item for q in batch]
-        with self._engine_lock:
-            engine = self.engine
+        with slot.engine_lock:
+            engine = slot.engine
+        if engine is None:  # admitted to its batcher, it is not unloaded: only a bug gets here
+            raise RuntimeError(f"model {slot.name} is not loaded")
         with _policy_guard("on_batch_start"):
             self.placement.on_batch_start(len(jobs))
         start = self.clock()
@@ -601,21 +699,21 @@ class InferenceServer:
         except Exception as exc:
             log.exception("inference on a batch of %d failed", len(jobs))
             for j in jobs:
-                self._fail(j, ErrorCode.INTERNAL, f"inference failed: {exc}")
+                self._fail(j, ErrorCode.INTERNAL, f"inference failed: {exc}", slot)
             return
         end = self.clock()
         n = len(jobs)
         if not all(j.discard for j in jobs):
             self.timings.execution(n)
         ms = (end - start) * 1000
-        self.batcher.observe_run(n, end - start, alone=not lane)
+        slot.batcher.observe_run(n, end - start, alone=not lane)
         with _policy_guard("on_batch_end"):
             self.placement.on_batch_end(n, ms)
         with self._stats_lock:
             self.stats.batches.append(n)
             del self.stats.batches[:-1000]
-            self._engine_ms = ms if not self._engine_ms else 0.8 * self._engine_ms + 0.2 * ms
-            self._mean_batch = n if not self._mean_batch else 0.8 * self._mean_batch + 0.2 * n
+            slot.engine_ms = ms if not slot.engine_ms else 0.8 * slot.engine_ms + 0.2 * ms
+            slot.mean_batch = n if not slot.mean_batch else 0.8 * slot.mean_batch + 0.2 * n
         for j, row in zip(jobs, probs, strict=True):
             req = j.request
             preds = [] if engine.detector else engine.top_k(row, req.top_k)
@@ -668,9 +766,12 @@ class InferenceServer:
 
     # -------------------------------------------------------------------------------------- answers
 
-    def _fail(self, job: Job, code: ErrorCode, message: str) -> None:
-        engine = self.engine
-        self.answers.fail(job, code, message, model=engine.model_ref, provider=engine.provider)
+    def _fail(self, job: Job, code: ErrorCode, message: str, slot: ModelSlot | None = None) -> None:
+        """Answer `job` with an error that names its model (`slot`; the default when not known)."""
+        slot = slot or self.models.default
+        engine = slot.engine
+        provider = None if engine is None else engine.provider
+        self.answers.fail(job, code, message, model=slot.model_ref, provider=provider)
 
     def _reply_offloaded(self, job: Job, result: Result) -> None:
         if result.id is None:
@@ -690,25 +791,26 @@ class InferenceServer:
             log.exception("placement cascade failed; answering %s from the edge", job.request.id)
             return False
 
-    def _decide(self, job: Job) -> Decision:
+    def _decide(self, job: Job, slot: ModelSlot) -> Decision:
         try:
-            return self.placement.decide(job.request, self._context(job))
+            return self.placement.decide(job.request, self._context(job, slot))
         except Exception:
             log.exception("placement policy failed; running %s on the edge", job.request.id)
             return Decision()
 
-    def _context(self, job: Job) -> PlacementContext:
+    def _context(self, job: Job, slot: ModelSlot) -> PlacementContext:
+        engine = slot.engine
         return PlacementContext(
             thing=self.thing,
             target=job.reply.bus,
-            queue_depth=self.batcher.depth,
-            outstanding=self.batcher.outstanding,
-            max_queue_size=self.batcher.max_queue_size,
-            max_batch_size=self.batcher.max_batch_size,
-            engine_ms_per_batch=self._engine_ms,
-            mean_batch_size=self._mean_batch,
+            queue_depth=slot.batcher.depth,
+            outstanding=slot.batcher.outstanding,
+            max_queue_size=slot.batcher.max_queue_size,
+            max_batch_size=slot.batcher.max_batch_size,
+            engine_ms_per_batch=slot.engine_ms,
+            mean_batch_size=slot.mean_batch,
             deadline_left_ms=None if job.deadline is None else (job.deadline - self.clock()) * 1000,
-            provider=self.engine.provider,
+            provider=self.engine.provider if engine is None else engine.provider,
             age_ms=self._age_ms(job.request),
         )
 
@@ -753,3 +855,43 @@ class _PlacementFeedback(AnswerHook):
     def on_answer(self, job: Job, computed: Result, answered: Result) -> None:
         with _policy_guard("on_result"):
             self.server.placement.on_result(job.request.id, computed)
+
+
+class _ModelEvents(RepositoryHooks):
+    """The server's side of the model repository's loader (run on the loader thread)."""
+
+    def __init__(self, server: InferenceServer) -> None:
+        self.server = server
+
+    def on_loaded(self, slot: ModelSlot, waiting: list[Waiting]) -> None:
+        engine = slot.engine
+        if engine is not None:
+            warm_up_decoder(engine.input_size, engine.detail)
+        self.server._engine_ready(slot)
+        for w in waiting:
+            try:
+                self.server._resume(w.job, slot)
+            except Exception:
+                log.exception("serving %s after its model's load failed", w.job.request.id)
+                self.server._fail(w.job, ErrorCode.INTERNAL, "internal error", slot)
+
+    def on_unloaded(self, slot: ModelSlot, engine: Engine) -> None:
+        for t in slot.threads:  # they see the model unloaded within their next poll
+            t.join(timeout=10)
+        slot.threads = [t for t in slot.threads if t.is_alive()]
+
+    def on_waited_out(self, slot: ModelSlot, waiting: list[Waiting]) -> None:
+        for w in waiting:
+            if w.deadline:
+                self.server._fail(
+                    w.job,
+                    ErrorCode.DEADLINE_EXCEEDED,
+                    f"deadline passed while model {slot.name} was loading",
+                    slot,
+                )
+            else:
+                self.server._fail(w.job, ErrorCode.OVERLOADED, f"model {slot.name} is loading", slot)
+
+    def on_load_failed(self, slot: ModelSlot, waiting: list[Waiting], error: str) -> None:
+        for w in waiting:
+            self.server._fail(w.job, ErrorCode.INTERNAL, f"model {slot.name} did not load: {error}", slot)

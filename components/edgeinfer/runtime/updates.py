@@ -166,10 +166,11 @@ def _answering(updates: ComponentUpdates, policy: DeferPolicy, on_post: Callable
     return on_event
 
 
-def store_pointer(work_dir: str) -> Path:
-    """Where the ModelStore's install step writes its artifact folder, from this component's work
-    folder (both are `{kernel:rootPath}/work/<component>`; lite's paths end in `/`)."""
-    return Path(os.path.normpath(work_dir)).parent / STORE / POINTER
+def store_pointer(work_dir: str, component: str = STORE) -> Path:
+    """Where a model component's install step (the ModelStore's, or another model's built the same
+    way) writes its artifact folder, from this component's work folder (both are
+    `{kernel:rootPath}/work/<component>`; lite's paths end in `/`)."""
+    return Path(os.path.normpath(work_dir)).parent / component / POINTER
 
 
 def _folder(text: str) -> str:
