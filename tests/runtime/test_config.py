@@ -188,3 +188,35 @@ def _lower_keys(node: object, depth: int = 0) -> object:
     if isinstance(node, list):
         return [_lower_keys(v, depth + 1) for v in node]
     return node
+
+
+def test_models_read_on_either_nucleus_with_their_refusals() -> None:
+    from edgeinfer.runtime.config import ModelEntry
+
+    doc = default_recipe_configuration()
+    assert doc["models"] == []
+    assert doc["maxLoadedModels"] == 0
+    doc.update(
+        models=[{"dir": "/stores/a"}, {"component": "com.example.Detector", "pinned": True, "preload": True}],
+        maxLoadedModels=2,
+    )
+    classic = RuntimeConfig.from_recipe(doc)
+    assert classic.models == [
+        ModelEntry(dir="/stores/a"),
+        ModelEntry(component="com.example.Detector", pinned=True, preload=True),
+    ]
+    assert RuntimeConfig.from_recipe(lite_typed(doc)) == classic
+    for models, more, reason in (
+        ([{"dir": "/a", "component": "c"}], {}, "models[0]: give exactly one of dir and component"),
+        ([{}], {}, "models[0]: give exactly one of dir and component"),
+        ([{"dir": "relative"}], {}, "models[0].dir: 'relative' must be an absolute path"),
+        (
+            [{"dir": "/a"}, {"dir": "/b", "pinned": True}],
+            {"maxLoadedModels": 1},
+            "maxLoadedModels: is below the 2 models always loaded (the first and pinned)",
+        ),
+    ):
+        with pytest.raises(ConfigError) as err:
+            RuntimeConfig.from_recipe(dict(doc, models=models, **more))
+        assert err.value.reasons == reason
+    assert not engine_keys_changed(classic, dataclasses.replace(classic, models=[], max_loaded_models=0))

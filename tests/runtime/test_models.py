@@ -166,7 +166,7 @@ def test_an_unknown_model_is_refused_naming_every_model_served(
     assert comp.server.models.slots[1].engine is None  # refused, nothing loaded for it
 
 
-def test_the_one_store_path_refuses_as_before(tiny_store: Path, tmp_path: Path) -> None:
+def test_the_one_store_path_refuses_as_before() -> None:
     from edgeinfer.runtime.inbound import model_refusal
 
     assert model_refusal("x", ["tiny"]) == "unknown model 'x': this runtime serves 'tiny'"
@@ -386,6 +386,26 @@ def test_a_new_version_of_one_model_component_swaps_that_model_only(
     assert alpha.engine is before_alpha  # the other model's engine untouched
     assert ask(bus, "b2", model="beta").model.version == "0.0.2"  # type: ignore[union-attr]
     assert ask(bus, "a", model="alpha").model.version == "0.0.1"  # type: ignore[union-attr]
+
+
+def test_a_model_component_deployed_after_the_start_is_served_once_it_is_there(
+    stores: dict[str, Path], tmp_path: Path, running: list[Component]
+) -> None:
+    comp, bus = component(tmp_path, [{"dir": str(stores["alpha"])}, {"component": "com.example.Late"}])
+    start(comp, running)
+    refused = ask(bus, "early", model="beta")
+    assert refused.error is not None
+    assert refused.error.message == "unknown model 'beta': this runtime serves 'alpha'"
+    (watcher,) = comp.model_watchers
+    watcher.pointer.parent.mkdir(parents=True)
+    watcher.pointer.write_text(f"{stores['beta']}\n")
+    assert watcher.check()
+    assert comp.server.models.names() == ["alpha", "beta"]
+    assert ask(bus, "late", model="beta").status == "ok"
+    v2 = named_store(tmp_path / "beta-v2", "beta", "0.0.2")
+    watcher.pointer.write_text(f"{v2}\n")
+    assert watcher.check()  # from now on its new versions, as any model component's
+    assert ask(bus, "v2", model="beta").model.version == "0.0.2"  # type: ignore[union-attr]
 
 
 # ------------------------------------------------------------------------------------ configuration

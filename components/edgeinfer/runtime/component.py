@@ -34,7 +34,7 @@ from edgeinfer.transport import Bus, Message, Subscription
 
 if TYPE_CHECKING:  # imported where used: `main` answers a bad command line before numpy is loaded
     from edgeinfer.capture.hook import CaptureHook
-    from edgeinfer.runtime.config import RuntimeConfig
+    from edgeinfer.runtime.config import ModelEntry, RuntimeConfig
     from edgeinfer.runtime.engine import Engine
     from edgeinfer.runtime.models import ModelRepository, ModelSlot
     from edgeinfer.runtime.server import InferenceServer
@@ -194,7 +194,7 @@ class Component:
                 raise ConfigError(COMPONENT, [("models[0]", read[0])])
             for problem in read:
                 if isinstance(problem, str):
-                    log.error("%s: not served", problem)
+                    log.warning("%s: not served (a model component is, once it is there)", problem)
             sources = [source for source in read if not isinstance(source, str)]
         else:
             folder = self.model_dir(cfg)
@@ -428,11 +428,13 @@ class Component:
         )
 
         if self.cfg.models:
-            for slot in self.server.models.slots:
-                if slot.source.component:
-                    pointer = store_pointer(self.work_dir, slot.source.component)
-                    on_change = functools.partial(self._model_changed, slot)
-                    self.model_watchers.append(StoreWatcher(pointer, slot.source.folder, on_change).start())
+            for entry in self.cfg.models:
+                if entry.component:
+                    pointer = store_pointer(self.work_dir, entry.component)
+                    slot = self._slot_of(entry.component)
+                    current = slot.source.folder if slot is not None else ""
+                    on_change = functools.partial(self._component_changed, entry)
+                    self.model_watchers.append(StoreWatcher(pointer, current, on_change).start())
         else:
             pointer = store_pointer(self.work_dir)
             current = os.path.normpath(self.args.model_dir) if self.args.model_dir else ""
@@ -445,6 +447,34 @@ class Component:
                 watcher.poke()
 
         self.updates = follow_component_updates(self.bus, DeferPolicy(self.server.inflight), poke, COMPONENT)
+
+    def _slot_of(self, component: str) -> ModelSlot | None:
+        return next((s for s in self.server.models.slots if s.source.component == component), None)
+
+    def _component_changed(self, entry: ModelEntry, folder: str) -> None:
+        """A model component's `artifacts-path` names a new folder: its new version, or the model
+        itself when it was deployed after the runtime started (served from now on)."""
+        from edgeinfer.runtime.models import ModelSource, read_source
+
+        slot = self._slot_of(entry.component)
+        if slot is not None:
+            self._model_changed(slot, folder)
+            return
+        with self._lock:
+            source = read_source(entry, folder, self.server.models.names())
+            if not isinstance(source, ModelSource):
+                log.error("%s: not served", source)
+                return
+            slot = self.server.add_model(source)
+            if entry.preload or entry.pinned:
+                self.server.models.load(slot)
+            log.info(
+                "model %s %s from %s served from now on (%s)",
+                slot.name,
+                source.version,
+                entry.component,
+                folder,
+            )
 
     def _model_changed(self, slot: ModelSlot, folder: str) -> None:
         """A new version of one model component (`models`): that model alone on a new engine, built

@@ -46,6 +46,7 @@ __all__ = [
     "ModelSource",
     "RepositoryHooks",
     "Waiting",
+    "read_source",
     "read_sources",
 ]
 
@@ -199,6 +200,14 @@ class ModelRepository:
             if slot.name == model:
                 return slot
         return next((s for s in self.slots if s.matches(model)), None)
+
+    def add(self, slot: ModelSlot) -> None:
+        """Serve one more model (a model component deployed after the start). ValueError when its
+        name is one served already."""
+        with self._cond:
+            if any(s.name == slot.name for s in self.slots):
+                raise ValueError(f"a model named {slot.name!r} is served already")
+            self.slots.append(slot)
 
     def loaded(self) -> list[ModelSlot]:
         return [s for s in self.slots if s.engine is not None]
@@ -400,7 +409,6 @@ def read_sources(entries: Sequence[ModelEntry], work_dir: str) -> list[ModelSour
     """Each configured model's store, named by its manifest (a `dir` as given, a `component` by the
     `artifacts-path` its install step wrote beside this component's work folder), or in its place
     why it cannot be served (no store there, a name an earlier store has)."""
-    from edgeinfer.model.manifest import Manifest
     from edgeinfer.runtime.updates import read_pointer, store_pointer
 
     out: list[ModelSource | str] = []
@@ -412,22 +420,27 @@ def read_sources(entries: Sequence[ModelEntry], work_dir: str) -> list[ModelSour
             if not folder:
                 out.append(f"model component {entry.component}: no store at {pointer}")
                 continue
-        try:
-            manifest = Manifest.load(folder)
-        except Exception as exc:
-            out.append(f"model store {folder}: {exc}")
-            continue
-        if any(isinstance(s, ModelSource) and s.name == manifest.name for s in out):
-            out.append(f"model store {folder}: the name {manifest.name!r} is an earlier store's")
-            continue
-        out.append(
-            ModelSource(
-                manifest.name,
-                folder,
-                version=manifest.version,
-                component=entry.component,
-                pinned=entry.pinned,
-                preload=entry.preload,
-            )
-        )
+        taken = [s.name for s in out if isinstance(s, ModelSource)]
+        out.append(read_source(entry, folder, taken))
     return out
+
+
+def read_source(entry: ModelEntry, folder: str, taken: Sequence[str]) -> ModelSource | str:
+    """`entry`'s store in `folder`, named by its manifest, or why it cannot be served (`taken`: the
+    names of the stores before it)."""
+    from edgeinfer.model.manifest import Manifest
+
+    try:
+        manifest = Manifest.load(folder)
+    except Exception as exc:
+        return f"model store {folder}: {exc}"
+    if manifest.name in taken:
+        return f"model store {folder}: the name {manifest.name!r} is an earlier store's"
+    return ModelSource(
+        manifest.name,
+        folder,
+        version=manifest.version,
+        component=entry.component,
+        pinned=entry.pinned,
+        preload=entry.preload,
+    )

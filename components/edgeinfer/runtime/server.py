@@ -328,6 +328,14 @@ class InferenceServer:
         self.timings.enabled = cfg.timings.enabled
         self.answers.result_format = cfg.result_format
 
+    def add_model(self, source: ModelSource) -> ModelSlot:
+        """Serve a model found after the start (a model component deployed later), loaded when first
+        asked for. ValueError when its name is served already."""
+        slot = ModelSlot(source)
+        slot.batcher = self._new_batcher(self.cfg, None)
+        self.models.add(slot)
+        return slot
+
     def swap_engine(self, engine: Engine) -> None:
         """Put a new, warmed-up engine in place of the default model's (see `swap_model`)."""
         self.swap_model(self.models.default, engine)
