@@ -113,3 +113,24 @@ def test_router_process_serves_and_stops_cleanly(tiny_store: Path, broker: Mosqu
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert "router: answered" in err
+
+
+def test_each_iot_core_connection_asks_for_the_pacings_receive_maximum(
+    tiny_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from awsiot import mqtt5_client_builder
+
+    asked: list[dict[str, object]] = []
+
+    def refuse(**kwargs: object) -> None:
+        asked.append(kwargs)
+        raise RuntimeError("no network in tests")
+
+    monkeypatch.setattr(mqtt5_client_builder, "mtls_from_path", refuse)
+    for name in ("c.pem", "k.pem"):
+        (tmp_path / name).write_text("-")
+    argv = ["cloud", "router", "--endpoint", "example-ats.iot.eu-west-1.amazonaws.com", "--model-dir"]
+    argv += [str(tiny_store), "--cert", str(tmp_path / "c.pem"), "--key", str(tmp_path / "k.pem")]
+    assert main([*argv, "--connections", "3", "--client-id", "r", "--receive-maximum", "2"]) == 2
+    assert "cannot set up TLS" in capsys.readouterr().err
+    assert [(a["client_id"], a["receive_maximum"]) for a in asked] == [("r-0", 2)]  # the first refused: stop
