@@ -68,7 +68,10 @@ def register(subparsers: Any) -> None:
     )
     pacing = p.add_argument_group("pacing (per connection, each way; docs/router.md)")
     pacing.add_argument(
-        "--no-pacing", action="store_true", help="no pacing (a local broker without IoT Core's limits)"
+        "--pacing",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="auto (default): on with --endpoint (IoT Core's limits), off with --broker (a local broker)",
     )
     pacing.add_argument(
         "--pacing-scale",
@@ -180,10 +183,10 @@ def _connect_one(args: argparse.Namespace, client_id: str, receive_maximum: int 
 
 
 def _pacing(args: argparse.Namespace) -> Any:
-    """The per-connection `PacingConfig` the flags ask for (None: --no-pacing)."""
+    """The per-connection `PacingConfig` the flags ask for (None: unpaced)."""
     from edgeinfer_cloud.router.pacer import PacingConfig
 
-    if args.no_pacing:
+    if args.pacing == "off" or (args.pacing == "auto" and not args.endpoint):
         return None
     try:
         pacing = PacingConfig().scaled(args.pacing_scale, args.receive_maximum)

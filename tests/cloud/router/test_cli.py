@@ -41,7 +41,7 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: object) -> None:
         (["--connections", "0"], "--connections must be at least 1"),
         (["--metrics-every", "0"], "--metrics-every must be a positive number of seconds"),
         (["--pacing-scale", "2"], "--pacing-scale must be in (0, 1]"),
-        (["--receive-maximum", "101"], "pacing: receive maximum must be 1..100"),
+        (["--pacing", "on", "--receive-maximum", "101"], "pacing: receive maximum must be 1..100"),
         (["--sagemaker-endpoint", "foo", "--region", "bad region"], "not an AWS region: 'bad region'"),
     ],
 )

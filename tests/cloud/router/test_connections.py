@@ -137,7 +137,7 @@ def test_a_router_with_several_connections_stays_within_each_connections_limits(
             "--broker", f"{logged_broker.host}:{logged_broker.port}",
             "--model-dir", str(tiny_store), "--threads", "1",
             "--connections", str(CONNECTIONS), "--client-id", ROUTER,
-            "--pacing-scale", str(SCALE), "--receive-maximum", str(RECEIVE_MAXIMUM),
+            "--pacing", "on", "--pacing-scale", str(SCALE), "--receive-maximum", str(RECEIVE_MAXIMUM),
         ],
         stderr=subprocess.PIPE,
         text=True,
