@@ -68,12 +68,6 @@ class TokenBucket:
         self._tokens = min(self.capacity, self._tokens + (now - self._stamp) * self.rate)
         self._stamp = now
 
-    def wait_time(self, n: float) -> float:
-        """Seconds until `take(n)` would pass (0: now)."""
-        with self._lock:
-            self._refill()
-            return self._shortfall(n) / self.rate
-
     def _shortfall(self, n: float) -> float:
         return max(0.0, min(n, self.capacity) - self._tokens)
 
@@ -165,7 +159,3 @@ class Pacer:
             self.total_bytes += size
             self.waited_s += waited
             return waited
-
-    def backlog_s(self, size: int) -> float:
-        """How long a message of `size` bytes would wait now (an estimate: others may be waiting)."""
-        return max(self.count.wait_time(1), self.bytes.wait_time(size))
