@@ -323,4 +323,12 @@ def run(args: argparse.Namespace) -> int:
             f"router: answered {stats['answered']} ({stats['ok']} ok, errors {stats['errors'] or 'none'})",
             file=sys.stderr,
         )
+        for name, conn in stats["connections"].items():
+            if conn:  # paced: what each connection carried, and how long its pacers held it
+                paced_s = conn["in_waited_s"] + conn["out_waited_s"]
+                print(
+                    f"router: connection {name}: {conn['in_messages']:.0f} in, "
+                    f"{conn['out_messages']:.0f} out, paced {paced_s:.1f} s",
+                    file=sys.stderr,
+                )
     return 0

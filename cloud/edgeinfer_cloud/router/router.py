@@ -581,6 +581,7 @@ class Router:
                 "errors": dict(self.errors),
                 "queued": self._queue.qsize(),
                 "mean_batch": sum(batches) / len(batches) if batches else 0.0,
+                "connections": {c.name: c.stats() for c in self.connections},
             }
 
 

@@ -158,6 +158,7 @@ def test_a_router_with_several_connections_stays_within_each_connections_limits(
         for d in devices:
             d.client.close()
     assert router.returncode == 0, err
+    assert sum(f"router: connection {i}: " in err for i in range(CONNECTIONS)) == CONNECTIONS
     for k, d in enumerate(devices):
         assert d.answers == Counter({f"o{i}": 1 for i in range(k, n, len(devices))})  # each once
     assert sum((d.codes for d in devices), Counter()) == Counter(ok=n)
