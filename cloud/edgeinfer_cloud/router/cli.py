@@ -107,6 +107,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--cloudwatch", action="store_true", help="publish metrics to CloudWatch")
     p.add_argument("--namespace", default="edgeinfer/router", help="CloudWatch namespace")
     p.add_argument(
+        "--fleet",
+        metavar="NAME",
+        help="the Fleet dimension of BusyShare and Backlog, the signal to scale on (default: --group)",
+    )
+    p.add_argument(
         "--metrics-every",
         type=float,
         default=60.0,
@@ -279,7 +284,9 @@ def run(args: argparse.Namespace) -> int:
         if args.cloudwatch:
             from edgeinfer_cloud.router.metrics import CloudWatchMetrics
 
-            metrics = CloudWatchMetrics(namespace=args.namespace, router=args.group, region_name=args.region)
+            metrics = CloudWatchMetrics(
+                namespace=args.namespace, router=args.group, fleet=args.fleet, region_name=args.region
+            )
     clients = _connect(args, pacing)
     pubsub = clients[0]
     config = RouterConfig(

@@ -5,10 +5,11 @@ as CloudWatch statistic sets (SampleCount / Sum / Minimum / Maximum, millisecond
 makes a handful of API calls a minute instead of one per request. Failures to publish are logged and
 the data dropped: metrics never stop the router.
 
-The signal to scale on (`record_load`), per flush and with the `Router` dimension only, so that every
-router of a group writes the same metric and CloudWatch aggregates them: `BusyShare` (Percent, the
-share of the time the backend computed: its Average over the routers is the target to track) and
-`Backlog` (Count, requests waiting: its Sum says how far behind the group is).
+The signal to scale on (`record_load`), per flush and with the one dimension `Fleet` (the fleet's
+name; default the router group) and no other, so that every router of a fleet writes the same metric
+and CloudWatch aggregates them: `BusyShare` (Percent, the share of the time the backend computed: its
+Average over the routers is the target to track) and `Backlog` (Count, requests waiting). The fleet
+template (`edgeinfer_cloud.fleet`, docs/fleet.md) scales and alarms on exactly these.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class CloudWatchMetrics:
         *,
         namespace: str = "edgeinfer/router",
         router: str = "edgeinfer-router",
+        fleet: str | None = None,
         region_name: str | None = None,
         now: Callable[[], _dt.datetime] = lambda: _dt.datetime.now(_dt.timezone.utc),
     ) -> None:
@@ -58,6 +60,7 @@ class CloudWatchMetrics:
         self.client = client
         self.namespace = namespace
         self.router = router
+        self.fleet = fleet or router
         self.now = now
         self._lock = threading.Lock()
         self._requests: dict[str, int] = {}
@@ -94,19 +97,19 @@ class CloudWatchMetrics:
 
         data: list[dict[str, Any]] = []
         if load is not None:
-            router = [{"Name": "Router", "Value": self.router}]
+            fleet = [{"Name": "Fleet", "Value": self.fleet}]
             busy, backlog = load
             data += [
                 {
                     "MetricName": "BusyShare",
-                    "Dimensions": router,
+                    "Dimensions": fleet,
                     "Timestamp": stamp,
                     "Value": round(100 * busy, 2),
                     "Unit": "Percent",
                 },
                 {
                     "MetricName": "Backlog",
-                    "Dimensions": router,
+                    "Dimensions": fleet,
                     "Timestamp": stamp,
                     "Value": backlog,
                     "Unit": "Count",

@@ -15,22 +15,24 @@ from tests.helpers.router import FakeBackend
 from tests.helpers.wait import wait_for
 
 
-def test_load_goes_out_with_the_router_dimension_only() -> None:
+def test_load_goes_out_with_the_fleet_dimension_only() -> None:
     client = boto3.client("cloudwatch", region_name="eu-west-1")
     stamp = dt.datetime(2026, 12, 3, tzinfo=dt.timezone.utc)
-    metrics = CloudWatchMetrics(client, namespace="edgeinfer/test", router="grp", now=lambda: stamp)
+    metrics = CloudWatchMetrics(
+        client, namespace="edgeinfer/test", router="grp", fleet="f1", now=lambda: stamp
+    )
     metrics.record_load(0.5, 3)
     metrics.record_load(0.755, 7)  # the newest reading wins
-    router = [{"Name": "Router", "Value": "grp"}]
+    fleet = [{"Name": "Fleet", "Value": "f1"}]  # what the fleet template scales on
     expected = [
         {
             "MetricName": "BusyShare",
-            "Dimensions": router,
+            "Dimensions": fleet,
             "Timestamp": stamp,
             "Value": 75.5,
             "Unit": "Percent",
         },
-        {"MetricName": "Backlog", "Dimensions": router, "Timestamp": stamp, "Value": 7, "Unit": "Count"},
+        {"MetricName": "Backlog", "Dimensions": fleet, "Timestamp": stamp, "Value": 7, "Unit": "Count"},
     ]
     with Stubber(client) as stub:
         stub.add_response("put_metric_data", {}, {"Namespace": "edgeinfer/test", "MetricData": expected})
@@ -59,5 +61,6 @@ def test_a_router_with_metrics_publishes_its_load_on_the_interval() -> None:
             assert wait_for(lambda: len(calls) >= 2)
         finally:
             r.stop()
-    names = {d["MetricName"] for call in calls for d in call["MetricData"]}
-    assert {"BusyShare", "Backlog"} <= names
+    load = [d for call in calls for d in call["MetricData"] if d["MetricName"] in ("BusyShare", "Backlog")]
+    assert {d["MetricName"] for d in load} == {"BusyShare", "Backlog"}
+    assert all(d["Dimensions"] == [{"Name": "Fleet", "Value": "grp"}] for d in load)  # default: the group
