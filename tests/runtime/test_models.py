@@ -408,6 +408,23 @@ def test_a_model_component_deployed_after_the_start_is_served_once_it_is_there(
     assert ask(bus, "v2", model="beta").model.version == "0.0.2"  # type: ignore[union-attr]
 
 
+def test_a_configuration_update_serves_the_models_added_and_takes_pinned_live(
+    stores: dict[str, Path], tmp_path: Path, running: list[Component]
+) -> None:
+    models: list[dict[str, Any]] = [{"dir": str(stores["alpha"])}, {"dir": str(stores["beta"])}]
+    comp, bus = component(tmp_path, models)
+    start(comp, running)
+    before = comp.server.models.default.engine
+    more = [{**models[0]}, {**models[1], "pinned": True}, {"dir": str(stores["gamma"]), "preload": True}]
+    assert bus.propose_configuration(dict(bus.config, models=more)) is None
+    eventually(lambda: comp.server.models.names() == ["alpha", "beta", "gamma"], what="gamma served")
+    beta, gamma = comp.server.models.slots[1:]
+    assert beta.source.pinned
+    eventually(lambda: gamma.engine is not None, what="gamma preloaded")
+    assert ask(bus, "g", model="gamma").status == "ok"
+    assert comp.server.models.default.engine is before  # no engine key changed: the default untouched
+
+
 # ------------------------------------------------------------------------------------ configuration
 
 

@@ -372,7 +372,7 @@ class Component:
                 return
             log.info("configuration changed: %s", ", ".join(sorted(changed)))
             if "models" in changed:
-                log.warning("models changed: the models served now are kept until the runtime restarts")
+                self._models_changed(self.cfg, cfg)
             engine: Engine | None = None
             if engine_keys_changed(self.cfg, cfg):
                 try:
@@ -430,23 +430,73 @@ class Component:
         if self.cfg.models:
             for entry in self.cfg.models:
                 if entry.component:
-                    pointer = store_pointer(self.work_dir, entry.component)
-                    slot = self._slot_of(entry.component)
-                    current = slot.source.folder if slot is not None else ""
-                    on_change = functools.partial(self._component_changed, entry)
-                    self.model_watchers.append(StoreWatcher(pointer, current, on_change).start())
+                    self._watch_component(entry)
         else:
             pointer = store_pointer(self.work_dir)
             current = os.path.normpath(self.args.model_dir) if self.args.model_dir else ""
             if current and read_pointer(pointer) == current:
                 self.store_watcher = StoreWatcher(pointer, current, self._store_changed).start()
-        watchers = [w for w in (self.store_watcher, *self.model_watchers) if w is not None]
 
         def poke() -> None:
-            for watcher in watchers:
-                watcher.poke()
+            for watcher in [self.store_watcher, *self.model_watchers]:
+                if watcher is not None:
+                    watcher.poke()
 
         self.updates = follow_component_updates(self.bus, DeferPolicy(self.server.inflight), poke, COMPONENT)
+
+    def _watch_component(self, entry: ModelEntry) -> None:
+        """Follow a model component's `artifacts-path`: its new versions, or its first one when it
+        is not there yet."""
+        from edgeinfer.runtime.updates import StoreWatcher, store_pointer
+
+        pointer = store_pointer(self.work_dir, entry.component)
+        slot = self._slot_of(entry.component)
+        current = slot.source.folder if slot is not None else ""
+        on_change = functools.partial(self._component_changed, entry)
+        self.model_watchers.append(StoreWatcher(pointer, current, on_change).start())
+
+    def _models_changed(self, old: RuntimeConfig, new: RuntimeConfig) -> None:
+        """Live, a change of `models` serves the entries added and takes each served one's `pinned`
+        and `preload`; what was removed or moved stays as it is until the runtime restarts."""
+        if not old.models or not new.models:
+            log.warning("models: from one store to several or back takes effect when the runtime restarts")
+            return
+        before = [(e.dir, e.component) for e in old.models]
+        after = [(e.dir, e.component) for e in new.models]
+        if [k for k in after if k in before] != before:
+            log.warning("models: a model removed or moved is served as it was until the runtime restarts")
+        for entry in new.models:
+            slot = self._slot_of(entry.component) if entry.component else self._slot_in(entry.dir)
+            if slot is not None:
+                slot.source.pinned, slot.source.preload = entry.pinned, entry.preload
+            elif (entry.dir, entry.component) not in before:
+                if entry.component:
+                    self._watch_component(entry)  # served once its artifacts-path names a store
+                else:
+                    self._serve_new(entry, entry.dir)
+
+    def _serve_new(self, entry: ModelEntry, folder: str) -> None:
+        """Serve one more model from `folder` (loaded when first asked for, or now when preloaded)."""
+        from edgeinfer.runtime.models import ModelSource, read_source
+
+        source = read_source(entry, folder, self.server.models.names())
+        if not isinstance(source, ModelSource):
+            log.error("%s: not served", source)
+            return
+        try:
+            slot = self.server.add_model(source)
+        except ValueError as exc:
+            log.error("model store %s: not served: %s", folder, exc)
+            return
+        if entry.preload or entry.pinned:
+            self.server.models.load(slot)
+        log.info("model %s %s served from now on (%s)", slot.name, source.version, folder)
+
+    def _slot_in(self, folder: str) -> ModelSlot | None:
+        return next(
+            (s for s in self.server.models.slots if s.source.folder == folder and not s.source.component),
+            None,
+        )
 
     def _slot_of(self, component: str) -> ModelSlot | None:
         return next((s for s in self.server.models.slots if s.source.component == component), None)
@@ -454,27 +504,11 @@ class Component:
     def _component_changed(self, entry: ModelEntry, folder: str) -> None:
         """A model component's `artifacts-path` names a new folder: its new version, or the model
         itself when it was deployed after the runtime started (served from now on)."""
-        from edgeinfer.runtime.models import ModelSource, read_source
-
         slot = self._slot_of(entry.component)
         if slot is not None:
             self._model_changed(slot, folder)
-            return
-        with self._lock:
-            source = read_source(entry, folder, self.server.models.names())
-            if not isinstance(source, ModelSource):
-                log.error("%s: not served", source)
-                return
-            slot = self.server.add_model(source)
-            if entry.preload or entry.pinned:
-                self.server.models.load(slot)
-            log.info(
-                "model %s %s from %s served from now on (%s)",
-                slot.name,
-                source.version,
-                entry.component,
-                folder,
-            )
+        else:  # the model itself is new (the repository's own lock makes adding it safe)
+            self._serve_new(entry, folder)
 
     def _model_changed(self, slot: ModelSlot, folder: str) -> None:
         """A new version of one model component (`models`): that model alone on a new engine, built
