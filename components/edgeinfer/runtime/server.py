@@ -3,9 +3,11 @@
 `handle_message` (the transport's callback, never raises) reads the message (`runtime.inbound`: the
 request, where it is answered, its deadline and defaults, or a refusal), admits it (a model served
 here, an allowed image path, a deadline not already passed upstream), asks the placement policy
-(`runtime.placement`: edge, cloud or reject) and serves it. Every answer, accepted or refused, goes
-through `runtime.answer`: exactly once, late and too-large substitutions, the format, publishing and
-the timing record.
+(`runtime.placement`: edge, cloud or reject) and serves it. The request's `model` picks one of the
+models served (`runtime.models`: each its own engine, batcher and engine threads; everything below
+happens per model); one that is not loaded waits for its load, off this thread, or is refused.
+Every answer, accepted or refused, goes through `runtime.answer`: exactly once, late and too-large
+substitutions, the format, publishing and the timing record.
 
 Threads: `decode_threads` workers decode while an engine thread runs the previous batch; one reply
 thread answers, so the engine never waits on the bus. A request that finds the runtime idle is
