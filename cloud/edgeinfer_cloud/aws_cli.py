@@ -280,22 +280,12 @@ def run_publish(args: argparse.Namespace, session_factory: Callable[..., Any] | 
 
 def _telemetry(args: argparse.Namespace) -> Any:
     """The MQTT connection the canary watches telemetry on."""
-    from edgeinfer.transport import TransportError
-    from edgeinfer.transport.mqtt import MqttPubSub, parse_broker
+    from edgeinfer.transport.mqtt import connect_client
 
-    try:
-        if args.endpoint:
-            if not args.cert or not args.key:
-                raise AwsError("--endpoint needs --cert and --key (the client's X.509 identity)")
-            return MqttPubSub.connect_iot_core(
-                args.endpoint, cert_filepath=args.cert, pri_key_filepath=args.key, ca_filepath=args.ca
-            )
-        host, port = parse_broker(args.broker)
-        return MqttPubSub.connect_tcp(host, port)
-    except ValueError as exc:
-        raise AwsError(str(exc)) from None
-    except TransportError as exc:
-        raise AwsError(f"cannot connect to the telemetry broker: {exc}") from None
+    client, _ = connect_client(
+        broker=args.broker, endpoint=args.endpoint, cert=args.cert, key=args.key, ca=args.ca
+    )
+    return client
 
 
 def _canary_plan(args: argparse.Namespace, target: Target) -> CanaryPlan:

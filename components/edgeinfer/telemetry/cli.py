@@ -102,23 +102,11 @@ def register(subparsers: Any) -> None:
 
 
 def _connect(args: argparse.Namespace) -> tuple[Any, str]:
-    from edgeinfer.transport import TransportError
-    from edgeinfer.transport.mqtt import MqttPubSub, parse_broker
+    from edgeinfer.transport.mqtt import connect_client
 
-    try:
-        if args.endpoint:
-            if not args.cert or not args.key:
-                raise EdgeinferError("--endpoint needs --cert and --key (the client's X.509 identity)")
-            client = MqttPubSub.connect_iot_core(
-                args.endpoint, cert_filepath=args.cert, pri_key_filepath=args.key, ca_filepath=args.ca
-            )
-            return client, args.endpoint
-        host, port = parse_broker(args.broker)
-        return MqttPubSub.connect_tcp(host, port), f"{host}:{port}"
-    except ValueError as exc:
-        raise EdgeinferError(str(exc)) from None
-    except TransportError as exc:
-        raise EdgeinferError(f"cannot connect to the broker: {exc}") from None
+    return connect_client(
+        broker=args.broker, endpoint=args.endpoint, cert=args.cert, key=args.key, ca=args.ca
+    )
 
 
 def _thing_of(topic: str) -> str:

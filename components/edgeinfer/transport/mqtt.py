@@ -103,6 +103,30 @@ def parse_broker(text: str, default_port: int = 1883) -> tuple[str, int]:
     return host, int(port_text)
 
 
+def connect_client(
+    *, broker: str | None, endpoint: str | None, cert: str | None, key: str | None, ca: str | None
+) -> tuple[MqttPubSub, str]:
+    """A command line's MQTT connection: IoT Core with an X.509 identity (`endpoint`), else a plain
+    broker at `HOST:PORT`. Returns the client and where it connected; raises EdgeinferError with one line
+    for anything the user can fix."""
+    from edgeinfer.errors import EdgeinferError
+
+    try:
+        if endpoint:
+            if not cert or not key:
+                raise EdgeinferError("--endpoint needs --cert and --key (the client's X.509 identity)")
+            client = MqttPubSub.connect_iot_core(
+                endpoint, cert_filepath=cert, pri_key_filepath=key, ca_filepath=ca
+            )
+            return client, endpoint
+        host, port = parse_broker(broker or "")
+        return MqttPubSub.connect_tcp(host, port), f"{host}:{port}"
+    except ValueError as exc:
+        raise EdgeinferError(str(exc)) from None
+    except TransportError as exc:
+        raise EdgeinferError(f"cannot connect to the broker: {exc}") from None
+
+
 def subscription_topic_filter(topic_filter: str) -> str:
     """The filter that incoming topics are matched against: `$share/group/a/+` → `a/+`."""
     if topic_filter.startswith("$share/"):
