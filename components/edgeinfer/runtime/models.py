@@ -364,7 +364,9 @@ class ModelRepository:
             slot.loading_since = None
             slot.load_error = None
             slot.engine = engine
+            slot.last_used = self.clock()
             waited, slot.waiting = slot.waiting, []
+            slot.leases += 1  # what waited is admitted before the budget may unload it again
         log.info(
             "model %s loaded in %.0f ms (%s, %s)",
             slot.name,
@@ -372,7 +374,10 @@ class ModelRepository:
             engine.provider,
             slot.source.folder,
         )
-        self.hooks.on_loaded(slot, waited)
+        try:
+            self.hooks.on_loaded(slot, waited)
+        finally:
+            self.release(slot)
 
     def _enforce_budget(self, coming: ModelSlot | None) -> None:
         """Unload the least recently used models that may go while more than the budget are loaded
