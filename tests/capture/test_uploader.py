@@ -12,7 +12,7 @@ from edgeinfer.capture.credentials import CredentialChain
 from edgeinfer.capture.record import Record, make_id
 from edgeinfer.capture.s3 import S3Client, S3Error
 from edgeinfer.capture.spool import Spool
-from edgeinfer.capture.uploader import Pacer, Uploader
+from edgeinfer.capture.uploader import Uploader
 from tests.capture.conftest import BUCKET, all_objects
 
 
@@ -72,18 +72,3 @@ def test_killed_mid_upload_and_restarted_nothing_lost_or_duplicated(
     client = S3Client(BUCKET, "us-east-1", chain, endpoint=moto_s3)
     assert Uploader(restarted, client, bytes_per_s=10**7).drain() == 3
     assert sorted(all_objects(moto_s3)) == sorted(keys)  # the half-sent record's keys written again
-
-
-def test_the_pacer_keeps_to_its_rate() -> None:
-    now = [0.0]
-    slept: list[float] = []
-
-    def sleep(s: float) -> None:
-        slept.append(s)
-        now[0] += s
-
-    pacer = Pacer(1000, clock=lambda: now[0], sleep=sleep)
-    for _ in range(10):
-        pacer.wait(500)
-    # a second's burst, then the rate: 5000 bytes take 4 s
-    assert sum(slept) == pytest.approx(4.0)

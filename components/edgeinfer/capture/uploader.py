@@ -11,45 +11,14 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable
 
 from edgeinfer.capture.s3 import S3Client, S3Error
 from edgeinfer.capture.spool import Spool, Spooled
+from edgeinfer.pacing import TokenBucket
 
-__all__ = ["Pacer", "Uploader"]
+__all__ = ["Uploader"]
 
 log = logging.getLogger(__name__)
-
-
-class Pacer:
-    """A token bucket over bytes: `wait(n)` returns once `n` more bytes keep to the rate."""
-
-    def __init__(
-        self,
-        bytes_per_s: float,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], object] = time.sleep,
-    ) -> None:
-        self.rate = float(bytes_per_s)
-        self.clock = clock
-        self.sleep = sleep
-        self.burst = self.rate  # one second's worth may go at once
-        self.tokens = self.burst
-        self.last = clock()
-
-    def wait(self, n: int) -> float:
-        """Seconds slept."""
-        now = self.clock()
-        self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
-        self.last = now
-        self.tokens -= n
-        if self.tokens >= 0:
-            return 0.0
-        delay = -self.tokens / self.rate
-        self.sleep(delay)
-        return delay
 
 
 class Uploader:
@@ -64,7 +33,7 @@ class Uploader:
     ) -> None:
         self.spool = spool
         self.client = client
-        self.pacer = Pacer(bytes_per_s)
+        self.pacer = TokenBucket(bytes_per_s, bytes_per_s)  # a second's worth may go at once
         self.idle_s = idle_s
         self.max_backoff_s = max_backoff_s
         self.uploaded = 0
@@ -125,9 +94,9 @@ class Uploader:
             doc = item.document.read_bytes()
         except FileNotFoundError:
             return False
-        self.pacer.wait(len(image))
+        self.pacer.take(len(image))
         self.client.put(item.key + ".jpg", image, "image/jpeg")
-        self.pacer.wait(len(doc))
+        self.pacer.take(len(doc))
         self.client.put(item.key + ".json", doc, "application/json")
         self.spool.remove(item.id)
         self.uploaded += 1

@@ -1,4 +1,4 @@
-"""The pacer: token buckets on a fake clock, and the defaults against IoT Core's limits."""
+"""The pacer: both buckets of a direction on a fake clock, and the defaults against IoT Core's limits."""
 
 from __future__ import annotations
 
@@ -10,23 +10,8 @@ from edgeinfer_cloud.router.pacer import (
     DirectionLimits,
     Pacer,
     PacingConfig,
-    TokenBucket,
 )
-
-
-class FakeTime:
-    """A clock that only moves when the code under test sleeps."""
-
-    def __init__(self) -> None:
-        self.t = 1000.0
-        self.sleeps: list[float] = []
-
-    def clock(self) -> float:
-        return self.t
-
-    def sleep(self, s: float) -> None:
-        self.sleeps.append(s)
-        self.t += s
+from tests.helpers.clock import FakeTime
 
 
 def most_in_any_window(stamps: list[float], window: float = 1.0) -> int:
@@ -37,42 +22,6 @@ def most_in_any_window(stamps: list[float], window: float = 1.0) -> int:
             lo += 1
         best = max(best, hi - lo + 1)
     return best
-
-
-def test_a_full_bucket_lets_its_burst_through_then_the_rate() -> None:
-    ft = FakeTime()
-    bucket = TokenBucket(10, 3, clock=ft.clock, sleep=ft.sleep)
-    stamps = []
-    for _ in range(23):
-        bucket.take(1)
-        stamps.append(ft.t)
-    assert stamps[:3] == [1000.0] * 3  # the burst, no waiting
-    assert ft.t == pytest.approx(1002.0)  # then 20 more at 10 a second
-    assert most_in_any_window(stamps) <= 10 + 3
-
-
-def test_a_bucket_refills_while_idle_but_never_past_its_capacity() -> None:
-    ft = FakeTime()
-    bucket = TokenBucket(10, 5, clock=ft.clock, sleep=ft.sleep)
-    for _ in range(5):
-        bucket.take(1)
-    ft.t += 60  # a long idle spell fills it to its capacity, not 600
-    for _ in range(5):
-        assert bucket.take(1) == 0
-    assert bucket.take(1) == pytest.approx(0.1)
-
-
-def test_a_message_bigger_than_the_bucket_passes_when_full_and_leaves_a_debt() -> None:
-    ft = FakeTime()
-    bucket = TokenBucket(1000, 500, clock=ft.clock, sleep=ft.sleep)
-    assert bucket.take(2000) == 0  # full: it passes at once rather than never
-    waited = bucket.take(100)  # the debt (1500) and this one (100) are paid at the rate
-    assert waited == pytest.approx(1.6)
-
-
-def test_bad_bucket_parameters_are_refused() -> None:
-    with pytest.raises(ValueError, match="positive"):
-        TokenBucket(0, 1)
 
 
 def test_pacer_holds_both_the_count_and_the_byte_rate() -> None:
