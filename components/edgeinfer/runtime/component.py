@@ -391,6 +391,8 @@ class Component:
                 from edgeinfer.runtime.providers import apply_process_options
 
                 apply_process_options(cfg)
+            if "capture" in changed:
+                log.info("capture's settings are read at start: they take effect at the next one")
             if "source" in changed:
                 if self.source is not None:
                     self.source.stop()

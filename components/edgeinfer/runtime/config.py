@@ -258,6 +258,7 @@ class RuntimeConfig:
     source: SourceConfig = field(default_factory=SourceConfig)
     timings: TimingsConfig = field(default_factory=TimingsConfig)
     placement: dict[str, Any] = field(default_factory=dict)  # read by the placement policy, opaque here
+    capture: dict[str, Any] = field(default_factory=dict)  # read by edgeinfer.capture, opaque here
 
     # ----------------------------------------------------------------------------------- recipe I/O
 
@@ -270,7 +271,11 @@ class RuntimeConfig:
         return cfg
 
     def to_recipe(self) -> dict[str, Any]:
-        return reader.to_recipe(self)
+        """The recipe's DefaultConfiguration: every key but those whose default ships in the code."""
+        doc = reader.to_recipe(self)
+        for key in SHIPPED_IN_CODE:
+            doc.pop(key, None)
+        return doc
 
     def check(self) -> list[tuple[str, str]]:
         return [
@@ -403,6 +408,11 @@ def diff_keys(old: RuntimeConfig, new: RuntimeConfig) -> set[str]:
 def engine_keys_changed(old: RuntimeConfig, new: RuntimeConfig) -> set[str]:
     """The changed `ENGINE_KEYS`: what needs a new engine."""
     return diff_keys(old, new) & ENGINE_KEYS
+
+
+# Recipe keys whose default is only in the code (nucleus lite caps a recipe's size): `capture` is a
+# whole node (docs/capture.md), empty unless a deployment merges one.
+SHIPPED_IN_CODE = frozenset({"capture"})
 
 
 def default_recipe_configuration() -> dict[str, Any]:
