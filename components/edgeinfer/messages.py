@@ -223,6 +223,7 @@ class Request:
     id: str
     image: bytes | None = None
     image_path: str | None = None
+    image_url: str | None = None  # s3://bucket/key or http(s)://…, fetched once the request is taken on
     reply_to: str | None = None
     deadline_ms: float | None = None
     top_k: int = DEFAULT_TOP_K
@@ -249,6 +250,8 @@ class Request:
             out["image"] = codec.b64encode(self.image).decode("ascii")
         if self.image_path is not None:
             out["image_path"] = self.image_path
+        if self.image_url is not None:
+            out["image_url"] = self.image_url
         for key in ("reply_to", "deadline_ms", "model", "max_detections", "score_threshold"):
             value = getattr(self, key)
             if value is not None:
@@ -389,6 +392,9 @@ def read_request(
     doc, cut = _load_request(payload, max_bytes)
     rid = _required_id(doc, payload, cut)
     image, image_b64, image_path = _read_image(doc, cut, rid, allow_image_path=allow_image_path)
+    image_url = _read_image_url(
+        doc, image is not None or image_b64 is not None or image_path is not None, rid
+    )
     reply_to = _read_reply_to(doc, rid)
     deadline_ms = _read_deadline_ms(doc, rid)
     top_k = _read_count(doc, "top_k", MAX_TOP_K, rid, default=DEFAULT_TOP_K)
@@ -407,6 +413,7 @@ def read_request(
         id=rid,
         image=image,
         image_path=image_path,
+        image_url=image_url,
         reply_to=reply_to,
         deadline_ms=deadline_ms,
         top_k=DEFAULT_TOP_K if top_k is None else top_k,
@@ -453,6 +460,31 @@ def _required_id(
     return rid
 
 
+_IMAGE_URL_SCHEMES = ("s3://", "https://", "http://")
+_MAX_URL_LEN = 4096  # a presigned URL with a session token runs to a few KB
+
+
+def _read_image_url(doc: Mapping[str, Any], has_image: bool, rid: str) -> str | None:
+    """`image_url` when given: the image by reference (whether it is allowed is the runtime's call)."""
+    raw = doc.get("image_url")
+    if raw is None:
+        return None
+    if has_image:
+        raise MessageError(ErrorCode.BAD_REQUEST, "give one of 'image', 'image_path' or 'image_url'", rid)
+    if (
+        not isinstance(raw, str)
+        or len(raw) > _MAX_URL_LEN
+        or not raw.startswith(_IMAGE_URL_SCHEMES)
+        or not raw.isprintable()
+    ):
+        raise MessageError(
+            ErrorCode.BAD_REQUEST,
+            f"'image_url' must be an s3://, https:// or http:// URL of at most {_MAX_URL_LEN} characters",
+            rid,
+        )
+    return raw
+
+
 def _read_image(
     doc: Mapping[str, Any], cut: tuple[bytes, memoryview] | None, rid: str, *, allow_image_path: bool
 ) -> tuple[bytes | None, str | bytes | memoryview | None, str | None]:
@@ -470,7 +502,11 @@ def _read_image(
             raise MessageError(ErrorCode.BAD_IMAGE, "'image' must be a non-empty base64 string", rid)
         return None, raw_image, None
     if raw_path is None:
-        raise MessageError(ErrorCode.BAD_REQUEST, "one of 'image' (base64) or 'image_path' is required", rid)
+        if doc.get("image_url") is not None:
+            return None, None, None  # `_read_image_url` reads it
+        raise MessageError(
+            ErrorCode.BAD_REQUEST, "one of 'image' (base64), 'image_path' or 'image_url' is required", rid
+        )
     if not allow_image_path:
         raise MessageError(ErrorCode.BAD_REQUEST, "'image_path' is only accepted on local pub/sub", rid)
     if not isinstance(raw_path, str) or not raw_path or "\x00" in raw_path:
@@ -579,7 +615,7 @@ def read_raw_request(
     max_bytes: int | None = None,
 ) -> RequestHead:
     """`parse_raw_request` as a `RequestHead` (its `given` names the parameters the request had)."""
-    doc: dict[str, Any] = {k: v for k, v in params.items() if k not in ("image", "image_path")}
+    doc: dict[str, Any] = {k: v for k, v in params.items() if k not in ("image", "image_path", "image_url")}
     if "id" not in doc and correlation_data:
         try:
             text = correlation_data.decode("utf-8")

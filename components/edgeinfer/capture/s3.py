@@ -1,10 +1,10 @@
-"""PutObject to S3 or an S3-compatible store, signed with Signature Version 4 by the standard library.
+"""PutObject and GetObject on S3 or an S3-compatible store, SigV4-signed by the standard library.
 
-Why not boto3: the device install stays lean (no boto3, see pyproject) and a capture needs one call,
-PUT of a whole object. The signature is AWS's documented SigV4 with an unsigned-nothing payload hash
-(the body's SHA-256 in `x-amz-content-sha256`); tests check it against botocore's own signer and a
-real S3 API (moto's server). AWS S3 is addressed virtual-hosted style; an `endpoint` (MinIO, moto)
-path-style, as those expect.
+Why not boto3: the device install stays lean (no boto3, see pyproject), a capture needs one call (PUT
+of a whole object) and a request's `image_url` another (GET of one). The signature is AWS's documented
+SigV4 with the body's SHA-256 in `x-amz-content-sha256`; tests check it against botocore's own signer
+and a real S3 API (moto's server). AWS S3 is addressed virtual-hosted style; an `endpoint` (MinIO,
+moto) path-style, as those expect.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ __all__ = ["S3Client", "S3Error", "sign"]
 
 
 class S3Error(Exception):
-    """A PUT that did not store the object: `status` 0 when the store was not reached."""
+    """A PUT that did not store the object, or a GET that did not read it: `status` 0 when the store
+    was not reached (or the object was over the GET's limit)."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"{status}: {message}" if status else message)
@@ -104,18 +105,34 @@ class S3Client:
 
     def put(self, key: str, body: bytes, content_type: str) -> None:
         """Store `body` under `key` (replacing what is there). Raises S3Error."""
+        headers = {"Content-Type": content_type, "Content-Length": str(len(body))}
+        status, text = self._send("PUT", key, body, headers, max_bytes=2048)
+        if status != 200:
+            raise S3Error(status, text.decode("utf-8", "replace").strip()[:300])
+
+    def get(self, key: str, max_bytes: int) -> bytes:
+        """The object under `key`, refused (S3Error, status 0) past `max_bytes`. Raises S3Error."""
+        status, body = self._send("GET", key, b"", {}, max_bytes=max_bytes)
+        if status != 200:
+            raise S3Error(status, _error_code(body))
+        return body
+
+    def _send(
+        self, method: str, key: str, body: bytes, headers: dict[str, str], *, max_bytes: int
+    ) -> tuple[int, bytes]:
+        """One signed request: its status and at most `max_bytes` of its body (a 200's longer body
+        raises S3Error). Expired or rotated credentials are dropped for the next call."""
         path = self.target.path_prefix + "/" + urllib.parse.quote(key, safe="/-_.~")
-        payload_hash = hashlib.sha256(body).hexdigest()
         try:
             creds = self.credentials.get()
         except Exception as exc:
             raise S3Error(0, f"no credentials: {exc}") from None
-        headers = sign(
-            "PUT",
+        signed = sign(
+            method,
             self.target.host,
             path,
-            {"Content-Type": content_type, "Content-Length": str(len(body))},
-            payload_hash,
+            headers,
+            hashlib.sha256(body).hexdigest(),
             creds,
             self.region,
             self.now(),
@@ -123,14 +140,27 @@ class S3Client:
         cls = http.client.HTTPSConnection if self.target.https else http.client.HTTPConnection
         conn = cls(self.target.host, timeout=self.timeout_s)
         try:
-            conn.request("PUT", path, body=body, headers=headers)
+            conn.request(method, path, body=body or None, headers=signed)
             resp = conn.getresponse()
-            text = resp.read(2048).decode("utf-8", "replace")
+            length = resp.getheader("Content-Length")
+            if resp.status == 200 and length is not None and length.isdigit() and int(length) > max_bytes:
+                raise S3Error(0, f"the object is {length} bytes, over the limit of {max_bytes}")
+            text = resp.read(max_bytes + 1)
         except OSError as exc:
             raise S3Error(0, f"{self.target.host}: {exc}") from None
         finally:
             conn.close()
-        if resp.status in (400, 403) and ("ExpiredToken" in text or "InvalidAccessKeyId" in text):
+        if resp.status == 200 and len(text) > max_bytes:
+            raise S3Error(0, f"the object is over the limit of {max_bytes} bytes")
+        if resp.status in (400, 403) and (b"ExpiredToken" in text or b"InvalidAccessKeyId" in text):
             self.credentials.invalidate()
-        if resp.status != 200:
-            raise S3Error(resp.status, text.strip()[:300])
+        return resp.status, text
+
+
+def _error_code(body: bytes) -> str:
+    """S3's error document's `<Code>` (NoSuchKey, AccessDenied, …), else the start of the body."""
+    text = body[:2048].decode("utf-8", "replace")
+    start, end = text.find("<Code>"), text.find("</Code>")
+    if 0 <= start < end:
+        return text[start + 6 : end]
+    return " ".join(text.split())[:300] or "no body"

@@ -229,6 +229,9 @@ class RuntimeConfig:
     subscribe_iot: bool = True
     reply_to_topics: list[str] = field(default_factory=lambda: ["edgeinfer/{thing}/result/#"])
     image_folders: list[str] = field(default_factory=list)
+    # Prefixes a request's `image_url` must start with (`s3://bucket/`, `https://host/path/`); none:
+    # every image_url is refused. The runtime fetches what a sender names, so an operator says where.
+    image_urls: list[str] = field(default_factory=list)
     tensorrt: TensorrtOptions = field(default_factory=TensorrtOptions)
     cuda: CudaOptions = field(default_factory=CudaOptions)
     # Run every batch on the CUDA provider through session.io_binding().
@@ -357,6 +360,12 @@ class RuntimeConfig:
         for folder in self.image_folders:
             if not os.path.isabs(folder):
                 out.append(("imageFolders", f"{folder!r} must be an absolute path"))
+        for prefix in self.image_urls:
+            scheme, sep, rest = prefix.partition("://")
+            if scheme not in ("s3", "https", "http") or not sep or not rest.split("/")[0]:
+                out.append(
+                    ("imageUrls", f"{prefix!r} is not an s3://, https:// or http:// prefix with a host")
+                )
         return out
 
     def _check_models(self) -> list[tuple[str, str]]:
@@ -411,8 +420,8 @@ def engine_keys_changed(old: RuntimeConfig, new: RuntimeConfig) -> set[str]:
 
 
 # Recipe keys whose default is only in the code (nucleus lite caps a recipe's size): `capture` is a
-# whole node (docs/capture.md), empty unless a deployment merges one.
-SHIPPED_IN_CODE = frozenset({"capture"})
+# whole node (docs/capture.md), empty unless a deployment merges one; so is `imageUrls`.
+SHIPPED_IN_CODE = frozenset({"capture", "imageUrls"})
 
 
 def default_recipe_configuration() -> dict[str, Any]:

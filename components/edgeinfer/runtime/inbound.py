@@ -10,6 +10,9 @@ the error code, the message, the request id when it had one, and where to answer
 A JSON request's image stays base64 (`Inbound.head`) until the request is taken on, so what is
 answered on the cheap fields (a deadline that passed upstream, a full queue) costs no decode.
 
+A request's `image_url` outside the runtime's `imageUrls` is refused BAD_REQUEST here; an allowed one
+is fetched only once the request is taken on (`edgeinfer.runtime.image_url`, on a decode worker).
+
 Reply topics are checked once each: MQTT 5's response topic before the payload is read (a malformed
 request is answered there when it is allowed), and `reply_to`; a request without `reply_to` takes the
 response topic as its own. One that is not allowed is answered BAD_REQUEST on the default topic.
@@ -32,6 +35,7 @@ from edgeinfer.messages import (
     result_topic,
 )
 from edgeinfer.runtime.config import RuntimeConfig
+from edgeinfer.runtime.image_url import url_allowed
 from edgeinfer.transport import Message, MqttProperties, Target
 from edgeinfer.transport.base import topic_matches
 
@@ -114,6 +118,11 @@ def read_message(msg: Message, cfg: RuntimeConfig, thing: str) -> Inbound | Refu
     _apply_defaults(req, head.given, cfg)
     if req.reply_to is not None and not reply_allowed(req.reply_to, cfg, thing):
         why = f"'reply_to' {req.reply_to!r} is not a topic this component may publish to"
+        return Refusal(ErrorCode.BAD_REQUEST, why, req.id, default)
+    if req.image_url is not None and not url_allowed(req.image_url, cfg.image_urls):
+        why = (
+            f"image_url is not allowed: {req.image_url.split('?', 1)[0]!r} starts with no prefix in imageUrls"
+        )
         return Refusal(ErrorCode.BAD_REQUEST, why, req.id, default)
     if req.reply_to is None and asked is not None:
         if response is None:

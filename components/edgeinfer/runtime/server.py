@@ -58,6 +58,7 @@ from edgeinfer.runtime.decode import (
     warm_up_decoder,
 )
 from edgeinfer.runtime.engine import Engine
+from edgeinfer.runtime.image_url import ImageFetcher
 from edgeinfer.runtime.inbound import Inbound, Refusal, ReplyTarget, model_refusal, read_message
 from edgeinfer.runtime.models import ModelRepository, ModelSlot, ModelSource, RepositoryHooks, Waiting
 from edgeinfer.runtime.placement import (
@@ -150,6 +151,7 @@ class InferenceServer:
         )
         self.answers.hooks.append(_PlacementFeedback(self))
         self._decode_pool = self._new_decode_pool(cfg)
+        self.image_fetcher = ImageFetcher()  # a request's image_url, read on a decode worker
         self._replies: queue.SimpleQueue[tuple[Job, Result] | None] = queue.SimpleQueue()
         self._subs: list[Subscription] = []
         self._threads: list[threading.Thread] = []
@@ -479,6 +481,7 @@ class InferenceServer:
         # arrival would wait in the socket for the whole inline run.
         inline = (
             may_inline
+            and job.request.image_url is None  # a fetch never holds the transport's thread
             and self.cfg.run_inline_when_idle
             and job.arrived - self._handled_at >= BACKLOG_GAP_S
             and slot.batcher.quiet
@@ -604,7 +607,9 @@ class InferenceServer:
                 head, job.head = job.head, None
                 head.decode()  # its base64 (MessageError below)
             data = job.request.image
-            if data is None:
+            if data is None and job.request.image_url is not None:
+                data = self.image_fetcher.fetch(job.request.image_url, self.cfg.max_payload_bytes)
+            elif data is None:
                 data = self._read_path(job.request.image_path or "")
             engine = slot.engine
             if engine is None:  # admitted to its batcher, it is not unloaded: only a bug gets here
