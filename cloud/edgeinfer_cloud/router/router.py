@@ -18,7 +18,9 @@ INTERNAL. Nothing a device sends can stop a worker.
 
 A request the router can no longer serve in time (the queue ahead of it and the expected service,
 both from the backend's measured batch time, exceed what is left of its deadline) is answered
-DEADLINE_EXCEEDED at once rather than held until it is late.
+DEADLINE_EXCEEDED at once rather than held until it is late. One that arrives with nothing queued
+and a worker idle is served whatever the estimate says: it measures the backend again, so a single
+slow batch cannot leave an estimate that refuses every request and is never corrected.
 
 A router may hold several connections (`Router([client, ...])`) in the one shared subscription and
 batch what arrives on all of them; with `RouterConfig.pacing` each is paced within AWS IoT Core's
@@ -101,6 +103,9 @@ class _Work:
     received: float  # monotonic
     expires: float | None  # monotonic
     connection: RouterConnection
+    # Arrived with nothing queued and a worker idle: served even when the estimate says it is late,
+    # so that one slow batch cannot leave an estimate that refuses everything and is never measured.
+    probe: bool = False
 
 
 @dataclass
@@ -173,6 +178,7 @@ class Router:
         self.batches: list[int] = []
         self._service_s: float | None = None  # expected time of one backend call (smoothed)
         self._busy_s = 0.0  # time spent in the backend, all workers together
+        self._serving = 0  # workers holding a batch now
         self._load_mark: tuple[float, float] | None = None  # (clock, busy) when load() last sampled
 
     # ---------------------------------------------------------------------------------- lifecycle
@@ -303,14 +309,15 @@ class Router:
                 connection=conn,
             )
             return
-        late = self._cannot_make_it(expires, received)
+        probe = self._idle()
+        late = None if probe else self._cannot_make_it(expires, received)
         if late is not None:
             self._answer_error(
                 thing, rid, ErrorCode.DEADLINE_EXCEEDED, late, received=received, connection=conn
             )
             return
         try:
-            self._queue.put_nowait(_Work(request, thing, received, expires, conn))
+            self._queue.put_nowait(_Work(request, thing, received, expires, conn, probe))
         except queue.Full:
             self._answer_error(
                 thing,
@@ -347,6 +354,12 @@ class Router:
                     transit = 0.0  # the device's clock runs ahead: ignore it
                 transit = max(0.0, transit)
         return received + left / 1000.0 - transit
+
+    def _idle(self) -> bool:
+        """Nothing queued and a worker waiting: a request now is served at once."""
+        with self._lock:
+            serving = self._serving
+        return self._queue.empty() and serving < max(1, self.config.workers)
 
     def _cannot_make_it(self, expires: float | None, now: float) -> str | None:
         """Why a request arriving now cannot be answered before `expires` (None: it can, or no
@@ -395,6 +408,8 @@ class Router:
                     stop_after = True
                     break
                 batch.append(item)
+            with self._lock:
+                self._serving += 1
             try:
                 self._serve(batch)
             except Exception as exc:  # never lose a request to a bug
@@ -408,17 +423,21 @@ class Router:
                         received=work.received,
                         connection=work.connection,
                     )
+            finally:
+                with self._lock:
+                    self._serving -= 1
             if stop_after:
                 return
 
     def _drop_hopeless(self, live: list[_Work], now: float) -> list[_Work]:
-        """Answer at once those whose deadline falls before the expected service would end."""
+        """Answer at once those whose deadline falls before the expected service would end (not a
+        probe: the estimate alone does not refuse it)."""
         service = self._service_s
         if not service:
             return live
         keep: list[_Work] = []
         for work in live:
-            if work.expires is not None and now + service > work.expires:
+            if not work.probe and work.expires is not None and now + service > work.expires:
                 left_ms = (work.expires - now) * 1000
                 self._answer_error(
                     work.thing,

@@ -481,3 +481,26 @@ def test_load_is_the_backends_busy_share_and_the_backlog(bus: MemoryBus, fake_ba
         assert r.load()["busy_share"] == 0.0  # since the last reading
     finally:
         r.stop()
+
+
+def test_one_slow_batch_does_not_refuse_every_later_request(
+    bus: MemoryBus, fake_backend: FakeBackend
+) -> None:
+    clock = Clock()
+    r = Router(bus, fake_backend, RouterConfig(group="", trust_sent_at=False), clock=clock)
+    fake_backend.gate.clear()
+    r.start()
+    try:
+        send(bus, "dev-1", offload("slow", left_ms=None))
+        assert wait_for(lambda: fake_backend.entered == 1)
+        clock.t += 5.0  # a pause inside the first batch: the estimate starts far above any deadline
+        fake_backend.gate.set()
+        assert wait_for(lambda: len(results(bus)) == 1 and r._serving == 0)
+        assert r._service_s == 5.0
+        send(bus, "dev-1", offload("probe", left_ms=1000))  # idle: served, and so measured again
+        assert wait_for(lambda: len(results(bus)) == 2 and r._serving == 0)
+        assert {x.id: x.status for x in results(bus)} == {"slow": "ok", "probe": "ok"}
+        assert fake_backend.calls == [1, 1]
+        assert r._service_s < 5.0  # measured again, the estimate comes down
+    finally:
+        r.stop()
