@@ -880,9 +880,15 @@ class _ModelEvents(RepositoryHooks):
 
     def on_loaded(self, slot: ModelSlot, waiting: list[Waiting]) -> None:
         engine = slot.engine
-        if engine is not None:
-            warm_up_decoder(engine.input_size, engine.detail)
-        self.server._engine_ready(slot)
+        try:
+            if engine is not None:
+                warm_up_decoder(engine.input_size, engine.detail)
+            self.server._engine_ready(slot)
+        except Exception:  # what waited still gets its one answer
+            log.exception("starting model %s after its load failed", slot.name)
+            for w in waiting:
+                self.server._fail(w.job, ErrorCode.INTERNAL, "internal error", slot)
+            return
         for w in waiting:
             try:
                 self.server._resume(w.job, slot)
