@@ -3,7 +3,8 @@
 1. Read the canary group's current deployment (ListDeployments, GetDeployment): what the canaries
    run now is what a rollback redeploys, merges and `runWith` included.
 2. Deploy the bundle to the canary group and follow it until every canary device succeeded (a failed
-   install is Greengrass's to roll back: `failureHandlingPolicy: ROLLBACK`).
+   install is Greengrass's to roll back on the device: `failureHandlingPolicy: ROLLBACK`). When that
+   fails or times out the group still holds the new deployment: it is rolled back as in 4.
 3. Watch the canary things' telemetry windows against every other thing's for the set time.
 4. Promote (the same deployment to the target) or redeploy the canaries' previous components, saying
    why. A group without a previous deployment is rolled back to no components, which removes them.
@@ -143,11 +144,22 @@ def run_canary(
             sleep=sleep,
         )
 
+    def roll_back(why: str) -> DeployReport:
+        spec = previous.components if previous else {}
+        say(f"canary: rolling {plan.canary.name} back to {_versions(spec)}: {why}")
+        return to(plan.canary, spec, f"edgeinfer-{plan.canary.name}-rollback", wait)
+
     bundle = component_spec(components, merges)
     try:
         canary = to(plan.canary, bundle, f"edgeinfer-{plan.canary.name}-canary", True)
     except DeployError as exc:
-        raise DeployError(f"canary: {exc}; not promoted") from None
+        # Created but not followed to success: the group's deployment is the new one all the same
+        # (a device that joins later would install it), so it goes back like a failed verdict.
+        try:
+            back = roll_back(str(exc))
+        except Exception as again:
+            raise DeployError(f"canary: {exc}; the rollback failed too: {again}; not promoted") from None
+        raise DeployError(f"canary: {exc}; rolled back ({back.deployment_id}); not promoted") from None
     things = sorted(canary.statuses)
     say(
         f"canary: watching {len(things)} canary thing(s)' telemetry windows against the fleet's "
@@ -167,7 +179,5 @@ def run_canary(
         say(f"canary: promoting to {target.kind} {target.name}")
         then = to(target, bundle, deployment_name or f"edgeinfer-{target.name}", wait)
     else:
-        spec = previous.components if previous else {}
-        say(f"canary: rolling {plan.canary.name} back to {_versions(spec)}: {'; '.join(verdict.reasons)}")
-        then = to(plan.canary, spec, f"edgeinfer-{plan.canary.name}-rollback", wait)
+        then = roll_back("; ".join(verdict.reasons))
     return CanaryOutcome(verdict.promote, verdict, canary, observed, then, previous)

@@ -210,8 +210,50 @@ def test_a_canary_that_fails_to_install_is_not_promoted(gg: tuple[Any, Stubber])
     expect_previous(stub)
     expect_create(stub, CANARY_ARN, Capture(), CANARY_DEPLOYMENT)
     stub.add_response("list_core_devices", {"coreDevices": []}, expected_params={"thingGroupArn": CANARY_ARN})
+    expect_create(stub, CANARY_ARN, PREVIOUS, "rollback-4")
     with pytest.raises(DeployError, match=r"^canary: thing group factory-a-canary has no .*; not promoted$"):
         run_canary(client, RecordedWindows([]), parse_target(TARGET_ARN), plan(), COMPONENTS)
+
+
+def test_a_canary_that_fails_on_a_device_is_rolled_back_before_it_is_reported(
+    gg: tuple[Any, Stubber],
+) -> None:
+    client, stub = gg
+    expect_previous(stub)
+    expect_create(stub, CANARY_ARN, component_spec(COMPONENTS), CANARY_DEPLOYMENT)
+    stub.add_response(
+        "list_core_devices",
+        {
+            "coreDevices": [
+                {"coreDeviceThingName": "cam-c1", "status": "UNHEALTHY", "lastStatusUpdateTimestamp": NOW}
+            ]
+        },
+        expected_params={"thingGroupArn": CANARY_ARN},
+    )
+    stub.add_response(
+        "list_effective_deployments",
+        {
+            "effectiveDeployments": [
+                {
+                    "deploymentId": CANARY_DEPLOYMENT,
+                    "deploymentName": "edgeinfer-factory-a-canary",
+                    "targetArn": CANARY_ARN,
+                    "coreDeviceExecutionStatus": "FAILED",
+                    "reason": "the runtime did not start",
+                    "creationTimestamp": NOW,
+                    "modifiedTimestamp": NOW,
+                }
+            ]
+        },
+        expected_params={"coreDeviceThingName": "cam-c1"},
+    )
+    expect_create(stub, CANARY_ARN, PREVIOUS, "rollback-5")  # what the group ran, merges and all
+    lines: list[str] = []
+    with pytest.raises(DeployError, match=r"did not succeed.*; rolled back \(rollback-5\); not promoted$"):
+        run_canary(
+            client, RecordedWindows([]), parse_target(TARGET_ARN), plan(), COMPONENTS, say=lines.append
+        )
+    assert "rolling factory-a-canary back to com.edgeinfer.InferenceRuntime 0.0.9" in "\n".join(lines)
 
 
 def test_resolve_canary_takes_a_name_in_the_targets_account() -> None:
