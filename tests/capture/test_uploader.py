@@ -3,6 +3,7 @@ a crash mid-upload, pacing — every record arrives once."""
 
 from __future__ import annotations
 
+import http.client
 import json
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from edgeinfer.capture.s3 import S3Client, S3Error
 from edgeinfer.capture.spool import Spool
 from edgeinfer.capture.uploader import Uploader
 from tests.capture.conftest import BUCKET, all_objects
+from tests.helpers.wait import wait_for
 
 
 def _fill(spool: Spool, n: int) -> list[str]:
@@ -72,3 +74,34 @@ def test_killed_mid_upload_and_restarted_nothing_lost_or_duplicated(
     client = S3Client(BUCKET, "us-east-1", chain, endpoint=moto_s3)
     assert Uploader(restarted, client, bytes_per_s=10**7).drain() == 3
     assert sorted(all_objects(moto_s3)) == sorted(keys)  # the half-sent record's keys written again
+
+
+class _BrokenOnce(S3Client):
+    """The first PUT's response is cut short: an HTTPException, which is not an OSError nor an S3Error."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.broken = False
+
+    def put(self, key: str, body: bytes, content_type: str) -> None:
+        if not self.broken:
+            self.broken = True
+            raise http.client.IncompleteRead(b"")
+        super().put(key, body, content_type)
+
+
+def test_an_unexpected_error_backs_off_and_the_thread_goes_on(
+    tmp_path: Path, moto_s3: str, chain: CredentialChain
+) -> None:
+    spool = Spool(tmp_path / "spool", max_bytes=10**7, max_age_s=10**9)
+    keys = _fill(spool, 1)
+    client = _BrokenOnce(BUCKET, "us-east-1", chain, endpoint=moto_s3)
+    uploader = Uploader(spool, client, bytes_per_s=10**7, idle_s=0.01, max_backoff_s=0.01).start()
+    try:
+        assert wait_for(lambda: uploader.uploaded == 1)
+    finally:
+        uploader.stop()
+    assert uploader.failures == 1
+    assert "IncompleteRead" in uploader.last_error
+    assert sorted(all_objects(moto_s3)) == sorted(keys)
+    assert len(spool) == 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from edgeinfer.capture.s3 import S3Client, S3Error
+from edgeinfer.capture.s3 import S3Client
 from edgeinfer.capture.spool import Spool, Spooled
 from edgeinfer.pacing import TokenBucket
 
@@ -65,7 +65,9 @@ class Uploader:
             try:
                 sent = self.drain()
                 backoff = 0.0
-            except S3Error as exc:
+            except (
+                Exception
+            ) as exc:  # not only S3Error: a broken HTTP read or a spool file must not end the thread
                 self.failures += 1
                 self.last_error = str(exc)
                 backoff = min(self.max_backoff_s, max(1.0, backoff * 2))
@@ -77,8 +79,8 @@ class Uploader:
                 self._wake.clear()
 
     def drain(self) -> int:
-        """Upload what the spool holds now, oldest first; the records sent. Raises S3Error at the first
-        failure (what is left stays spooled)."""
+        """Upload what the spool holds now, oldest first; the records sent. Raises at the first failure
+        (S3Error for S3's; what is left stays spooled)."""
         sent = 0
         for item in self.spool.pending():
             if self._stop.is_set():
