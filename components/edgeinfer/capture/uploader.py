@@ -65,9 +65,8 @@ class Uploader:
             try:
                 sent = self.drain()
                 backoff = 0.0
-            except (
-                Exception
-            ) as exc:  # not only S3Error: a broken HTTP read or a spool file must not end the thread
+            except Exception as exc:
+                # Not only S3Error: a cut-short HTTP read or an unreadable spool file must not end the thread.
                 self.failures += 1
                 self.last_error = str(exc)
                 backoff = min(self.max_backoff_s, max(1.0, backoff * 2))
