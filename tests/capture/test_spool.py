@@ -62,3 +62,20 @@ def test_the_age_cap_drops_what_waited_too_long(tmp_path: Path) -> None:
     spool.put(new)
     assert [p.id for p in spool.pending()] == [new.id]
     assert spool.dropped == {"size": 0, "age": 1}
+
+
+def test_a_record_whose_document_does_not_parse_is_dropped_at_start(tmp_path: Path) -> None:
+    now = 1_700_000_000.0
+    spool = Spool(tmp_path, max_bytes=10**6, max_age_s=3600, wall=lambda: now)
+    good, empty, torn = _record(now), _record(now + 1, rid="empty"), _record(now + 2, rid="torn")
+    for rec in (good, empty, torn):
+        spool.put(rec)
+    (tmp_path / f"{empty.id}.json").write_bytes(b"")  # renamed, but its content never reached the disk
+    (tmp_path / f"{torn.id}.json").write_bytes(b'{"key":')
+    again = Spool(tmp_path, max_bytes=10**6, max_age_s=3600, wall=lambda: now)
+    assert [p.id for p in again.pending()] == [good.id]
+    assert again.unreadable == 2
+    assert len(again) == 1
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "state.json") == sorted(
+        [f"{good.id}.jpg", f"{good.id}.json"]
+    )

@@ -1,9 +1,11 @@
 """The bounded on-disk spool: records wait here until uploaded, across restarts and days offline.
 
-A record is two files, `<id>.jpg` then `<id>.json`, each written atomically; the `.json` is its
-commit: a `.jpg` without one (a crash between) is removed at start. Ids sort by age, so the oldest
-go first, both to the uploader and to the caps: over `max_bytes`, or older than `max_age_s`, the
-oldest are dropped and counted; the counts are kept in `state.json` and survive restarts.
+A record is two files, `<id>.jpg` then `<id>.json`, each written atomically and synced; the `.json`
+is its commit: a `.jpg` without one (a crash between) is removed at start, and so is a record whose
+`.json` does not parse (a power loss can leave a renamed file empty where the disk did not sync).
+Ids sort by age, so the oldest go first, both to the uploader and to the caps: over `max_bytes`, or
+older than `max_age_s`, the oldest are dropped and counted; the counts are kept in `state.json` and
+survive restarts.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class Spool:
         self._lock = threading.Lock()
         self._sizes: dict[str, int] = {}  # id -> bytes of both files, oldest first once sorted
         self.dropped = {"size": 0, "age": 0}
+        self.unreadable = 0  # records removed at start: their document did not parse
         self.folder.mkdir(parents=True, exist_ok=True)
         self._load()
 
@@ -70,7 +73,11 @@ class Spool:
                 path.unlink(missing_ok=True)  # a write a crash interrupted
             elif path.suffix == ".json" and path.name != _STATE:
                 image = path.with_suffix(".jpg")
-                if image.exists():
+                if not _readable(path):
+                    self.unreadable += 1
+                    log.warning("capture spool: dropped record %s, its document does not parse", path.stem)
+                    path.unlink(missing_ok=True)  # its image goes below, with the other orphans
+                elif image.exists():
                     sizes[path.stem] = path.stat().st_size + image.stat().st_size
                 else:
                     path.unlink(missing_ok=True)
@@ -107,8 +114,10 @@ class Spool:
     def put(self, record: Record) -> None:
         doc = dict(record.doc, key=record.key)
         body = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
-        atomic_write(self.folder / f"{record.id}.jpg", record.image)
-        atomic_write(self.folder / f"{record.id}.json", body)
+        # Both synced, the image first: after a power loss the document's presence must mean both
+        # files hold what was written.
+        atomic_write(self.folder / f"{record.id}.jpg", record.image, fsync=True)
+        atomic_write(self.folder / f"{record.id}.json", body, fsync=True)
         with self._lock:
             self._sizes[record.id] = len(body) + len(record.image)
         self.enforce()
@@ -150,6 +159,13 @@ class Spool:
             atomic_write(self.folder / _STATE, state)
         except OSError as exc:
             log.warning("capture spool: state not saved: %s", exc)
+
+
+def _readable(document: Path) -> bool:
+    try:
+        return isinstance(json.loads(document.read_bytes()).get("key"), str)
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _ms(record_id: str) -> int:
