@@ -125,6 +125,8 @@ def test_the_bundle_as_built_runs_on_each_nucleus(
     pointer = (sim.root / "work" / STORE / "artifacts-path").read_text().strip()
     assert Path(pointer) == sim.root / "packages" / "artifacts" / STORE / __version__
     assert pointer.endswith("/") == (sim_nucleus == "lite")  # lite's {artifacts:path} ends in "/"
+    # every component has a run unit (lite waits for each), and nothing went BROKEN
+    assert sim.wait_for_deployment(60).status == "SUCCEEDED", sim.deployment().reason
 
     cloud = sim.cloud_client()
     windows = cloud.subscribe(f"edgeinfer/{thing}/telemetry")

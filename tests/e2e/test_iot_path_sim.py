@@ -10,6 +10,12 @@ MQTT 5 client as the cloud, and a cloud router, all but the broker in this proce
 - a 1080p JPEG sent locally with `offload: always` is answered by the cloud, the offload it caused
   under IoT Core's 128 KB; a 140,000-byte offload that cannot shrink is served on the edge instead of
   being handed to a nucleus that would refuse it.
+
+On nucleus lite (`--sim-nucleus lite`) nothing over 5,000 bytes reaches the device from IoT Core, no
+IPC message carries over 10,000 bytes and MQTT 5 properties are dropped: the cat photo as a request is
+never answered (the simulator counts it dropped), the burst and the deadline are checked with a
+request that fits, the raw-JPEG request loses its properties (BAD_REQUEST, no id, on the default
+topic), and a 1080p JPEG cannot be sent locally at all.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from edgeinfer.runtime.config import RuntimeConfig
 from edgeinfer.runtime.engine import Engine
 from edgeinfer.runtime.placement import HybridPlacement, OffloadConfig, OffloadPolicy
 from edgeinfer.runtime.server import InferenceServer
-from edgeinfer.sim import MosquittoBroker, Simulator
+from edgeinfer.sim import MosquittoBroker, SimError, Simulator
 from edgeinfer.transport import Message, MqttProperties
 from edgeinfer.transport.ipc import GreengrassIpcBus
 from edgeinfer.transport.mqtt import MqttPubSub
@@ -120,6 +126,16 @@ def photo(width: int, height: int) -> bytes:
     return bytes(buf)
 
 
+def lite(device: Device) -> bool:
+    return device.sim.nucleus.name == "lite"
+
+
+def request_image(device: Device) -> str:
+    """The request's image, base64: the cat photo, or on lite a JPEG whose request fits lite's
+    5,000-byte delivery limit (the cat's is dropped there, see the lite test below)."""
+    return base64.b64encode(photo(48, 48) if lite(device) else cat_image().read_bytes()).decode()
+
+
 def by_id(messages: list[Message]) -> dict[str, list[Result]]:
     out: dict[str, list[Result]] = {}
     for m in messages:
@@ -129,8 +145,15 @@ def by_id(messages: list[Message]) -> dict[str, list[Result]]:
 
 
 def test_a_burst_far_above_the_queue_gets_exactly_one_result_each(
-    device: Device, monkeypatch: pytest.MonkeyPatch
+    device: Device, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
+    if lite(device):
+        # What the lite profile found: under this burst the runtime's timing batch on local pub/sub
+        # grows past lite's 10,000-byte IPC message, and lite closes the runtime's whole connection
+        # (results unpublished from then on). The runtime must split its batches; until it does:
+        request.applymarker(
+            pytest.mark.xfail(strict=True, reason="the runtime's TimingBatch exceeds lite's IPC message")
+        )
     server = device.server
     engine = server.engine
     run = engine.run
@@ -151,7 +174,7 @@ def test_a_burst_far_above_the_queue_gets_exactly_one_result_each(
     monkeypatch.setattr(server.batcher, "admit", counted_admit)
     cloud = device.sim.cloud_client()
     results = cloud.subscribe(RESULT)
-    cat = base64.b64encode(cat_image().read_bytes()).decode()
+    cat = request_image(device)
     n = 40 * QUEUE
     for i in range(n):
         body = json.dumps({"id": f"b{i}", "image": cat, "offload": "never", "deadline_ms": 20_000})
@@ -175,7 +198,7 @@ def test_a_burst_far_above_the_queue_gets_exactly_one_result_each(
 def test_a_request_older_than_its_deadline_is_answered_deadline_exceeded(device: Device) -> None:
     cloud = device.sim.cloud_client()
     results = cloud.subscribe(RESULT)
-    cat = base64.b64encode(cat_image().read_bytes()).decode()
+    cat = request_image(device)
     sent = iso_utc(time.time() - 30)  # it waited upstream for half a minute
     cloud.publish(INFER, json.dumps({"id": "stale", "image": cat, "deadline_ms": 500, "sent_at": sent}))
     cloud.publish(
@@ -190,7 +213,25 @@ def test_a_request_older_than_its_deadline_is_answered_deadline_exceeded(device:
     assert got["fresh"].status == "ok"
 
 
+def test_on_lite_a_request_over_5000_bytes_is_never_answered_and_counted_dropped(device: Device) -> None:
+    if not lite(device):
+        pytest.skip("nucleus lite's delivery limit (classic delivers up to 128 KB: the tests above)")
+    cloud = device.sim.cloud_client()
+    results = cloud.subscribe(RESULT)
+    cat = base64.b64encode(cat_image().read_bytes()).decode()
+    cloud.publish(INFER, json.dumps({"id": "cat", "image": cat, "offload": "never"}))
+    cloud.publish(INFER, json.dumps({"id": "small", "image": request_image(device), "offload": "never"}))
+    got = by_id(results.wait_for(1, timeout=30))
+    assert list(got) == ["small"]
+    time.sleep(1.0)  # the cat's answer, were it coming, would be here by now
+    assert list(by_id(results.messages)) == ["small"]
+    assert device.sim.dropped_iot_messages() == 1
+
+
 def test_mqtt5_raw_jpeg_request_is_answered_on_its_response_topic(device: Device) -> None:
+    if lite(device):
+        _raw_jpeg_on_lite(device)
+        return
     cloud = device.sim.cloud_client()
     reply = f"{RESULT}/mqtt5-client"
     answers = cloud.subscribe(reply)
@@ -212,9 +253,33 @@ def test_mqtt5_raw_jpeg_request_is_answered_on_its_response_topic(device: Device
     assert msg.properties.content_type == "application/json"
 
 
+def _raw_jpeg_on_lite(device: Device) -> None:
+    """Lite drops the properties that carry the raw request's id, parameters and reply topic: the
+    runtime answers BAD_REQUEST without an id on the default topic (as measured on the real lite)."""
+    cloud = device.sim.cloud_client()
+    reply = f"{RESULT}/mqtt5-client"
+    answers, results = cloud.subscribe(reply), cloud.subscribe(RESULT)
+    props = MqttProperties(
+        content_type="image/jpeg", response_topic=reply, user_properties=(("id", "raw-1"),)
+    )
+    cloud.publish(INFER, photo(48, 48), properties=props)
+    (msg,) = results.wait_for(1, timeout=30)
+    result = Result.parse(msg.payload)
+    assert result.id is None
+    assert result.error is not None
+    assert result.error.code is ErrorCode.BAD_REQUEST
+    assert answers.messages == []
+
+
 def test_a_1080p_jpeg_offloaded_always_is_answered_by_the_cloud_in_a_message_that_fits(
     device: Device, router: Router
 ) -> None:
+    if lite(device):  # no component can send it: lite closes the sender's IPC connection
+        with pytest.raises(SimError, match="closes the sender's whole IPC connection"):
+            device.sim.local_client().publish(
+                INFER, {"id": "hd", "image": base64.b64encode(photo(1920, 1080)).decode()}
+            )
+        return
     cloud = device.sim.cloud_client()
     offloads = cloud.subscribe(OFFLOAD)
     local = device.sim.local_client()

@@ -148,10 +148,12 @@ class Decoder:
                 raise FrameError("prelude CRC mismatch")
             if total > MAX_FRAME or total < PRELUDE_LEN + 4 or headers_len > total - PRELUDE_LEN - 4:
                 raise FrameError(f"bad frame length {total}")
-            if self.max_frame is not None and total > self.max_frame:
-                raise FrameTooLargeError(f"a {total}-byte message, over the {self.max_frame} taken")
             if len(buf) < total:
                 break
+            if self.max_frame is not None and total > self.max_frame:
+                head = _decode_headers(bytes(buf[PRELUDE_LEN : PRELUDE_LEN + headers_len]))
+                what = head.get("operation") or head.get("service-model-type") or "message"
+                raise FrameTooLargeError(f"a {total}-byte {what}, over the {self.max_frame} bytes taken")
             (message_crc,) = struct.unpack_from(">I", buf, total - 4)
             with memoryview(buf) as view:  # one copy of the payload; released before `buf` shrinks
                 if zlib.crc32(view[: total - 4]) != message_crc:

@@ -127,8 +127,9 @@ def binary_event_payload(topic: str, message: bytes) -> bytes:
     )
 
 
-def request_frame_size(topic: str, kind: str, value: Any) -> int:
-    """The bytes of the PublishToTopic frame a component's IPC client sends for this message."""
+def message_frame_size(topic: str, kind: str, value: Any) -> int:
+    """The larger of the IPC frames this message takes: the PublishToTopic a component's client sends
+    for it, and the event a subscriber gets (which adds the topic as context)."""
     message = (
         model.PublishMessage(json_message=model.JsonMessage(message=value))
         if kind == "json"
@@ -143,7 +144,23 @@ def request_frame_size(topic: str, kind: str, value: Any) -> int:
         "service-model-type": request._model_name(),
         ":content-type": "application/json",
     }
-    return len(es.encode(headers, json.dumps(request._to_payload()).encode()))
+    sent = len(es.encode(headers, json.dumps(request._to_payload()).encode()))
+    if kind == "json":
+        context = model.MessageContext(topic=topic)
+        shape = model.SubscriptionResponseMessage(
+            json_message=model.JsonMessage(message=value, context=context)
+        )
+        event = codec.dumps(shape._to_payload()).encode()
+    else:
+        event = binary_event_payload(topic, value)
+    event_headers = {
+        ":message-type": es.APPLICATION_MESSAGE,
+        ":message-flags": 0,
+        ":stream-id": 1,
+        ":content-type": "application/json",
+        "service-model-type": "aws.greengrass#SubscriptionResponseMessage",
+    }
+    return max(sent, len(es.encode(event_headers, event)))
 
 
 class LocalClient:
@@ -163,7 +180,7 @@ class LocalClient:
             kind, value = "binary", payload.encode() if isinstance(payload, str) else bytes(payload)
         nucleus = self._sim._need()
         limit = nucleus.profile.ipc_max_message_bytes
-        size = request_frame_size(topic, kind, value) if limit is not None else 0
+        size = message_frame_size(topic, kind, value) if limit is not None else 0
         if limit is not None and size > limit:
             from edgeinfer.sim.simulator import SimError  # which imports this module
 
