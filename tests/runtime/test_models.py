@@ -14,12 +14,21 @@ from typing import Any
 
 import pytest
 
-from edgeinfer.messages import ErrorCode, Result
+from edgeinfer.messages import ErrorCode, Request, Result, result_topic
 from edgeinfer.model.manifest import Manifest
+from edgeinfer.runtime.answer import Job
 from edgeinfer.runtime.component import Component
 from edgeinfer.runtime.config import ModelEntry, RuntimeConfig, default_recipe_configuration
 from edgeinfer.runtime.engine import Engine
-from edgeinfer.runtime.models import LOAD_WAIT_S, ModelRepository, ModelSlot, ModelSource, read_sources
+from edgeinfer.runtime.inbound import ReplyTarget
+from edgeinfer.runtime.models import (
+    LOAD_WAIT_S,
+    ModelRepository,
+    ModelSlot,
+    ModelSource,
+    RepositoryHooks,
+    read_sources,
+)
 from edgeinfer.runtime.server import InferenceServer
 from edgeinfer.runtime.updates import store_pointer
 from edgeinfer.transport import MemoryBus
@@ -205,7 +214,9 @@ def test_budget_two_with_three_configured_keeps_the_pinned_one(
     repo = comp.server.models
     assert ask(bus, "b", model="beta").status == "ok"
     assert ask(bus, "g", model="gamma").status == "ok"  # the third evicts beta, not the default
-    assert [s.name for s in repo.loaded()] == ["alpha", "gamma"]
+    # beta's answer is published before its batch is done and its lease released: until then it is
+    # busy, and the loader unloads it once it drains
+    eventually(lambda: [s.name for s in repo.loaded()] == ["alpha", "gamma"], what="beta evicted")
     pinned: list[dict[str, Any]] = [
         {"dir": str(stores["alpha"])},
         {"dir": str(stores["beta"]), "pinned": True},
@@ -353,6 +364,102 @@ def test_a_store_that_does_not_load_answers_its_waiting_requests_and_then_at_onc
         assert ask(bus, "default").status == "ok"
     finally:
         server.stop()
+
+
+def test_requests_that_waited_are_answered_when_starting_the_loaded_model_fails(
+    gated: tuple[MemoryBus, InferenceServer, GatedBuild], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus, server, build = gated
+
+    def broken_warm_up(*_args: object) -> None:
+        raise RuntimeError("warm-up failed")
+
+    monkeypatch.setattr("edgeinfer.runtime.server.warm_up_decoder", broken_warm_up)
+    send(bus, "w1", model="beta", deadline_ms=30_000)
+    send(bus, "w2", model="beta")
+    eventually(lambda: len(server.models.slots[1].waiting) == 2, what="both wait for beta's load")
+    build.release.set()
+    for rid in ("w1", "w2"):
+        res = answer(bus, rid)
+        assert res.error is not None
+        assert res.error.code == ErrorCode.INTERNAL
+    eventually(lambda: server.inflight.count == 0, what="every accepted request counted out")
+
+
+class _FailingUnload(RepositoryHooks):
+    def on_unloaded(self, slot: ModelSlot, engine: Engine) -> None:
+        raise RuntimeError("unload failed")
+
+
+def test_a_load_whose_room_cannot_be_made_ends_and_is_not_loading_forever(
+    stores: dict[str, Path], two_engines: dict[str, Engine]
+) -> None:
+    slots = [
+        ModelSlot(ModelSource("alpha", str(stores["alpha"])), two_engines["alpha"]),
+        ModelSlot(ModelSource("beta", str(stores["beta"])), two_engines["beta"]),
+        ModelSlot(ModelSource("gamma", str(stores["gamma"]))),
+    ]
+    repo = ModelRepository(slots, build=lambda slot: two_engines["beta"], max_loaded=2)
+    repo.start(_FailingUnload())
+    try:
+        gamma = slots[2]
+        repo.load(gamma)
+        eventually(lambda: gamma.load_error is not None, what="the failed load recorded")
+        assert gamma.loading_since is None
+        assert gamma.engine is None
+        assert "unload failed" in gamma.load_error[1]  # type: ignore[index]
+    finally:
+        repo.stop()
+
+
+def test_a_request_admitted_while_the_repository_stops_is_refused_not_left_waiting(
+    stores: dict[str, Path], two_engines: dict[str, Engine]
+) -> None:
+    slots = [
+        ModelSlot(ModelSource("alpha", str(stores["alpha"])), two_engines["alpha"]),
+        ModelSlot(ModelSource("beta", str(stores["beta"]))),
+    ]
+    repo = ModelRepository(slots, build=lambda slot: two_engines["beta"])
+    repo.start(RepositoryHooks())
+    assert repo.stop() == []
+    job = Job(Request("late"), ReplyTarget(result_topic(THING)), time.monotonic())
+    for slot in slots:
+        taken = repo.acquire(slot, job)
+        assert not taken.ready
+        assert taken.code == ErrorCode.INTERNAL
+        assert taken.why == "the runtime is stopping"
+    assert not slots[1].waiting
+
+
+def test_a_store_moved_during_its_load_is_loaded_again_from_the_new_folder(
+    stores: dict[str, Path], two_engines: dict[str, Engine]
+) -> None:
+    release = threading.Event()
+    built: list[str] = []
+
+    def build(slot: ModelSlot) -> Engine:
+        built.append(slot.source.folder)
+        assert release.wait(30)
+        return two_engines["beta"]
+
+    beta = ModelSlot(ModelSource("beta", "/v1"))
+    repo = ModelRepository(
+        [ModelSlot(ModelSource("alpha", str(stores["alpha"])), two_engines["alpha"]), beta], build=build
+    )
+    repo.start(RepositoryHooks())
+    try:
+        repo.load(beta)
+        eventually(lambda: built == ["/v1"], what="the load from the old folder under way")
+        assert not repo.lease_loaded(beta, "/v2")  # loading: not swapped, its store moves
+        release.set()
+        eventually(lambda: beta.engine is not None, what="beta loaded")
+        assert built == ["/v1", "/v2"]
+        assert beta.source.folder == "/v2"
+        assert repo.lease_loaded(beta)  # loaded now: a swap may lease it
+        repo.release(beta)
+    finally:
+        release.set()
+        repo.stop()
 
 
 # ---------------------------------------------------------------------------------------- updates

@@ -217,6 +217,8 @@ class ModelRepository:
     def acquire(self, slot: ModelSlot, job: Job) -> Admission:
         """A lease on a loaded slot, or `job` waits for its load (started here), or why it cannot."""
         with self._cond:
+            if self._stopped:  # stop() has collected what waited: one joining now would go unanswered
+                return Admission(code=ErrorCode.INTERNAL, why="the runtime is stopping")
             now = self.clock()
             slot.last_used = now
             if slot.engine is not None:
@@ -246,6 +248,18 @@ class ModelRepository:
     def release(self, slot: ModelSlot) -> None:
         with self._cond:
             slot.leases -= 1
+
+    def lease_loaded(self, slot: ModelSlot, folder: str = "") -> bool:
+        """A lease on `slot` when it is loaded (True: `release` it), so that no eviction or load runs
+        while the caller swaps its engine; else False, and with `folder` its store is there from now
+        on (its next load reads it; a load under way from the old folder is run again)."""
+        with self._cond:
+            if slot.engine is not None and slot.loading_since is None:
+                slot.leases += 1
+                return True
+            if folder:
+                slot.source.folder = folder
+            return False
 
     def _expected_end(self, slot: ModelSlot) -> float:
         """When `slot`'s load should end: its last load's duration, else the longest load seen of any
@@ -345,9 +359,12 @@ class ModelRepository:
                 self._cond.notify_all()
 
     def _build(self, slot: ModelSlot) -> None:
-        self._enforce_budget(slot)
         start = self.clock()
+        with self._cond:
+            folder = slot.source.folder
         try:
+            # In here, so that a failure to make room still ends the load and answers what waited.
+            self._enforce_budget(slot)
             if self.build is None:
                 raise RuntimeError("this runtime loads no model after its start")
             engine = self.build(slot)
@@ -360,6 +377,16 @@ class ModelRepository:
             self.hooks.on_load_failed(slot, waited, str(exc))
             return
         with self._cond:
+            if slot.source.folder != folder and not self._stopped:
+                # The store moved during the build (a new version): load it from there instead.
+                log.info(
+                    "model %s: its store moved to %s while loading; loading again",
+                    slot.name,
+                    slot.source.folder,
+                )
+                self._pending.append(slot)
+                self._cond.notify_all()
+                return
             slot.load_s = self.clock() - start
             slot.loading_since = None
             slot.load_error = None
