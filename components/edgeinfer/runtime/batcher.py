@@ -370,8 +370,10 @@ class DynamicBatcher(Generic[T]):
 
     @property
     def idle(self) -> bool:
-        """Nothing admitted, queued or running."""
-        return self._admitted == 0 and self._running == 0
+        """Nothing admitted, queued or running (read under the lock: a batch taken moves its items
+        from admitted to running in two steps, and the repository's eviction reads this)."""
+        with self._cond:
+            return self._admitted == 0 and self._running == 0
 
     @property
     def _quiet(self) -> bool:
