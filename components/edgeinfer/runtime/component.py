@@ -405,15 +405,19 @@ class Component:
     def _rebuild_other_models(self) -> None:
         """New engine options: each loaded model besides the default on a new engine too (a model
         not loaded takes them at its next load)."""
-        for slot in self.server.models.slots[1:]:
-            if slot.engine is None:
+        models = self.server.models
+        for slot in models.slots[1:]:
+            if not models.lease_loaded(slot):  # neither evicted nor reloaded under the swap
                 continue
             try:
                 engine = self._build_slot(slot)
             except Exception as exc:
                 log.error("model %s not rebuilt, keeping its running engine: %s", slot.name, exc)
                 continue
-            self.server.swap_model(slot, engine)
+            else:
+                self.server.swap_model(slot, engine)
+            finally:
+                models.release(slot)
 
     # ------------------------------------------------------------------------------------ model updates
 
@@ -517,8 +521,9 @@ class Component:
         and warmed off the hot path; one not loaded now loads the new version when next asked for."""
         with self._lock:
             old = slot.source.folder
-            if slot.engine is None:
-                slot.source.folder = folder
+            # The lease keeps it loaded until the swap; not loaded (or loading), its next load reads
+            # the new folder.
+            if not self.server.models.lease_loaded(slot, folder):
                 log.info("model %s: store now at %s (loaded when next asked for)", slot.name, folder)
                 return
             try:
@@ -527,10 +532,14 @@ class Component:
                 log.error(
                     "model store at %s not loaded, still serving %s from %s: %s", folder, slot.name, old, exc
                 )
+                self.server.models.release(slot)
                 return
             slot.source.folder = folder  # recorded before the swap, as for the one store
             slot.source.version = engine.manifest.version
-            self.server.swap_model(slot, engine)
+            try:
+                self.server.swap_model(slot, engine)
+            finally:
+                self.server.models.release(slot)
             if slot is self.server.models.default and self.server.offloader is not None:
                 self._rewire_placement()
             log.info("model %s updated: %s -> %s (%s)", slot.name, old, engine.manifest.version, folder)
@@ -584,13 +593,13 @@ class Component:
             self.updates.close()
         if self.source is not None:
             self.source.stop()
-        if self.capture is not None:
-            self.capture.stop()  # what was chosen is spooled; the spool keeps what is not uploaded
         if self._server is not None:
             offloader = self._server.offloader
             if offloader is not None and hasattr(offloader, "stop"):
                 offloader.stop()  # open offloads are served here while the server still runs
             self._server.stop()
+        if self.capture is not None:  # after the server: what it answers while stopping is captured
+            self.capture.stop()  # what was chosen is spooled; the spool keeps what is not uploaded
         self._stop.set()
 
 
