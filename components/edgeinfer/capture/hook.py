@@ -98,7 +98,10 @@ class CaptureHook(AnswerHook):
     def stop(self) -> None:
         """What was chosen is spooled first; the uploader stops after (the spool keeps the rest)."""
         if self._thread is not None:
-            self._queue.put(None)
+            try:  # a writer stuck on a full queue must not hold up the runtime's stop
+                self._queue.put(None, timeout=10)
+            except queue.Full:
+                log.warning("capture's writer did not take its stop within 10 s; stopping without it")
             self._thread.join(10)
             self._thread = None
         if self.uploader is not None:
