@@ -33,6 +33,9 @@ __all__ = ["CaptureHook", "start_capture"]
 
 log = logging.getLogger(__name__)
 
+# How long stop waits for the writer to take its end marker, and then to end.
+STOP_WAIT_S = 10.0
+
 
 @dataclass
 class _Chosen:
@@ -99,10 +102,12 @@ class CaptureHook(AnswerHook):
         """What was chosen is spooled first; the uploader stops after (the spool keeps the rest)."""
         if self._thread is not None:
             try:  # a writer stuck on a full queue must not hold up the runtime's stop
-                self._queue.put(None, timeout=10)
+                self._queue.put(None, timeout=STOP_WAIT_S)
             except queue.Full:
-                log.warning("capture's writer did not take its stop within 10 s; stopping without it")
-            self._thread.join(10)
+                log.warning(
+                    "capture's writer did not take its stop in %g s; stopping without it", STOP_WAIT_S
+                )
+            self._thread.join(STOP_WAIT_S)
             self._thread = None
         if self.uploader is not None:
             self.uploader.stop()
