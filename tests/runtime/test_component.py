@@ -320,3 +320,25 @@ def test_on_nucleus_lite_the_real_process_serves_and_follows_updates(
     sim.update_configuration(COMPONENT, merge={"maxQueueSize": 12})
     eventually(lambda: "configuration changed: max_queue_size" in sim.logs(COMPONENT), what="the update")
     assert sim.state(COMPONENT) == "RUNNING"
+
+
+def test_capture_stops_after_the_server_so_what_it_answers_while_stopping_is_captured(
+    tiny_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    comp, _bus = make(tiny_store, tmp_path)
+    comp.start()
+    order: list[str] = []
+    server_stop = comp.server.stop
+
+    def stop_server() -> None:
+        order.append("server")
+        server_stop()
+
+    class Capture:
+        def stop(self) -> None:
+            order.append("capture")
+
+    monkeypatch.setattr(comp.server, "stop", stop_server)
+    comp.capture = Capture()  # type: ignore[assignment]
+    comp.stop()
+    assert order == ["server", "capture"]
