@@ -415,3 +415,34 @@ def test_a_lone_doomed_item_is_answered_at_once_and_holds_no_lane() -> None:
     assert [q.item for q in poll.doomed] == ["x"]
     assert poll.slots == 0
     assert b.idle
+
+
+class _CountingLock:
+    """A reentrant lock that counts how often it is taken."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.taken = 0
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        self.taken += 1
+        return self.lock.acquire(blocking, timeout)
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def test_idle_is_read_under_the_lock_a_batch_taken_holds() -> None:
+    # Taking a batch moves its items from admitted to running in two steps: read between them
+    # unlocked, a busy batcher looks idle and the repository's eviction unloads its model.
+    b: DynamicBatcher[int] = DynamicBatcher()
+    counting = _CountingLock()
+    b._cond = threading.Condition(counting)  # type: ignore[arg-type]
+    assert b.idle
+    assert counting.taken == 1
