@@ -11,7 +11,7 @@ import pytest
 
 # The simulated core's fixtures (edgeinfer.sim.pytest_plugin): a developer tool, with mosquitto.
 SIM_FIXTURES = frozenset({"simulator", "sim_broker", "sim_nucleus"})
-DEV_ONLY_MARKERS = ("slow", "e2e", "index")
+DEV_ONLY_MARKERS = ("slow", "e2e", "index", "devtool")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -136,6 +136,7 @@ def same_answer(a: Result, b: Result) -> None:
 # ------------------------------------------------------------------------------------------ choosing
 
 
+@pytest.mark.devtool  # the tiny detector is built by the model build pipeline
 def test_two_models_chosen_by_model_each_answer_equal_to_that_store_alone(
     stores: dict[str, Path], detector: Path, tmp_path: Path, running: list[Component]
 ) -> None:

@@ -77,11 +77,13 @@ def test_watch_once_shows_what_the_broker_carried(
     assert len(lines) == 1  # the garbage was not recorded
 
 
+@pytest.mark.devtool  # the installed edgeinfer command line
 def test_watch_rejects_a_bad_thing_name(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["watch", "--thing", "a/b", "--broker", "127.0.0.1:1"]) == 2
     assert "not a thing name" in capsys.readouterr().err
 
 
+@pytest.mark.devtool  # the installed edgeinfer command line
 def test_watch_endpoint_needs_cert_and_key(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["watch", "--endpoint", "example-ats.iot.us-east-1.amazonaws.com"]) == 2
     assert "--cert and --key" in capsys.readouterr().err
@@ -170,6 +172,7 @@ def test_watch_fleet_in_a_terminal_shows_one_row_per_thing_worst_first(sim_broke
     assert "0 (0.0%)" in by_thing["cam-00"]
 
 
+@pytest.mark.devtool  # the installed edgeinfer command line
 def test_watch_fleet_takes_no_thing(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["watch", "--fleet", "--thing", "cam-1", "--broker", "127.0.0.1:1"]) == 2
     assert "leave out --thing" in capsys.readouterr().err
