@@ -123,6 +123,7 @@ def device(
         dev.server.stop()
 
 
+@pytest.mark.devtool  # moto's S3 server and the simulator's token exchange service
 def test_an_s3_object_is_read_with_the_token_exchange_services_credentials(
     device: Callable[..., Device], moto_s3: str, tes: TokenExchangeServer
 ) -> None:
@@ -138,6 +139,7 @@ def test_an_s3_object_is_read_with_the_token_exchange_services_credentials(
     assert all(name.startswith("edgeinfer-decode") for name in dev.fetched_on)
 
 
+@pytest.mark.devtool  # moto's S3 server and the simulator's token exchange service
 def test_a_presigned_url_is_fetched_with_a_plain_get(device: Callable[..., Device], moto_s3: str) -> None:
     s3 = _boto3(moto_s3)
     s3.put_object(Bucket=BUCKET, Key="g.jpg", Body=solid_jpeg((5, 240, 5)))
@@ -156,6 +158,7 @@ def test_a_presigned_url_is_fetched_with_a_plain_get(device: Callable[..., Devic
     assert "X-Amz-Signature" not in err.message  # a presigned URL's query is a credential
 
 
+@pytest.mark.devtool  # moto's S3 server and the simulator's token exchange service
 def test_each_failed_fetch_is_answered_once_with_its_reason(
     device: Callable[..., Device], moto_s3: str
 ) -> None:
@@ -190,6 +193,7 @@ def test_each_failed_fetch_is_answered_once_with_its_reason(
         assert why in err.message, (rid, err.message)
 
 
+@pytest.mark.devtool  # moto's S3 server and the simulator's token exchange service
 def test_with_no_image_urls_configured_every_url_is_refused(device: Callable[..., Device]) -> None:
     dev = device([])
     dev.send({"id": "u", "image_url": f"s3://{BUCKET}/a.jpg"}, target="local")
