@@ -45,8 +45,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The e2e suite runs twice: as the classic nucleus (with everything else) and as nucleus lite, whose
+# limits (recipe size, IPC and IoT Core message sizes, no MQTT 5 properties) the simulator enforces.
 test: setup lint typecheck
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --sim-nucleus lite tests/e2e $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory test-pythons
 
 # The device side on the other Pythons a device may run (the venv above is 3.11), all at once: one

@@ -147,13 +147,6 @@ def by_id(messages: list[Message]) -> dict[str, list[Result]]:
 def test_a_burst_far_above_the_queue_gets_exactly_one_result_each(
     device: Device, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
-    if lite(device):
-        # What the lite profile found: under this burst the runtime's timing batch on local pub/sub
-        # grows past lite's 10,000-byte IPC message, and lite closes the runtime's whole connection
-        # (results unpublished from then on). The runtime must split its batches; until it does:
-        request.applymarker(
-            pytest.mark.xfail(strict=True, reason="the runtime's TimingBatch exceeds lite's IPC message")
-        )
     server = device.server
     engine = server.engine
     run = engine.run

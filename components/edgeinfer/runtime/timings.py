@@ -22,7 +22,9 @@ from edgeinfer.transport import PubSub, TransportError
 
 log = logging.getLogger(__name__)
 
-BATCH_MAX_BYTES = IPC_MAX_BYTES - 1000  # room for the IPC envelope (topic, framing) around the payload
+# The bus sends a binary message: its payload travels base64 inside the IPC frame's JSON (4 bytes for
+# every 3), beside the envelope (topic, headers, framing) that the rest leaves room for.
+BATCH_MAX_BYTES = (IPC_MAX_BYTES - 1000) * 3 // 4
 
 
 class TimingPublisher:
