@@ -6,6 +6,7 @@ import json
 import threading
 
 from edgeinfer.messages import (
+    IPC_MAX_BYTES,
     TIMED_DETECTIONS,
     TIMINGS_TOPIC,
     Box,
@@ -21,12 +22,14 @@ from edgeinfer.messages import (
 )
 from edgeinfer.runtime.answer import AnswerHook, Answers, Job, Stats
 from edgeinfer.runtime.inbound import Refusal, ReplyTarget
+from edgeinfer.runtime.ipc_frame import framed_size
 from edgeinfer.runtime.timings import TimingPublisher
 from edgeinfer.runtime.updates import InFlight
 from edgeinfer.transport import MemoryBus, MqttProperties, Target, UnauthorizedError
 
 THING = "dev1"
 DEFAULT = result_topic(THING)
+CLASSIC_IPC_MAX = 16 * 1024 * 1024
 
 
 class Clock:
@@ -66,7 +69,9 @@ class RefusingBus(MemoryBus):
         super().publish(topic, payload, target=target, qos=qos, properties=properties)
 
 
-def make(bus: MemoryBus | None = None) -> tuple[Answers, MemoryBus, Clock, Recorder]:
+def make(
+    bus: MemoryBus | None = None, *, max_ipc_bytes: int = IPC_MAX_BYTES
+) -> tuple[Answers, MemoryBus, Clock, Recorder]:
     bus = bus or MemoryBus()
     clock = Clock()
     timings = TimingPublisher(bus, THING, enabled=False, clock=clock, wall=lambda: 1_800_000_000.0)
@@ -79,6 +84,7 @@ def make(bus: MemoryBus | None = None) -> tuple[Answers, MemoryBus, Clock, Recor
         stats_lock=threading.Lock(),
         clock=clock,
         wall=lambda: 1_800_000_000.0,
+        max_ipc_bytes=max_ipc_bytes,
     )
     rec = Recorder()
     answers.hooks += [Broken(), rec]
@@ -137,13 +143,66 @@ def test_dlr_format_from_the_request_or_the_runtime() -> None:
 
 
 def test_a_result_iot_core_would_refuse_is_answered_too_large() -> None:
-    answers, bus, clock, _ = make()
+    answers, bus, clock, _ = make(max_ipc_bytes=CLASSIC_IPC_MAX)  # local: a classic-only deployment's
     answers.send(Job(Request("big"), ReplyTarget(DEFAULT, "iot"), clock()), ok("big", n=3000))
     answers.send(Job(Request("local"), ReplyTarget(DEFAULT, "local"), clock()), ok("local", n=3000))
     iot, local = (Result.parse(m.payload) for m in bus.published)
     assert iot.error is not None
     assert iot.error.code is ErrorCode.TOO_LARGE
     assert local.status == "ok"
+
+
+def detector(rid: str, n: int) -> Result:
+    boxes = [Detection(i % 80, f"class {i % 80}", 0.25, Box(1.5, 2.5, 300.5, 400.5)) for i in range(n)]
+    return Result(rid, "ok", "", detections=boxes, model=ModelRef("det", "1", "int8"), batch_size=1)
+
+
+def test_a_result_over_the_ipc_message_cap_is_answered_too_large_once() -> None:
+    answers, bus, clock, rec = make()
+    assert answers.max_ipc_bytes == IPC_MAX_BYTES
+    answers.timings.enabled = True
+    answers.send(Job(Request("many"), ReplyTarget(DEFAULT), clock()), detector("many", 300))
+    answers.send(Job(Request("few"), ReplyTarget(DEFAULT), clock()), detector("few", 10))
+    answers.timings.flush()
+    many, few, timing = bus.published
+    assert len(many.payload) < 1000  # the error in its place is small
+    out = Result.parse(many.payload)
+    assert out.error is not None
+    assert out.error.code is ErrorCode.TOO_LARGE
+    assert "ask for fewer (max_detections / top_k)" in out.error.message
+    assert "\n" not in out.error.message
+    assert out.model == ModelRef("det", "1", "int8")
+    assert Result.parse(few.payload).status == "ok"
+    assert framed_size(DEFAULT, len(few.payload)) <= IPC_MAX_BYTES
+    assert rec.seen == [("many", "ok", "TOO_LARGE"), ("few", "ok", "ok")]
+    assert answers.stats.errors == {"TOO_LARGE": 1}
+    assert answers.stats.ok == 1
+    records = TimingBatch.parse(timing.payload).records
+    assert [(r.id, r.code) for r in records] == [("many", ErrorCode.TOO_LARGE), ("few", None)]
+
+
+def test_the_ipc_cap_counts_the_reply_topic_and_correlation_data() -> None:
+    result = detector("x", 1)
+    payload_len = len(result.to_json())
+    cap = framed_size(DEFAULT, payload_len + 200)  # room for the timestamp and latency it gets
+    answers, bus, clock, _ = make(max_ipc_bytes=cap)
+    answers.send(Job(Request("a"), ReplyTarget(DEFAULT), clock()), detector("a", 1))
+    props = MqttProperties(correlation_data=bytes(600))
+    answers.send(Job(Request("b"), ReplyTarget(DEFAULT, "iot", props), clock()), detector("b", 1))
+    a, b = (Result.parse(m.payload) for m in bus.published)
+    assert a.status == "ok"
+    assert b.error is not None
+    assert b.error.code is ErrorCode.TOO_LARGE
+
+
+def test_raising_the_ipc_cap_lets_a_large_result_through() -> None:
+    answers, bus, clock, _ = make()
+    answers.max_ipc_bytes = CLASSIC_IPC_MAX  # what a live configuration change does
+    answers.send(Job(Request("many"), ReplyTarget(DEFAULT), clock()), detector("many", 300))
+    out = Result.parse(bus.published[0].payload)
+    assert out.status == "ok"
+    assert out.detections is not None
+    assert len(out.detections) == 300
 
 
 def test_a_refusal_is_answered_where_it_says_with_its_correlation_data() -> None:

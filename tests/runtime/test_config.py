@@ -8,6 +8,7 @@ import jsonschema
 import pytest
 import yaml
 
+from edgeinfer.messages import IPC_MAX_BYTES
 from edgeinfer.runtime.config import (
     ConfigError,
     CpuOptions,
@@ -220,3 +221,15 @@ def test_models_read_on_either_nucleus_with_their_refusals() -> None:
             RuntimeConfig.from_recipe(dict(doc, models=models, **more))
         assert err.value.reasons == reason
     assert not engine_keys_changed(classic, dataclasses.replace(classic, models=[], max_loaded_models=0))
+
+
+def test_the_ipc_message_cap_ships_in_code_is_live_and_refused_below_1000() -> None:
+    assert RuntimeConfig().max_ipc_message_bytes == IPC_MAX_BYTES  # what both nuclei carry
+    assert "maxIpcMessageBytes" not in default_recipe_configuration()  # lite's recipe size budget
+    for doc in ({"maxIpcMessageBytes": 16_777_216}, lite_typed({"maxIpcMessageBytes": 16_777_216})):
+        assert RuntimeConfig.from_recipe(doc).max_ipc_message_bytes == 16_777_216
+    with pytest.raises(ConfigError) as err:
+        RuntimeConfig.from_recipe({"maxIpcMessageBytes": 999})
+    assert "maxIpcMessageBytes: must be at least 1000" in str(err.value)
+    a = RuntimeConfig()
+    assert engine_keys_changed(a, dataclasses.replace(a, max_ipc_message_bytes=20_000)) == set()

@@ -840,6 +840,7 @@ def test_a_result_over_iot_cores_limit_is_answered_too_large(
     engine = harness.server.engine
     many = [Prediction(i, "x" * 300, 0.001) for i in range(600)]  # ~200 KB of JSON
     monkeypatch.setattr(engine, "top_k", lambda probs, k: many)
+    harness.server.answers.max_ipc_bytes = 16 * 1024 * 1024  # maxIpcMessageBytes: a classic-only deployment
     harness.send({"id": "big", "image": b64(solid_jpeg((250, 5, 5)))}, target="iot")
     harness.send({"id": "local-big", "image": b64(solid_jpeg((250, 5, 5)))})
     eventually(lambda: len(harness.bus.messages_on(RESULT)) == 2)

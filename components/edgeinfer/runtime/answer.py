@@ -2,7 +2,8 @@
 
 `Answers.send(job, result)` claims the job (a second answer is ignored), leaves the in-flight count,
 finishes the latency figures and stamps the time, puts DEADLINE_EXCEEDED in place of a result ready
-after its deadline (never a late `ok`) and TOO_LARGE in place of one IoT Core would not carry, writes
+after its deadline (never a late `ok`) and TOO_LARGE in place of one IoT Core would not carry or one
+whose IPC message would pass `max_ipc_bytes` (nucleus lite closes the whole connection on it), writes
 the result format (the contract's JSON, or DLR's), publishes it without waiting on the bus, and
 counts it and records its timing. A `reply_to` the nucleus refuses at publish time still gets its one
 answer: BAD_REQUEST on the default topic, which the recipe grants.
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgeinfer.messages import (
     IOT_CORE_MAX_BYTES,
+    IPC_MAX_BYTES,
     TIMED_DETECTIONS,
     ErrorCode,
     Latency,
@@ -38,6 +40,7 @@ from edgeinfer.messages import (
     result_topic,
 )
 from edgeinfer.runtime.inbound import Refusal, ReplyTarget
+from edgeinfer.runtime.ipc_frame import framed_size
 from edgeinfer.runtime.timings import TimingPublisher
 from edgeinfer.runtime.updates import InFlight
 from edgeinfer.transport import Bus, TransportError, UnauthorizedError
@@ -117,6 +120,7 @@ class Answers:
         stats_lock: threading.Lock,
         queue_depth: Callable[[], int] = lambda: 0,
         result_format: str = "edgeinfer",
+        max_ipc_bytes: int = IPC_MAX_BYTES,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -128,6 +132,7 @@ class Answers:
         self._stats_lock = stats_lock
         self.queue_depth = queue_depth
         self.result_format = result_format  # the runtime's `resultFormat`; a request may ask for dlr
+        self.max_ipc_bytes = max_ipc_bytes  # the runtime's `maxIpcMessageBytes`
         self.clock = clock
         self.wall = wall
         self.hooks: list[AnswerHook] = []
@@ -207,7 +212,7 @@ class Answers:
 
     def _encode(self, job: Job, result: Result) -> tuple[Result, bytes]:
         """The payload in the asked format; TOO_LARGE in place of one IoT Core would refuse (the
-        client would hear nothing)."""
+        client would hear nothing) or one whose IPC message would pass `max_ipc_bytes`."""
         if result.status == "ok" and "dlr" in (job.request.result_format, self.result_format):
             doc: dict[str, Any] = {"id": result.id, "status": "ok", **result.to_dlr_dict()}
             payload = json.dumps(doc, separators=(",", ":")).encode()
@@ -215,6 +220,14 @@ class Answers:
             payload = result.to_json()
         if job.reply.bus == "iot" and not fits_iot_core(payload):
             why = f"the result is {len(payload)} bytes, over IoT Core's {IOT_CORE_MAX_BYTES}: ask for less"
+            result = _instead(result, ErrorCode.TOO_LARGE, why)
+            payload = result.to_json()
+        framed = framed_size(job.reply.topic, len(payload), job.reply.properties)
+        if result.status == "ok" and framed > self.max_ipc_bytes:
+            why = (
+                f"the result takes a {framed}-byte IPC message, over the {self.max_ipc_bytes} the runtime "
+                "sends: ask for fewer (max_detections / top_k)"
+            )
             result = _instead(result, ErrorCode.TOO_LARGE, why)
             payload = result.to_json()
         return result, payload

@@ -19,6 +19,7 @@ from typing import Any
 
 from edgeinfer import config as reader
 from edgeinfer.config import ConfigError, camel
+from edgeinfer.messages import IPC_MAX_BYTES
 
 __all__ = [
     "COMPONENT",
@@ -225,6 +226,10 @@ class RuntimeConfig:
     max_detections: int = 0  # detectors; 0: the model manifest's default
     score_threshold: float = 0.0  # detectors; 0: the model manifest's default
     result_format: str = "edgeinfer"
+    # The largest IPC message a result may take, as framed (`edgeinfer.runtime.ipc_frame`); a larger
+    # one is answered TOO_LARGE. Nucleus lite closes a component's whole IPC connection on a message
+    # over its cap, which is the default; a deployment on the classic nucleus alone may raise it.
+    max_ipc_message_bytes: int = IPC_MAX_BYTES
     subscribe_local: bool = True
     subscribe_iot: bool = True
     reply_to_topics: list[str] = field(default_factory=lambda: ["edgeinfer/{thing}/result/#"])
@@ -338,6 +343,8 @@ class RuntimeConfig:
             out.append(("scoreThreshold", "must be 0 (the model's) or a fraction below 1"))
         if self.result_format not in RESULT_FORMATS:
             out.append(("resultFormat", "must be 'edgeinfer' or 'dlr'"))
+        if self.max_ipc_message_bytes < 1000:
+            out.append(("maxIpcMessageBytes", "must be at least 1000"))
         return out
 
     def _check_threads(self) -> list[tuple[str, str]]:
@@ -420,8 +427,9 @@ def engine_keys_changed(old: RuntimeConfig, new: RuntimeConfig) -> set[str]:
 
 
 # Recipe keys whose default is only in the code (nucleus lite caps a recipe's size): `capture` is a
-# whole node (docs/capture.md), empty unless a deployment merges one; so is `imageUrls`.
-SHIPPED_IN_CODE = frozenset({"capture", "imageUrls"})
+# whole node (docs/capture.md), empty unless a deployment merges one; so is `imageUrls`, and
+# `maxIpcMessageBytes` is for the classic-only deployment that raises it.
+SHIPPED_IN_CODE = frozenset({"capture", "imageUrls", "maxIpcMessageBytes"})
 
 
 def default_recipe_configuration() -> dict[str, Any]:

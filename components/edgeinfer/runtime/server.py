@@ -146,6 +146,7 @@ class InferenceServer:
             stats_lock=self._stats_lock,
             queue_depth=lambda: sum(s.batcher.depth for s in self.models.slots),
             result_format=cfg.result_format,
+            max_ipc_bytes=cfg.max_ipc_message_bytes,
             clock=clock,
             wall=wall,
         )
@@ -331,6 +332,7 @@ class InferenceServer:
         self.timings.flush_interval_ms = cfg.timings.flush_interval_ms
         self.timings.enabled = cfg.timings.enabled
         self.answers.result_format = cfg.result_format
+        self.answers.max_ipc_bytes = cfg.max_ipc_message_bytes
 
     def add_model(self, source: ModelSource) -> ModelSlot:
         """Serve a model found after the start (a model component deployed later), loaded when first
