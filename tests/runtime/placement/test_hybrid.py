@@ -31,6 +31,7 @@ from tests.helpers.images import solid_jpeg
 from tests.helpers.wait import wait_for
 
 THING = "edge-1"
+CLASSIC_IPC_MAX = 16 * 1024 * 1024  # maxIpcMessageBytes of a classic-only deployment
 
 
 # Local pub/sub in memory; `iot` goes to the real broker (what the nucleus's IoT Core bridge does).
@@ -269,6 +270,33 @@ def _ctx(served: list[str], left: float | None = None) -> Any:
     )
 
 
+def test_an_offload_over_the_ipc_message_cap_is_not_published_and_is_served_here() -> None:
+    from edgeinfer.messages import IPC_MAX_BYTES, Request, offload_topic
+
+    photo = _photo(640, 480)
+    assert len(photo) > IPC_MAX_BYTES
+    bus = MemoryBus()
+    hybrid = HybridPlacement(bus, THING, OffloadPolicy(OffloadConfig()))  # the default cap: lite's
+    assert hybrid.max_ipc_bytes == IPC_MAX_BYTES
+    served: list[str] = []
+    replies: list[Result] = []
+    try:
+        hybrid.offload(Request("big", image=photo, offload="always"), _ctx(served), replies.append)
+        assert wait_for(lambda: served == ["x"], 10)
+    finally:
+        hybrid.stop()
+    assert bus.messages_on(offload_topic(THING)) == []  # nucleus lite would close the connection
+    assert replies == []
+    assert hybrid.policy.inflight == 0
+    assert hybrid.policy.breaker.state is BreakerState.CLOSED  # not the cloud's failure
+    small = HybridPlacement(bus, THING, OffloadPolicy(OffloadConfig()))
+    try:
+        small.offload(Request("small", image=b"jpg", offload="always"), _ctx([]), replies.append)
+        assert len(bus.messages_on(offload_topic(THING))) == 1
+    finally:
+        small.stop()
+
+
 def test_a_1080p_offload_is_re_encoded_at_the_models_size_and_fits_through_iot_core() -> None:
     import cv2
     import numpy as np
@@ -278,7 +306,14 @@ def test_a_1080p_offload_is_re_encoded_at_the_models_size_and_fits_through_iot_c
     photo = _photo(1920, 1080)
     assert len(base64.b64encode(photo)) > IOT_CORE_MAX_BYTES  # as it came, it would not fit
     bus = MemoryBus()
-    hybrid = HybridPlacement(bus, THING, OffloadPolicy(OffloadConfig()), image_side=256, image_keep=224)
+    hybrid = HybridPlacement(
+        bus,
+        THING,
+        OffloadPolicy(OffloadConfig()),
+        image_side=256,
+        image_keep=224,
+        max_ipc_bytes=CLASSIC_IPC_MAX,
+    )
     served: list[str] = []
     try:
         hybrid.offload(Request("hd", image=photo, offload="always"), _ctx(served), lambda r: None)
@@ -310,7 +345,9 @@ def test_an_offloads_budget_loses_the_time_it_waited_for_its_re_encode() -> None
     clock = SlowEncoderClock()
     bus = MemoryBus()
     policy: OffloadPolicy[Any] = OffloadPolicy(OffloadConfig(), clock=clock)
-    hybrid = HybridPlacement(bus, THING, policy, image_side=256, image_keep=224, clock=clock)
+    hybrid = HybridPlacement(
+        bus, THING, policy, image_side=256, image_keep=224, max_ipc_bytes=CLASSIC_IPC_MAX, clock=clock
+    )
     try:
         hybrid.offload(
             Request("hd", image=_photo(1920, 1080), offload="always"), _ctx([], left=500.0), lambda r: None
@@ -382,7 +419,9 @@ def test_a_cloud_answer_to_a_re_encoded_offload_has_its_boxes_in_the_request_pix
     )
 
     bus = MemoryBus()
-    hybrid = HybridPlacement(bus, THING, OffloadPolicy(OffloadConfig()), image_side=270).start()
+    hybrid = HybridPlacement(
+        bus, THING, OffloadPolicy(OffloadConfig()), image_side=270, max_ipc_bytes=CLASSIC_IPC_MAX
+    ).start()
     replies: list[Result] = []
     try:
         hybrid.offload(Request("det", image=_photo(1920, 1080), offload="always"), _ctx([]), replies.append)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from edgeinfer.messages import (
     IOT_CORE_MAX_BYTES,
+    IPC_MAX_BYTES,
     Box,
     ErrorCode,
     OffloadOrigin,
@@ -31,6 +32,7 @@ from edgeinfer.messages import (
     offload_result_topic,
     offload_topic,
 )
+from edgeinfer.runtime.ipc_frame import framed_size
 from edgeinfer.runtime.placement.config import OffloadConfig
 from edgeinfer.runtime.placement.ledger import Ticket
 from edgeinfer.runtime.placement.policy import OffloadPolicy
@@ -82,6 +84,7 @@ class HybridPlacement(PlacementPolicy):
         target: Target = "iot",
         image_side: int = 0,
         image_keep: int = 0,
+        max_ipc_bytes: int = IPC_MAX_BYTES,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -92,6 +95,9 @@ class HybridPlacement(PlacementPolicy):
         # The shorter side offloaded images are re-encoded to (0: sent as they are).
         self.image_side = self.policy.config.offload_image_side or image_side
         self.image_keep = image_keep  # the pixels the network looks at (its crop of `image_side`)
+        # The runtime's `maxIpcMessageBytes`: an offload carries its image, and a PublishToIoTCore
+        # over nucleus lite's cap would close the runtime's whole IPC connection.
+        self.max_ipc_bytes = max_ipc_bytes
         self._encoder: concurrent.futures.ThreadPoolExecutor | None = None
         self._wire_bytes = 20_000.0  # running mean of re-encoded offload images (for predictions)
         self.clock = clock
@@ -114,6 +120,7 @@ class HybridPlacement(PlacementPolicy):
         local_models: Iterable[str],
         image_side: int = 0,
         image_keep: int = 0,
+        max_ipc_bytes: int = IPC_MAX_BYTES,
         clock: Callable[[], float] = time.monotonic,
     ) -> HybridPlacement:
         """From the runtime recipe's `placement` object (see `OffloadConfig`; raises ConfigError)."""
@@ -121,7 +128,15 @@ class HybridPlacement(PlacementPolicy):
         policy: OffloadPolicy[_Pending] = OffloadPolicy(
             cfg, max_batch_size=max_batch_size, local_models=local_models, clock=clock
         )
-        return cls(bus, thing, policy, image_side=image_side, image_keep=image_keep, clock=clock)
+        return cls(
+            bus,
+            thing,
+            policy,
+            image_side=image_side,
+            image_keep=image_keep,
+            max_ipc_bytes=max_ipc_bytes,
+            clock=clock,
+        )
 
     # ----------------------------------------------------------------------------------- lifecycle
 
@@ -285,19 +300,19 @@ class HybridPlacement(PlacementPolicy):
         self, ticket: Ticket[_Pending], wire: Request, left: float | None, what: str, decided: float
     ) -> None:
         """Publish an offload without waiting for the nucleus; a publish that fails now or is refused
-        later is served as the policy says. One that would not fit through IoT Core is not sent, and
-        is served here without counting against the cloud. `left` was what remained when the offload
+        later is served as the policy says. One that would not fit through IoT Core, or whose IPC
+        message would pass `max_ipc_bytes`, is not sent, and is served here without counting against
+        the cloud. `left` was what remained when the offload
         was `decided`: the router counts it from the origin's `sent_at`, stamped now, so the time in
         between (the re-encode, the wait for the encoder) comes off it."""
         if left is not None:
             left -= (self.clock() - decided) * 1000.0
         payload = OffloadRequest(wire, OffloadOrigin(self.thing, left, iso_utc(self.wall()))).to_json()
-        if not fits_iot_core(payload):
+        too_large = self._too_large(what, payload)
+        if too_large is not None:
             self.policy.publish_finished()
             if self.policy.cancel(ticket):
-                self._fallback(
-                    ticket, f"the {what} is {len(payload)} bytes, over IoT Core's {IOT_CORE_MAX_BYTES}"
-                )
+                self._fallback(ticket, too_large)
             return
         try:
             self.bus.publish_nowait(
@@ -312,6 +327,15 @@ class HybridPlacement(PlacementPolicy):
             return
         with self._wake:
             self._wake.notify_all()
+
+    def _too_large(self, what: str, payload: bytes) -> str | None:
+        """Why an offload's payload may not be published, or None when it may."""
+        if not fits_iot_core(payload):
+            return f"the {what} is {len(payload)} bytes, over IoT Core's {IOT_CORE_MAX_BYTES}"
+        framed = framed_size(offload_topic(self.thing), len(payload))
+        if framed > self.max_ipc_bytes:
+            return f"the {what} takes a {framed}-byte IPC message, over the runtime's {self.max_ipc_bytes}"
+        return None
 
     def _published(self, ticket: Ticket[_Pending], what: str, exc: Exception | None) -> None:
         self.policy.publish_finished()
@@ -437,6 +461,7 @@ def create_placement(
         local_models=names,
         image_side=engine.input_size if engine is not None else 0,
         image_keep=engine.detail if engine is not None else 0,
+        max_ipc_bytes=cfg.max_ipc_message_bytes,
     )
     engine_ms = engine.warmup_ms if engine is not None else {}
     for n, ms in engine_ms.items():  # a first a·n + b from the warm-up, before any real batch
