@@ -58,6 +58,7 @@ from typing import Any
 
 from edgeinfer import procfs
 from edgeinfer.errors import EdgeinferError
+from edgeinfer.messages import IOT_CORE_MAX_BYTES
 from edgeinfer.stats import quantile
 from edgeinfer.transport import MemoryBus, MessageHandler, MqttProperties, Subscription, Target
 from edgeinfer_bench.requests import Template, request_templates, timed_templates, with_id
@@ -848,8 +849,14 @@ def _placements(setup: Setup, rig: Rig, edge: Edge) -> dict[str, Any]:
         for n, ms in edge.engine.warmup_ms.items():  # seed a·n + b from the warm-up
             policy.batch_finished(n, ms)
         # Each placement takes only the answers to its own offloads (by request id).
+        # The rig's bus is an MQTT connection, not a nucleus's IPC: IoT Core's own limit is the one.
         placements[mode] = HybridPlacement(
-            rig.bus, THING, policy, image_side=edge.engine.input_size, image_keep=edge.engine.detail
+            rig.bus,
+            THING,
+            policy,
+            image_side=edge.engine.input_size,
+            image_keep=edge.engine.detail,
+            max_ipc_bytes=IOT_CORE_MAX_BYTES,
         ).start()
     return placements
 
