@@ -103,9 +103,28 @@ def _installer_shipped() -> list[tuple[str, Any, str]]:
     ]
 
 
+def _runtime_shipped() -> list[tuple[str, Any, str]]:
+    from edgeinfer import config
+    from edgeinfer.runtime.config import RuntimeConfig
+
+    # The provider option nodes; the runtime's other keys shipped in code are documented where they
+    # are used (docs/capture.md, docs/requests.md).
+    whole = config.to_recipe(RuntimeConfig())
+    note = "shipped in the runtime, not the recipe; a deployment merges the keys it sets"
+    return [
+        (f"{node}.{key}", value, f"{label}; {note}")
+        for node, label in (
+            ("tensorrt", "ONNX Runtime's TensorRT provider option"),
+            ("cuda", "ONNX Runtime's CUDA provider option"),
+        )
+        for key, value in whole[node].items()
+    ]
+
+
 # Keys whose defaults ship with the component's code rather than in its recipe (nucleus lite's
 # sub-object budget): key, default, note.
 SHIPPED_DEFAULTS: dict[str, Callable[[], list[tuple[str, Any, str]]]] = {
+    "com.edgeinfer.InferenceRuntime": _runtime_shipped,
     "com.edgeinfer.RuntimeInstaller": _installer_shipped,
 }
 

@@ -37,7 +37,7 @@ def test_round_trip_and_aliases() -> None:
     doc = default_recipe_configuration()
     doc["executionProviders"] = ["cuda", "cpu"]
     doc["maxBatchSize"] = 4.0  # JSON numbers may come as floats
-    doc["tensorrt"]["trtFp16Enable"] = "false"
+    doc["tensorrt"] = {"trtFp16Enable": "false"}  # a merged key of a node whose default ships in code
     doc["accessControl"] = {"ignored": True}
     cfg = RuntimeConfig.from_recipe(doc)
     assert cfg.execution_providers == ["CUDAExecutionProvider", "CPUExecutionProvider"]
@@ -48,6 +48,7 @@ def test_round_trip_and_aliases() -> None:
 def test_classic_and_lite_typing_give_the_same_config() -> None:
     doc = default_recipe_configuration()
     doc.update({"maxBatchSize": 4, "defaultDeadlineMs": 12.5, "imageFolders": ["/data"]})
+    doc["tensorrt"] = {"trtFp16Enable": True}
     doc["source"] = {**doc["source"], "kind": "folder", "uri": "/data", "rateHz": 2}
     classic = RuntimeConfig.from_recipe(doc)
     lite = lite_typed(doc)

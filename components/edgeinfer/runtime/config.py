@@ -428,8 +428,10 @@ def engine_keys_changed(old: RuntimeConfig, new: RuntimeConfig) -> set[str]:
 
 # Recipe keys whose default is only in the code (nucleus lite caps a recipe's size): `capture` is a
 # whole node (docs/capture.md), empty unless a deployment merges one; so is `imageUrls`, and
-# `maxIpcMessageBytes` is for the classic-only deployment that raises it.
-SHIPPED_IN_CODE = frozenset({"capture", "imageUrls", "maxIpcMessageBytes"})
+# `maxIpcMessageBytes` is for the classic-only deployment that raises it. The `tensorrt` and `cuda`
+# provider options read a merged node's missing keys as their defaults, so a deployment merging one
+# key there gets what it got when the recipe carried the whole node.
+SHIPPED_IN_CODE = frozenset({"capture", "imageUrls", "maxIpcMessageBytes", "tensorrt", "cuda"})
 
 
 def default_recipe_configuration() -> dict[str, Any]:
