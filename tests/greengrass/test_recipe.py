@@ -129,6 +129,25 @@ def test_resolution_orders_dependencies_and_picks_the_highest_matching_version(t
     ]
 
 
+def test_a_dependency_on_what_the_nucleus_provides_resolves_without_a_recipe(tmp_path: Path) -> None:
+    device = Device(tmp_path)
+    provided = {"VersionRequirement": ">=2.0.0", "DependencyType": "SOFT"}
+    device.add(
+        "com.example.App",
+        deps={
+            "aws.greengrass.TokenExchangeService": provided,
+            "aws.greengrass.Nucleus": {"VersionRequirement": ">=2.0.0"},
+            "aws.greengrass.NucleusLite": provided,
+        },
+    )
+    order = resolve(load_recipes(device.recipes), ["com.example.App"])
+    assert [r.name for r in order] == ["com.example.App"]  # nothing of the nucleus's is deployed
+    # A recipe in the folder for one of them is resolved as any other, its requirement checked.
+    device.add("aws.greengrass.TokenExchangeService", "1.0.0")
+    with pytest.raises(RecipeError, match=r"no version of aws\.greengrass\.TokenExchangeService satisfies"):
+        resolve(load_recipes(device.recipes), ["com.example.App"])
+
+
 def test_deployment_merge_and_reset() -> None:
     defaults = {"a": 1, "b": {"c": 2, "d": 3}}
     merged = deep_merge(defaults, {"b": {"c": 20, "e": 5}, "f": [1]})

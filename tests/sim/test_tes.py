@@ -102,7 +102,31 @@ def test_dependants_of_the_service_get_its_uri_on_the_simulated_core(
         device.recipes, device.artifacts, tes_credentials=StaticCredentials("AKIDFROMSIM", "s", "t")
     )
     reader, other = tmp_path / "com.example.Reader.out", tmp_path / "com.example.Other.out"
-    wait_for(lambda: reader.exists() and other.exists(), timeout=30)
+    wait_for(lambda: all(p.exists() and p.read_text() != "" for p in (reader, other)), timeout=30)
     assert reader.read_text() == "AKIDFROMSIM"
     assert other.read_text() == "none"  # not a dependant: no URI, as on nucleus lite
+    sim.stop()
+
+
+def test_the_service_is_the_nucleus_s_own_and_the_runtime_depends_on_it(
+    simulator: Callable[..., Simulator], device: Device, tmp_path: Path
+) -> None:
+    import yaml
+
+    recipe = Path(__file__).parents[2] / "recipes" / "com.edgeinfer.InferenceRuntime.yaml"
+    ours = yaml.safe_load(recipe.read_text("utf-8"))["ComponentDependencies"]
+    spec = {"aws.greengrass.TokenExchangeService": ours["aws.greengrass.TokenExchangeService"]}
+    assert spec["aws.greengrass.TokenExchangeService"]["DependencyType"] == "SOFT"
+    script = tmp_path / "reader.py"
+    script.write_text(_READER)
+    out = tmp_path / "reader.out"
+    run = {"run": f"{sys.executable} {script} {out}"}  # lite reads lower-case steps only
+    device.add("com.example.Reader", deps=spec, lifecycle=run, platform={"os": "linux", "runtime": "*"})
+    # No recipe for the service in the folder: both nuclei provide it.
+    sim = simulator(
+        device.recipes, device.artifacts, tes_credentials=StaticCredentials("AKIDFROMSIM", "s", "t")
+    )
+    wait_for(lambda: out.exists() and out.read_text() != "", timeout=30)  # written, not just opened
+    assert out.read_text() == "AKIDFROMSIM"
+    assert list(sim.states()) == ["com.example.Reader"]
     sim.stop()

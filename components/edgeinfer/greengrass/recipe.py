@@ -588,11 +588,22 @@ def load_recipes(
     return index
 
 
+# Components the nucleus itself provides: a dependency on one resolves with no recipe in the folder.
+# The classic nucleus's cloud deployment resolves them as AWS-provided components (the nucleus is one,
+# the token exchange service runs inside it); nucleus lite serves the token exchange service itself
+# (tesd) and sets its dependants' AWS_CONTAINER_CREDENTIALS_FULL_URI, as the simulator does
+# (`edgeinfer.sim.tes`).
+PROVIDED_BY_NUCLEUS = frozenset(
+    {"aws.greengrass.Nucleus", "aws.greengrass.NucleusLite", "aws.greengrass.TokenExchangeService"}
+)
+
+
 def resolve(index: Mapping[str, Mapping[str, Recipe]], targets: Iterable[str] | None = None) -> list[Recipe]:
     """Pick one version of each target and of everything it depends on; return them in start order.
 
-    A target is `Name` or `Name=Version`. Missing components, unsatisfiable ranges and cycles raise
-    `RecipeError` naming the recipe that asked and the field.
+    A target is `Name` or `Name=Version`. A dependency on a component in `PROVIDED_BY_NUCLEUS` that the
+    folder has no recipe for is taken as provided (not in the result). Missing components,
+    unsatisfiable ranges and cycles raise `RecipeError` naming the recipe that asked and the field.
     """
     pinned: dict[str, str] = {}
     wanted: list[str] = []
@@ -635,6 +646,8 @@ def resolve(index: Mapping[str, Mapping[str, Recipe]], targets: Iterable[str] | 
             recipe = index[name][max(ok, key=parse_version)]
             new_chosen[name] = recipe
             for dep in recipe.dependencies.values():
+                if dep.name not in index and dep.name in PROVIDED_BY_NUCLEUS:
+                    continue  # the nucleus's own: nothing to deploy, whichever version it runs
                 if dep.name not in index:
                     raise _fail(
                         recipe.file,
