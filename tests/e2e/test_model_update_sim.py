@@ -182,6 +182,9 @@ def test_an_update_waits_for_a_slow_request_in_flight(
     finally:
         release.set()
         update.join(60)
+    # The update goes on once the request is counted out, which is before its answer is published and
+    # delivered: wait for the answer itself.
+    eventually(lambda: device.answers("slow") != [], 30, "the slow request answered")
     assert [a.status for a in device.answers("slow")] == ["ok"]
     assert ran_on[0].startswith("edgeinfer-engine-") == queued  # inline: the IPC client's thread
     (deferrals,) = outcome
