@@ -229,3 +229,35 @@ def test_image_urls_is_shipped_in_code_and_checked() -> None:
     assert [key for key, _ in bad] == ["imageUrls", "imageUrls"]
     assert url_allowed("s3://b/cam/1.jpg", ["s3://a/", "s3://b/cam/"])
     assert not url_allowed("s3://b/other.jpg", ["s3://b/cam/", ""])
+
+
+@pytest.mark.parametrize(
+    ("url", "prefix"),
+    [
+        ("https://img.example.com.evil.net/x.jpg", "https://img.example.com"),
+        ("s3://cams-other/x.jpg", "s3://cams"),
+        ("http://10.0.0.1:22/x.jpg", "http://10.0.0.1"),
+        ("http://10.0.0.12/x.jpg", "http://10.0.0.1"),
+        ("http://127.0.0.1:8000/x.jpg", "http://127.0.0.1:800"),
+        ("http://attacker@img.example.com/x.jpg", "http://img.example.com/"),
+        ("https://img.example.com/x.jpg", "http://img.example.com/"),
+    ],
+)
+def test_a_prefix_allows_its_own_host_port_or_bucket_only(url: str, prefix: str) -> None:
+    assert not url_allowed(url, [prefix])
+
+
+def test_a_prefix_allows_what_is_under_it() -> None:
+    assert url_allowed(
+        "https://IMG.example.com/cams/1.jpg?X-Amz-Signature=s", ["https://img.example.com/cams/"]
+    )
+    assert url_allowed("s3://cams/a/b.jpg", ["s3://cams"])
+    assert url_allowed("http://127.0.0.1:8000/cat.jpg", ["http://127.0.0.1:8000/"])
+
+
+def test_a_fetch_error_that_quotes_the_url_never_shows_its_query() -> None:
+    fetcher = ImageFetcher({})
+    with pytest.raises(MessageError) as caught:
+        fetcher.fetch("http://127.0.0.1:1/x y?X-Amz-Signature=SECRET", 1000)
+    assert caught.value.code is ErrorCode.BAD_IMAGE
+    assert "SECRET" not in caught.value.message

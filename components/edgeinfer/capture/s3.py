@@ -146,8 +146,8 @@ class S3Client:
             if resp.status == 200 and length is not None and length.isdigit() and int(length) > max_bytes:
                 raise S3Error(0, f"the object is {length} bytes, over the limit of {max_bytes}")
             text = resp.read(max_bytes + 1)
-        except OSError as exc:
-            raise S3Error(0, f"{self.target.host}: {exc}") from None
+        except (OSError, OverflowError, http.client.HTTPException) as exc:
+            raise S3Error(0, f"{self.target.host}: {type(exc).__name__}: {exc}") from None
         finally:
             conn.close()
         if resp.status == 200 and len(text) > max_bytes:

@@ -14,9 +14,11 @@ Either way the body is capped at `maxPayloadBytes` and the fetch at a short time
 
 from __future__ import annotations
 
+import http.client
 import os
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
 
@@ -30,8 +32,24 @@ FETCH_TIMEOUT_S = 5.0
 
 
 def url_allowed(url: str, prefixes: Sequence[str]) -> bool:
-    """`url` starts with one of `prefixes` (the runtime's `imageUrls`)."""
-    return any(prefix and url.startswith(prefix) for prefix in prefixes)
+    """`url` is under one of `prefixes` (the runtime's `imageUrls`): the same scheme and the very same
+    host, port or bucket, and a path that starts with the prefix's. A plain string prefix would let
+    `https://img.example.com` allow `https://img.example.com.evil.net/…`, `s3://cams` allow
+    `s3://cams-other/…`, and `http://10.0.0.1` allow port 22."""
+    try:
+        u = urllib.parse.urlsplit(url)
+    except ValueError:
+        return False
+    if "@" in u.netloc:  # a user part before the host: never ours to send
+        return False
+    for prefix in prefixes:
+        if not prefix:
+            continue
+        p = urllib.parse.urlsplit(prefix)
+        same_place = (u.scheme.lower(), u.netloc.lower()) == (p.scheme.lower(), p.netloc.lower())
+        if same_place and u.path.startswith(p.path):
+            return True
+    return False
 
 
 class _NoRedirects(urllib.request.HTTPRedirectHandler):
@@ -99,8 +117,11 @@ class ImageFetcher:
         except urllib.error.HTTPError as exc:
             why = f"the server answered {exc.code} {exc.reason}"
             raise _bad(shown, why) from None
-        except (OSError, ValueError) as exc:
-            raise _bad(shown, _one_line(exc)) from None
+        except (OSError, ValueError, OverflowError, http.client.HTTPException) as exc:
+            # Some of these quote the request target: never with a presigned URL's query in it.
+            query = url.partition("?")[2]
+            why = _one_line(exc).replace(query, "…") if query else _one_line(exc)
+            raise _bad(shown, f"{type(exc).__name__}: {why}") from None
         if len(body) > max_bytes:
             why = f"it is over the limit of {max_bytes} bytes"
             raise _bad(shown, why)
