@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, cast
 
 from edgeinfer import codec
+from edgeinfer.limits import IPC_MAX_BYTES
 
 __all__ = [
     "DEFAULT_TOP_K",
@@ -909,9 +910,9 @@ def error_result(
 # ------------------------------------------------------------------------------------- timing events
 
 
-IPC_MAX_BYTES = 10_000
-"""Nucleus lite's cap on one IPC message: a larger PublishToTopic / PublishToIoTCore closes the
-component's whole IPC connection. A timing batch (`TimingPublisher`) and a telemetry window stay below."""
+# IPC_MAX_BYTES (nucleus lite's cap on one IPC message) lives in edgeinfer.limits, which imports
+# nothing: the runtime's configuration reads it where the installer's verify step runs without this
+# module's dependencies. A timing batch (`TimingPublisher`) and a telemetry window stay below it.
 
 TIMED_DETECTIONS = 10
 """A detector's answer carries its most confident detections up to this many into its timing record."""

@@ -19,7 +19,7 @@ from typing import Any
 
 from edgeinfer import config as reader
 from edgeinfer.config import ConfigError, camel
-from edgeinfer.messages import IPC_MAX_BYTES
+from edgeinfer.limits import IPC_MAX_BYTES
 
 __all__ = [
     "COMPONENT",
