@@ -25,7 +25,8 @@ from edgeinfer.runtime.inbound import Refusal, ReplyTarget
 from edgeinfer.runtime.ipc_frame import framed_size
 from edgeinfer.runtime.timings import TimingPublisher
 from edgeinfer.runtime.updates import InFlight
-from edgeinfer.transport import MemoryBus, MqttProperties, Target, UnauthorizedError
+from edgeinfer.transport import MemoryBus, MqttProperties
+from tests.runtime.conftest import GuardedBus
 
 THING = "dev1"
 DEFAULT = result_topic(THING)
@@ -52,21 +53,6 @@ class Recorder(AnswerHook):
 class Broken(AnswerHook):
     def on_answer(self, job: Job, computed: Result, answered: Result) -> None:
         raise RuntimeError("a hook's bug")
-
-
-class RefusingBus(MemoryBus):
-    def publish(
-        self,
-        topic: str,
-        payload: bytes,
-        *,
-        target: Target = "local",
-        qos: int = 0,
-        properties: MqttProperties | None = None,
-    ) -> None:
-        if topic.startswith("forbidden/"):
-            raise UnauthorizedError(f"not authorized to publish to {topic}")
-        super().publish(topic, payload, target=target, qos=qos, properties=properties)
 
 
 def make(
@@ -218,7 +204,7 @@ def test_a_refusal_is_answered_where_it_says_with_its_correlation_data() -> None
 
 
 def test_a_reply_to_the_nucleus_refuses_is_answered_bad_request_on_the_default_topic() -> None:
-    answers, bus, clock, _ = make(RefusingBus())
+    answers, bus, clock, _ = make(GuardedBus())
     answers.send(Job(Request("x"), ReplyTarget("forbidden/x"), clock()), ok("x"))
     (msg,) = bus.published
     assert msg.topic == DEFAULT

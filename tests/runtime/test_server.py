@@ -23,31 +23,15 @@ from edgeinfer.runtime.config import RuntimeConfig
 from edgeinfer.runtime.engine import Engine
 from edgeinfer.runtime.placement import Decision, PlacementContext, PlacementPolicy
 from edgeinfer.runtime.server import InferenceServer
-from edgeinfer.transport import MemoryBus, Message, MqttProperties, Target, UnauthorizedError
+from edgeinfer.transport import MemoryBus, Message, MqttProperties, Target
 from tests.helpers.clock import FakeClock
 from tests.helpers.images import solid_jpeg, solid_png
 from tests.helpers.wait import eventually
+from tests.runtime.conftest import GuardedBus
 
 THING = "dev1"
 INFER = f"edgeinfer/{THING}/infer"
 RESULT = result_topic(THING)
-
-
-class GuardedBus(MemoryBus):
-    """A MemoryBus whose nucleus refuses publishes on `forbidden/#` (as accessControl would)."""
-
-    def publish(
-        self,
-        topic: str,
-        payload: bytes,
-        *,
-        target: Target = "local",
-        qos: int = 0,
-        properties: MqttProperties | None = None,
-    ) -> None:
-        if topic.startswith("forbidden/"):
-            raise UnauthorizedError(f"not authorized to publish to {topic}")
-        super().publish(topic, payload, target=target, qos=qos, properties=properties)
 
 
 class Harness:
