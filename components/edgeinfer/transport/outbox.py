@@ -1,0 +1,465 @@
+"""Store and forward to IoT Core: a bounded on-disk outbox, sent in order once IoT Core is back.
+
+The one spool for messages bound for IoT Core: telemetry's windows (`edgeinfer.telemetry.spool`) and
+the runtime's source results (`edgeinfer.runtime.forward`) both go through it. Neither nucleus keeps
+a component's publishes on disk: the classic one holds QoS 1 publishes in an in-memory spooler
+(`mqtt.spooler.maxSizeInBytes`, lost on a restart of the nucleus) and refuses them once it is full;
+nucleus lite has no spooler, and a publish while it is offline fails (aws-greengrass-lite issue #1175;
+iotcored's `iotcored_mqtt_publish` answers an error when coreMQTT is not connected).
+
+`Outbox`: a folder with one file per message named by its `seq`, which orders them. A message with
+no topic of its own is the payload alone (`<seq>.json`: what the telemetry spool always wrote); one
+with a topic (`<seq>.msg`) starts with a JSON line naming it. Bounded by messages, bytes and age:
+the oldest go first, each counted by why (`dropped_by`); the counts, how many were ever spooled and
+the next `seq` are kept in `state.json`, so they survive restarts. Every file is written to a
+temporary name in the same folder, synced and renamed: a crash never leaves a partial message.
+
+`OutboxPublisher`: publishes at once when nothing waits, else behind what waits (a failed publish
+spools the message), so IoT Core receives them in `seq` order; `pump()` resends the oldest first,
+backing off between failed attempts, and stops at the first failure. A message leaves the outbox
+only once the nucleus accepted its publish, so a crash between the two sends it again: delivery is
+at least once (QoS 1), never lost for want of a retry.
+
+`Forwarder`: an `OutboxPublisher` on its own thread behind a bounded queue, for a caller that must
+never wait on the bus or the disk (the runtime's answering thread).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edgeinfer.files import atomic_write
+from edgeinfer.transport.base import PubSub, TransportError
+
+__all__ = ["DROP_REASONS", "Forwarder", "Outbox", "OutboxPublisher", "Stored"]
+
+log = logging.getLogger(__name__)
+
+_STATE = "state.json"
+_PLAIN = ".json"  # the payload alone, for the publisher's own topic
+_TOPICAL = ".msg"  # a JSON line {"topic": ...}, then the payload
+# Why a message was dropped: the bound on messages or bytes, the bound on age, a file that could not
+# be read back, one that could not be written, or (a Forwarder's) a queue the disk did not keep up with.
+DROP_REASONS = ("full", "age", "unreadable", "unwritable", "overflow")
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A message in the outbox: its place in the order, its topic (None: the publisher's) and payload."""
+
+    seq: int
+    payload: bytes
+    topic: str | None = None
+
+
+@dataclass
+class _Entry:
+    size: int
+    suffix: str
+    stamp: float  # wall time it was written
+
+
+class Outbox:
+    """A bounded on-disk FIFO of messages, keyed by `seq`. Not thread-safe: one owner drives it."""
+
+    def __init__(
+        self,
+        directory: Path | str,
+        *,
+        max_items: int = 8640,
+        max_bytes: int = 50_000_000,
+        max_age_s: float | None = None,
+        name: str = "outbox",
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        if max_items < 1:
+            raise ValueError("max_items must be at least 1")
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.max_items = max_items
+        self.max_bytes = max_bytes
+        self.max_age_s = max_age_s
+        self.name = name  # what the log lines call it
+        self.wall = wall
+        self.dropped_by = dict.fromkeys(DROP_REASONS, 0)
+        self.spooled = 0  # messages ever written here (counts that survive restarts)
+        self.sent = 0  # messages sent from here
+        self.next_seq = 0
+        self._entries: dict[int, _Entry] = {}
+        self._load()
+
+    def _load(self) -> None:
+        self._load_state()
+        for path in self.dir.iterdir():
+            if path.name.startswith("."):  # a temporary file a crash left behind
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                continue
+            if path.suffix not in (_PLAIN, _TOPICAL) or not path.stem.isdigit():
+                continue
+            st = path.stat()
+            self._entries[int(path.stem)] = _Entry(st.st_size, path.suffix, st.st_mtime)
+        if self._entries:
+            self.next_seq = max(self.next_seq, max(self._entries) + 1)
+        self._enforce_bounds()
+
+    def _load_state(self) -> None:
+        state = self.dir / _STATE
+        if not state.exists():
+            return
+        try:
+            doc = json.loads(state.read_text("utf-8"))
+            self.next_seq = int(doc.get("next_seq", 0))
+            self.spooled = int(doc.get("spooled", 0))
+            self.sent = int(doc.get("sent", 0))
+            by = doc.get("dropped_by")
+            if isinstance(by, dict):
+                for reason in DROP_REASONS:
+                    self.dropped_by[reason] = int(by.get(reason, 0))
+            else:  # a state written before drops had reasons: every one was the bound's
+                self.dropped_by["full"] = int(doc.get("dropped", 0))
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            log.warning("ignoring an unreadable %s state %s: %s", self.name, state, exc)
+
+    # -------------------------------------------------------------------------------------- queries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def dropped(self) -> int:
+        """Messages lost, whatever the reason."""
+        return sum(self.dropped_by.values())
+
+    @property
+    def size(self) -> int:
+        return sum(e.size for e in self._entries.values())
+
+    def seqs(self) -> list[int]:
+        return sorted(self._entries)
+
+    def _path(self, seq: int, suffix: str) -> Path:
+        return self.dir / f"{seq:012d}{suffix}"
+
+    # ------------------------------------------------------------------------------------ mutations
+
+    def take_seq(self) -> int:
+        """The next `seq`, for a caller without an order of its own. Not persisted on its own: a
+        restart goes on after the newest file, and an empty outbox may start anywhere."""
+        seq = self.next_seq
+        self.next_seq += 1
+        return seq
+
+    def put(self, seq: int, payload: bytes, topic: str | None = None) -> None:
+        """Write a message (raises OSError when the disk will not take it)."""
+        if topic is None:
+            data, suffix = payload, _PLAIN
+        else:
+            data, suffix = json.dumps({"topic": topic}).encode() + b"\n" + payload, _TOPICAL
+        atomic_write(self._path(seq, suffix), data, mode=None, fsync=True)
+        self._entries[seq] = _Entry(len(data), suffix, self.wall())
+        self.spooled += 1
+        self.next_seq = max(self.next_seq, seq + 1)
+        self._enforce_bounds(keep=seq)
+
+    def peek(self) -> Stored | None:
+        """The oldest message, or None. One too old is dropped, an unreadable one too; both counted."""
+        self._expire()
+        while self._entries:
+            seq = min(self._entries)
+            try:
+                return self._read(seq, self._entries[seq].suffix)
+            except (OSError, ValueError) as exc:
+                log.warning("dropping an unreadable message %d from the %s: %s", seq, self.name, exc)
+                self.remove(seq)
+                self.drop("unreadable")
+        return None
+
+    def _read(self, seq: int, suffix: str) -> Stored:
+        data = self._path(seq, suffix).read_bytes()
+        if suffix == _PLAIN:
+            return Stored(seq, data)
+        head, sep, payload = data.partition(b"\n")
+        topic = json.loads(head).get("topic") if sep else None
+        if not isinstance(topic, str):
+            raise ValueError("no topic in its first line")
+        return Stored(seq, payload, topic)
+
+    def remove(self, seq: int) -> None:
+        entry = self._entries.pop(seq, None)
+        if entry is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self._path(seq, entry.suffix).unlink()
+
+    def sent_one(self, seq: int) -> None:
+        """`seq` went out: remove it and count it."""
+        self.remove(seq)
+        self.sent += 1
+        if not self._entries or self.sent % 64 == 0:
+            self.save_state()
+
+    def drop(self, reason: str, n: int = 1) -> None:
+        """Count `n` messages lost for `reason` (one of DROP_REASONS), persisted at once."""
+        self.dropped_by[reason] += n
+        self.save_state()
+
+    def note_seq(self, next_seq: int) -> None:
+        """Remember the next sequence number (persisted with the state)."""
+        if next_seq > self.next_seq:
+            self.next_seq = next_seq
+            self.save_state()
+
+    def save_state(self) -> None:
+        doc = {
+            "next_seq": self.next_seq,
+            "dropped": self.dropped,
+            "dropped_by": self.dropped_by,
+            "spooled": self.spooled,
+            "sent": self.sent,
+        }
+        try:
+            atomic_write(self.dir / _STATE, json.dumps(doc).encode("utf-8"), mode=None)
+        except OSError as exc:  # the counts live on in memory; the next write may succeed
+            log.warning("cannot write the %s state: %s", self.name, exc)
+
+    def _expire(self) -> None:
+        if self.max_age_s is None or not self._entries:
+            return
+        oldest_kept = self.wall() - self.max_age_s
+        stale = [seq for seq, e in self._entries.items() if e.stamp < oldest_kept]
+        for seq in stale:
+            self.remove(seq)
+        if stale:
+            log.warning("%s: dropped %d message(s) older than %.0f s", self.name, len(stale), self.max_age_s)
+            self.drop("age", len(stale))
+
+    def _enforce_bounds(self, keep: int | None = None) -> None:
+        self._expire()
+        dropped = 0
+        total = self.size
+        while self._entries and (len(self._entries) > self.max_items or total > self.max_bytes):
+            oldest = min(self._entries)
+            if oldest == keep and len(self._entries) == 1:
+                break  # one message always fits, whatever max_bytes says
+            total -= self._entries[oldest].size
+            self.remove(oldest)
+            dropped += 1
+        if dropped:
+            log.warning("%s full: dropped the %d oldest message(s)", self.name, dropped)
+            self.drop("full", dropped)
+        elif keep is not None and self.spooled % 64 == 1:
+            self.save_state()  # now and then, so a crash loses little of the counts
+
+
+class OutboxPublisher:
+    """Publishes to IoT Core in `seq` order, through the outbox while a publish fails."""
+
+    def __init__(
+        self,
+        bus: PubSub,
+        topic: str,
+        outbox: Outbox,
+        *,
+        qos: int = 1,
+        clock: Callable[[], float] = time.monotonic,
+        retry_s: float = 1.0,
+        max_retry_s: float = 15.0,
+    ) -> None:
+        self.bus = bus
+        self.topic = topic  # for messages without a topic of their own
+        self.outbox = outbox
+        self.qos = qos
+        self._clock = clock
+        self._retry_min = retry_s
+        self._retry_max = max_retry_s
+        self._retry = retry_s
+        self._next_try = 0.0
+        self.published = 0  # messages the nucleus accepted, straight or from the outbox
+        self.failures = 0
+        self.online = True
+
+    def offer(self, seq: int, payload: bytes, topic: str | None = None) -> bool:
+        """Publish now, or keep in the outbox; True when it (and everything before it) went out."""
+        # Older messages go first; only when none is left waiting may this one skip the outbox.
+        if self.pump() and self._clock() >= self._next_try and self._send(seq, payload, topic):
+            return True
+        try:
+            if topic is None:
+                self.outbox.put(seq, payload)
+            else:
+                self.outbox.put(seq, payload, topic)
+        except OSError as exc:  # a full or read-only disk: the message is lost, and counted
+            self.outbox.drop("unwritable")
+            log.error("cannot keep message %d in the %s: %s", seq, self.outbox.name, exc)
+            return False
+        log.debug("kept message %d in the %s (%d waiting)", seq, self.outbox.name, len(self.outbox))
+        return False
+
+    def pump(self) -> bool:
+        """Resend waiting messages oldest first; False when some are still waiting."""
+        while len(self.outbox):
+            if self._clock() < self._next_try:
+                return False
+            item = self.outbox.peek()
+            if item is None:
+                break
+            if not self._send(item.seq, item.payload, item.topic):
+                return False
+            self.outbox.sent_one(item.seq)
+        return True
+
+    def _send(self, seq: int, payload: bytes, topic: str | None) -> bool:
+        try:
+            self.bus.publish(topic or self.topic, payload, target="iot", qos=self.qos)
+        except Exception as exc:  # TransportError above all; any failure must keep it, not lose it
+            self.failures += 1
+            if self.online or not isinstance(exc, TransportError):
+                log.warning(
+                    "IoT Core unreachable, keeping messages in the %s (%d): %s", self.outbox.name, seq, exc
+                )
+            self.online = False
+            self._next_try = self._clock() + self._retry
+            self._retry = min(self._retry * 2, self._retry_max)
+            return False
+        if not self.online:
+            log.info(
+                "IoT Core reachable again: sending %d message(s) from the %s",
+                len(self.outbox),
+                self.outbox.name,
+            )
+        self.online = True
+        self._retry = self._retry_min
+        self._next_try = 0.0
+        self.published += 1
+        return True
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "online": self.online,
+            "published": self.published,
+            "failures": self.failures,
+            "pending": len(self.outbox),
+            "dropped": self.outbox.dropped,
+        }
+
+    def counters(self) -> dict[str, int]:
+        """What a telemetry window reports: waiting now; ever spooled, sent from the outbox, dropped."""
+        return {
+            "pending": len(self.outbox),
+            "spooled": self.outbox.spooled,
+            "sent": self.outbox.sent,
+            "dropped": self.outbox.dropped,
+        }
+
+
+class Forwarder:
+    """An `OutboxPublisher` on its own thread: `submit` only queues, so its caller never waits on the
+    bus or the disk. The queue holds at most `max_queued` messages; beyond that the oldest queued is
+    dropped and counted (`overflow`). `stop()` keeps what is still queued in the outbox."""
+
+    def __init__(
+        self,
+        publisher: OutboxPublisher,
+        *,
+        max_queued: int = 10_000,
+        on_change: Callable[[dict[str, int]], None] | None = None,
+        tick_s: float = 0.25,
+    ) -> None:
+        self.publisher = publisher
+        self.outbox = publisher.outbox
+        self.max_queued = max_queued
+        self.on_change = on_change  # called on the forwarder's thread when the counters change
+        self.tick_s = tick_s  # how often an idle forwarder looks at the outbox again
+        self._queue: collections.deque[tuple[bytes, str | None]] = collections.deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._overflow = 0
+        self._thread: threading.Thread | None = None
+        self._reported: dict[str, int] | None = None
+
+    def start(self) -> Forwarder:
+        self._thread = threading.Thread(target=self._run, name=f"edgeinfer-{self.outbox.name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def submit(self, payload: bytes, topic: str | None = None) -> None:
+        with self._cond:
+            if len(self._queue) >= self.max_queued:
+                self._queue.popleft()
+                self._overflow += 1
+            self._queue.append((payload, topic))
+            self._cond.notify()
+
+    def queued(self) -> int:
+        with self._cond:
+            return len(self._queue)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if not self._queue and not self._stopping:
+                    self._cond.wait(self.tick_s)
+                batch = list(self._queue)
+                self._queue.clear()
+                overflow, self._overflow = self._overflow, 0
+                stopping = self._stopping
+            try:
+                self._step(batch, overflow, stopping)
+            except Exception:  # the thread must outlive any one failure: the outbox keeps the rest
+                log.exception("the %s's forwarder failed a step", self.outbox.name)
+            if stopping:
+                return
+
+    def _step(self, batch: list[tuple[bytes, str | None]], overflow: int, stopping: bool) -> None:
+        if overflow:
+            log.warning(
+                "%s: %d message(s) dropped, the queue to the disk was full", self.outbox.name, overflow
+            )
+            self.outbox.drop("overflow", overflow)
+        pub = self.publisher
+        for payload, topic in batch:
+            seq = self.outbox.take_seq()
+            if stopping:  # no waiting on the bus while the component stops: the outbox keeps it
+                try:
+                    self.outbox.put(seq, payload, topic)
+                except OSError:
+                    self.outbox.drop("unwritable")
+            else:
+                pub.offer(seq, payload, topic)
+        if not stopping:
+            pub.pump()
+        else:
+            self.outbox.save_state()
+        self._report()
+
+    def counters(self) -> dict[str, int]:
+        return self.publisher.counters()
+
+    def _report(self) -> None:
+        if self.on_change is None:
+            return
+        now = self.counters()
+        if now == self._reported:
+            return
+        self._reported = now
+        try:
+            self.on_change(now)
+        except Exception:
+            log.exception("reporting the %s's counters failed", self.outbox.name)
