@@ -253,6 +253,21 @@ def test_engine_swap_rewires_the_placement_policy(tiny_store: Path, tmp_path: Pa
         comp.stop()
 
 
+def test_a_live_ipc_cap_reaches_the_running_placement_policy(tiny_store: Path, tmp_path: Path) -> None:
+    comp, bus = make(tiny_store, tmp_path, placement={"enabled": True})
+    comp.start()
+    try:
+        hybrid = comp.server.offloader
+        assert isinstance(hybrid, HybridPlacement)
+        cap = 16 * 1024 * 1024
+        assert hybrid.max_ipc_bytes != cap
+        assert bus.propose_configuration(dict(bus.config, maxIpcMessageBytes=cap)) is None
+        eventually(lambda: hybrid.max_ipc_bytes == cap)
+        assert comp.server.offloader is hybrid  # the policy's learning is kept
+    finally:
+        comp.stop()
+
+
 def at_each_swap(comp: Component, read: Callable[[], object]) -> list[object]:
     """What `read()` returns at the moment each new engine is put in place."""
     seen: list[object] = []

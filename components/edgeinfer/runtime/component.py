@@ -387,6 +387,7 @@ class Component:
                 self._rebuild_other_models()
             self.server.models.configure(cfg.max_loaded_models)
             self.server.apply_config(cfg)
+            self.server.placement.apply_config(cfg)  # the running policy too (its IPC cap)
             if "cpu" in changed:
                 from edgeinfer.runtime.providers import apply_process_options
 

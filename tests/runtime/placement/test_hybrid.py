@@ -297,6 +297,21 @@ def test_an_offload_over_the_ipc_message_cap_is_not_published_and_is_served_here
         small.stop()
 
 
+def test_a_live_ipc_cap_reaches_a_running_placement() -> None:
+    from edgeinfer.messages import IPC_MAX_BYTES, Request, offload_topic
+
+    photo = _photo(640, 480)
+    assert len(photo) > IPC_MAX_BYTES
+    bus = MemoryBus()
+    hybrid = HybridPlacement(bus, THING, OffloadPolicy(OffloadConfig())).start()
+    try:
+        hybrid.apply_config(RuntimeConfig(max_ipc_message_bytes=CLASSIC_IPC_MAX))
+        hybrid.offload(Request("big", image=photo, offload="always"), _ctx([]), lambda _: None)
+        assert wait_for(lambda: len(bus.messages_on(offload_topic(THING))) == 1, 10)
+    finally:
+        hybrid.stop()
+
+
 def test_a_1080p_offload_is_re_encoded_at_the_models_size_and_fits_through_iot_core() -> None:
     import cv2
     import numpy as np

@@ -341,6 +341,11 @@ class HybridPlacement(PlacementPolicy):
         self.policy.publish_finished()
         self._publish_failed(ticket, what, exc)
 
+    def apply_config(self, cfg: RuntimeConfig) -> None:
+        """A live `maxIpcMessageBytes` caps the offloads sent from now on (the `placement` object's
+        own keys are the component's: a change there builds a new policy)."""
+        self.max_ipc_bytes = cfg.max_ipc_message_bytes
+
     # ------------------------------------------------------------------------------ engine hooks
 
     def on_late_arrival(self, age_ms: float | None, left_ms: float) -> None:

@@ -18,7 +18,8 @@ engine thread), `on_result` with every result the server publishes, and `on_late
 request answered DEADLINE_EXCEEDED on arrival, before any decision — what `decide` never sees of a
 backlog upstream. With an offloader set, `cascade(request, edge_result, reply)` is asked about every
 edge answer: True means the policy holds that answer, asks the cloud, and calls `reply` exactly once
-(with the cloud's or the held one).
+(with the cloud's or the held one). `apply_config(cfg)` follows each live configuration change (the
+keys the server applies live, e.g. `maxIpcMessageBytes`), as the server's own `apply_config` does.
 
 Every hook runs on a serving thread: it must be quick. One that raises is logged and counts as the
 default (`decide`: `edge`; `cascade`: False); serving goes on. `HybridPlacement`
@@ -30,10 +31,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from edgeinfer.messages import ErrorCode, Request, Result
 from edgeinfer.transport import Target
+
+if TYPE_CHECKING:
+    from edgeinfer.runtime.config import RuntimeConfig
 
 __all__ = [
     "EDGE",
@@ -108,6 +112,9 @@ class PlacementPolicy:
     def cascade(self, request: Request, result: Result, reply: Reply) -> bool:
         """With an offloader: True takes over the edge answer `result`; `reply` then gets exactly one."""
         return False
+
+    def apply_config(self, cfg: RuntimeConfig) -> None:
+        """A live configuration change: take up what the policy reads from the runtime's keys."""
 
 
 class Offloader(Protocol):
