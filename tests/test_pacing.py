@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from edgeinfer.pacing import TokenBucket
@@ -61,3 +63,22 @@ def test_a_byte_rate_of_one_second_burst_paces_a_stream_of_chunks() -> None:
         bucket.take(500)
     # a second's burst, then the rate: 5000 bytes take 4 s
     assert sum(ft.sleeps) == pytest.approx(4.0)
+
+
+def test_a_cancelled_take_ends_its_wait_and_takes_nothing() -> None:
+    bucket = TokenBucket(1, 1)
+    assert bucket.take_unless(1000, threading.Event())  # a full bucket lets it pass, leaving a long debt
+    cancel = threading.Event()
+    outcome: list[bool] = []
+    waiter = threading.Thread(target=lambda: outcome.append(bucket.take_unless(1, cancel)), daemon=True)
+    waiter.start()
+    cancel.set()
+    waiter.join(30)  # a bound, not a measurement: the debt alone would take far longer
+    assert outcome == [False]
+    assert bucket._tokens < 0  # still the debt: nothing was taken by the cancelled wait
+
+
+def test_take_unless_takes_like_take_when_not_cancelled() -> None:
+    bucket = TokenBucket(1000, 3)
+    cancel = threading.Event()
+    assert all(bucket.take_unless(1, cancel) for _ in range(5))

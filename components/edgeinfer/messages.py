@@ -728,14 +728,20 @@ class Detection:
     label: str
     score: float
     box: Box
+    # A pipeline's classification of this detection's crop, best first (docs/models.md, "Pipelines");
+    # None (and absent on the wire) for a detector's own answer and for detections it does not crop.
+    classification: tuple[Prediction, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "index": self.index,
             "label": self.label,
             "score": _round(self.score, 6),
             "box": self.box.to_dict(),
         }
+        if self.classification is not None:
+            out["classification"] = [p.to_dict() for p in self.classification]
+        return out
 
 
 @dataclass(frozen=True)
@@ -870,6 +876,7 @@ class Result:
                         str(d["label"]),
                         float(d["score"]),
                         Box(*(float(d["box"][k]) for k in ("x_min", "y_min", "x_max", "y_max"))),
+                        _predictions(d["classification"]) if "classification" in d else None,
                     )
                     for d in doc["detections"]
                 ]
@@ -882,6 +889,10 @@ class Result:
     @classmethod
     def parse(cls, payload: bytes | str) -> Result:
         return cls.from_dict(_load_object(payload))
+
+
+def _predictions(docs: Sequence[Mapping[str, Any]]) -> tuple[Prediction, ...]:
+    return tuple(Prediction(int(p["index"]), str(p["label"]), float(p["score"])) for p in docs)
 
 
 def error_result(
@@ -1055,6 +1066,13 @@ class ModelTable:
         return index
 
 
+def _counts(value: Any) -> dict[str, int]:
+    """Named counts (capture's); what is not a count is left out, an older message has none."""
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): v for k, v in value.items() if isinstance(v, int) and not isinstance(v, bool) and v >= 0}
+
+
 @dataclass
 class TimingBatch:
     """What the runtime publishes on `edgeinfer/local/timings`: records plus batch executions.
@@ -1068,6 +1086,7 @@ class TimingBatch:
     records: list[TimingRecord]
     executions: list[int] = field(default_factory=list)
     timestamp: str = ""
+    capture: dict[str, int] = field(default_factory=dict)  # capture's counter increments (docs/capture.md)
 
     def to_json(self) -> bytes:
         table = ModelTable()
@@ -1079,6 +1098,8 @@ class TimingBatch:
         }
         if table.entries:
             doc["models"] = table.entries
+        if self.capture:
+            doc["capture"] = self.capture
         return _dumps(doc)
 
     @classmethod
@@ -1096,6 +1117,7 @@ class TimingBatch:
                 records=[TimingRecord.from_dict(r, models) for r in records if isinstance(r, dict)],
                 executions=[int(n) for n in doc.get("executions", []) if isinstance(n, int)],
                 timestamp=str(doc.get("timestamp", "")),
+                capture=_counts(doc.get("capture")),
             )
         except _MALFORMED as exc:
             raise _malformed("timing batch", exc) from None
@@ -1189,6 +1211,7 @@ class TelemetryWindow:
     timestamp: str
     cascaded: int = 0
     models: list[ModelQuality] = field(default_factory=list)  # empty: an older window, or no answers
+    capture: dict[str, int] = field(default_factory=dict)  # capture's counters in the window (none: off)
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -1210,6 +1233,8 @@ class TelemetryWindow:
         }
         if self.models:
             out["models"] = [m.to_dict() for m in self.models]
+        if self.capture:
+            out["capture"] = dict(self.capture)
         return out
 
     def to_json(self) -> bytes:
@@ -1237,6 +1262,7 @@ class TelemetryWindow:
                 timestamp=str(doc.get("timestamp", "")),
                 # what another writer left out of an entry reads as empty (older readers take the document)
                 models=[ModelQuality.from_dict(m) for m in doc.get("models") or [] if isinstance(m, dict)],
+                capture=_counts(doc.get("capture")),
             )
         except _MALFORMED as exc:
             raise _malformed("telemetry window", exc) from None

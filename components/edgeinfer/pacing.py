@@ -13,7 +13,8 @@ _EPSILON = 1e-9
 
 
 class TokenBucket:
-    """`rate` tokens a second up to `capacity`; `take(n)` waits until it may, then takes `n`.
+    """`rate` tokens a second up to `capacity`; `take(n)` waits until it may, then takes `n`
+    (`take_unless(n, cancel)` gives up when `cancel` is set).
 
     Thread-safe. `clock` and `sleep` are injectable so tests run on a fake clock."""
 
@@ -47,12 +48,28 @@ class TokenBucket:
         """Wait until `n` tokens (at most a full bucket) are there, take `n`; returns the seconds waited."""
         waited = 0.0
         while True:
-            with self._lock:
-                self._refill()
-                short = self._shortfall(n)
-                if short <= _EPSILON * max(1.0, n):  # rounding must not leave it waiting for nothing
-                    self._tokens -= n  # may go below zero: a message over the capacity leaves a debt
-                    return waited
-                pause = short / self.rate
+            pause = self._take_or_pause(n)
+            if pause is None:
+                return waited
             self.sleep(pause)
             waited += pause
+
+    def take_unless(self, n: float, cancel: threading.Event) -> bool:
+        """`take(n)`, but the wait ends as soon as `cancel` is set: then nothing is taken and False is
+        returned. For a thread whose stop must not wait out a long debt (a slow uplink's pacing)."""
+        while not cancel.is_set():
+            pause = self._take_or_pause(n)
+            if pause is None:
+                return True
+            cancel.wait(pause)
+        return False
+
+    def _take_or_pause(self, n: float) -> float | None:
+        """Take `n` if they are there (None), else the seconds until they will be."""
+        with self._lock:
+            self._refill()
+            short = self._shortfall(n)
+            if short <= _EPSILON * max(1.0, n):  # rounding must not leave it waiting for nothing
+                self._tokens -= n  # may go below zero: a message over the capacity leaves a debt
+                return None
+            return short / self.rate

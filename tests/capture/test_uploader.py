@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,38 @@ def test_an_unexpected_error_backs_off_and_the_thread_goes_on(
     assert "IncompleteRead" in uploader.last_error
     assert sorted(all_objects(moto_s3)) == sorted(keys)
     assert len(spool) == 0
+
+
+def test_stop_ends_a_long_pacing_wait_and_the_record_stays_spooled(
+    tmp_path: Path, client: S3Client, moto_s3: str
+) -> None:
+    spool = Spool(tmp_path / "spool", max_bytes=10**7, max_age_s=10**9)
+    _fill(spool, 3)
+    # one byte a second: the first record passes on the full bucket and leaves a debt of minutes
+    uploader = Uploader(spool, client, bytes_per_s=1, idle_s=0.01).start()
+    assert wait_for(lambda: any(k.endswith(".jpg") for k in all_objects(moto_s3)))
+    stopping = threading.Thread(target=uploader.stop, kwargs={"timeout": 600}, daemon=True)
+    stopping.start()
+    stopping.join(60)  # a bound far under the debt, not a measurement
+    assert not stopping.is_alive()
+    assert uploader.uploaded == 0
+    assert len(spool) == 3  # nothing left the spool unsent
+
+
+def test_uploads_drops_and_failures_are_counted_once_each(tmp_path: Path, chain: CredentialChain) -> None:
+    spool = Spool(tmp_path / "spool", max_bytes=250, max_age_s=10**9)
+    _fill(spool, 3)  # 103-byte images and small documents: only the newest fits
+    assert spool.counts["dropped_size"] == 2
+    down = Uploader(
+        spool,
+        S3Client(BUCKET, "us-east-1", chain, endpoint="http://127.0.0.1:9"),
+        bytes_per_s=10**7,
+        idle_s=0.01,
+        max_backoff_s=0.01,
+    ).start()
+    try:
+        assert wait_for(lambda: spool.counts["upload_failures"] >= 2)
+    finally:
+        down.stop()
+    assert spool.counts["uploaded"] == 0
+    assert len(spool) == 1

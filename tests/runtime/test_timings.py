@@ -94,3 +94,30 @@ def test_a_full_batch_of_usual_records_goes_in_two_messages_at_most() -> None:
     assert len(payloads) <= 2  # split only as far as the IPC message needs
     ids = [r["id"] for p in payloads for r in json.loads(p)["records"]]
     assert ids == [f"req-{i}" for i in range(32)]
+
+
+def test_capture_counts_go_in_a_batch_of_their_own_when_no_request_comes() -> None:
+    bus = MemoryBus()
+    pub = TimingPublisher(bus, "dev", flush_interval_ms=1)
+    pub.add_capture({"uploaded": 1})
+    pub.add_capture({"uploaded": 2, "upload_failures": 1})
+    assert pub.due(pub.clock() + 1)  # counts alone schedule a flush
+    assert pub.flush() == 0  # no records, but a batch
+    (payload,) = _sent(bus)
+    batch = TimingBatch.parse(payload)
+    assert batch.records == []
+    assert batch.capture == {"uploaded": 3, "upload_failures": 1}
+    assert pub.flush() == 0
+    assert len(_sent(bus)) == 1
+
+
+def test_capture_counts_ride_with_the_first_of_split_batches_only() -> None:
+    bus = MemoryBus()
+    pub = TimingPublisher(bus, "dev", max_records=4)
+    for i in range(12):
+        pub.record(_worst(i))
+    pub.add_capture({"chosen": 5})
+    pub.flush()
+    batches = [TimingBatch.parse(p) for p in _sent(bus)]
+    assert len(batches) > 1
+    assert sum(b.capture.get("chosen", 0) for b in batches) == 5

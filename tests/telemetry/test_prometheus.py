@@ -48,3 +48,19 @@ def test_model_requests_and_low_confidence_per_model_and_version() -> None:
     state.update(window(2, quality("1.1.0", 3, 0)))
     last = [line for line in state.render().splitlines() if line.startswith("edgeinfer_model_info")]
     assert last == [line for line in last if 'version="1.1.0"' in line]  # the last window's models only
+
+
+def test_capture_counters_add_up_over_windows_by_event() -> None:
+    state = MetricsState()
+    assert "edgeinfer_capture" not in state.render()  # capture off: no family
+    first, second = window(0), window(1)
+    first.capture = {"chosen": 3, "spooled": 3, "uploaded": 2}
+    second.capture = {"chosen": 1, "dropped_size": 2, "upload_failures": 1}
+    state.update(first)
+    state.update(second)
+    lines = state.render().splitlines()
+    assert "# TYPE edgeinfer_capture_total counter" in lines
+    assert 'edgeinfer_capture_total{event="chosen"} 4' in lines
+    assert 'edgeinfer_capture_total{event="uploaded"} 2' in lines
+    assert 'edgeinfer_capture_total{event="dropped_size"} 2' in lines
+    assert 'edgeinfer_capture_total{event="upload_failures"} 1' in lines

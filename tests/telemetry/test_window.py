@@ -367,3 +367,19 @@ def test_what_fleet_and_canary_read_of_a_window(clock: FakeClock) -> None:
     seen = read_window(window.to_json())
     assert seen is not None
     assert seen.low_confidence == (3, 9)
+
+
+def test_capture_counters_are_summed_per_window_and_survive_the_wire(clock: FakeClock) -> None:
+    agg = WindowAggregator("dev", window_s=10, clock=clock)
+    assert agg.add_payload(TimingBatch("dev", [], capture={"chosen": 2, "spooled": 2}).to_json())
+    assert agg.add_payload(TimingBatch("dev", [], capture={"uploaded": 1, "chosen": 1}).to_json())
+    # a malformed count (negative, not a number) is left out, the rest is counted
+    assert agg.add_payload(b'{"thing":"dev","records":[],"capture":{"chosen":-4,"spooled":"x","busy":1}}')
+    clock.advance(10)
+    (window,) = agg.poll()
+    assert window.capture == {"busy": 1, "chosen": 3, "spooled": 2, "uploaded": 1}
+    assert TelemetryWindow.from_dict(json.loads(window.to_json())).capture == window.capture
+    clock.advance(10)
+    (quiet,) = agg.poll()
+    assert quiet.capture == {}
+    assert "capture" not in quiet.to_dict()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer.capture.config import CaptureConfig
+from edgeinfer.capture.counts import CaptureCounts, Sink
 from edgeinfer.capture.credentials import CredentialChain
 from edgeinfer.capture.record import Record, to_jpeg
 from edgeinfer.capture.s3 import S3Client
@@ -65,7 +66,8 @@ class CaptureHook(AnswerHook):
         self.clock = clock
         self.wall = wall
         self.selectors: dict[str, Selector] = {}
-        self.counts = {"chosen": 0, "spooled": 0, "busy": 0, "no_image": 0, "bad_image": 0}
+        # Shared with the spool and the uploader, and counted from several threads: one locked tally.
+        self.counts: CaptureCounts = spool.counts
         self._queue: queue.Queue[_Chosen | None] = queue.Queue(cfg.queue_size)
         self._thread: threading.Thread | None = None
 
@@ -83,11 +85,11 @@ class CaptureHook(AnswerHook):
         reason = selector.choose(computed, answered)
         if reason is None:
             return
-        self.counts["chosen"] += 1
+        self.counts.add("chosen")
         try:
             self._queue.put_nowait(_Chosen(job.request, job.source, computed, answered, reason, self.wall()))
         except queue.Full:
-            self.counts["busy"] += 1
+            self.counts.add("busy")
 
     # ------------------------------------------------------------------------------- the writer thread
 
@@ -125,7 +127,7 @@ class CaptureHook(AnswerHook):
     def write(self, item: _Chosen) -> None:
         image = _image_of(item.request)
         if image is None:
-            self.counts["no_image"] += 1
+            self.counts.add("no_image")
             return
         model = item.computed.model or item.answered.model
         settings = self.cfg.for_model(model.name if model is not None else "")
@@ -133,7 +135,7 @@ class CaptureHook(AnswerHook):
         try:
             jpeg = to_jpeg(image, settings.max_image_side, settings.jpeg_quality)
         except ValueError:
-            self.counts["bad_image"] += 1
+            self.counts.add("bad_image")
             return
         record = Record.make(
             prefix=self.cfg.prefix,
@@ -147,18 +149,16 @@ class CaptureHook(AnswerHook):
             source=item.source,
         )
         self.spool.put(record)
-        self.counts["spooled"] += 1
+        self.counts.add("spooled")
         if self.uploader is not None:
             self.uploader.poke()
 
     def stats(self) -> dict[str, Any]:
         """Counters for telemetry: what was chosen, spooled, dropped by the caps, uploaded."""
-        out: dict[str, Any] = dict(self.counts)
-        out["dropped"] = dict(self.spool.dropped)
+        out: dict[str, Any] = self.counts.totals()
+        out["dropped"] = self.spool.dropped_counts()
         out["spool_records"] = len(self.spool)
         out["spool_bytes"] = self.spool.bytes
-        if self.uploader is not None:
-            out.update(uploaded=self.uploader.uploaded, upload_failures=self.uploader.failures)
         return out
 
 
@@ -173,9 +173,13 @@ def _image_of(request: Request) -> bytes | None:
     return None
 
 
-def start_capture(doc: Any, thing: str, work_dir: str, hooks: list[AnswerHook]) -> CaptureHook | None:
+def start_capture(
+    doc: Any, thing: str, work_dir: str, hooks: list[AnswerHook], counts: Sink | None = None
+) -> CaptureHook | None:
     """Read the `capture` node (None: off) and, when enabled, start capture and add its hook to
-    `hooks`. A node that does not read is logged and capture stays off: serving goes on."""
+    `hooks`; `counts` takes each counter's increments (the timing publisher's `add_capture`, which
+    brings them to the telemetry window). A node that does not read is logged and capture stays off:
+    serving goes on."""
     from edgeinfer.config import ConfigError
 
     try:
@@ -186,7 +190,13 @@ def start_capture(doc: Any, thing: str, work_dir: str, hooks: list[AnswerHook]) 
     if not cfg.enabled:
         return None
     folder = Path(cfg.spool_dir or os.path.join(work_dir, "capture-spool"))
-    spool = Spool(folder, max_bytes=int(cfg.spool_max_mb * 1024 * 1024), max_age_s=cfg.spool_max_age_h * 3600)
+    tally = CaptureCounts() if counts is None else CaptureCounts(counts)
+    spool = Spool(
+        folder,
+        max_bytes=int(cfg.spool_max_mb * 1024 * 1024),
+        max_age_s=cfg.spool_max_age_h * 3600,
+        counts=tally,
+    )
     region = cfg.region or os.environ.get("AWS_REGION", "") or os.environ.get("AWS_DEFAULT_REGION", "")
     client = S3Client(cfg.bucket, region, CredentialChain(), endpoint=cfg.endpoint)
     hook = CaptureHook(cfg, thing, spool, Uploader(spool, client, bytes_per_s=cfg.upload_bytes_per_s)).start()

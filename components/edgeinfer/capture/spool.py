@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgeinfer.capture.counts import CaptureCounts
 from edgeinfer.capture.record import Record
 from edgeinfer.files import atomic_write
 
@@ -47,8 +48,10 @@ class Spool:
         max_bytes: int,
         max_age_s: float,
         wall: Callable[[], float] = time.time,
+        counts: CaptureCounts | None = None,
     ) -> None:
         self.folder = folder
+        self.counts = counts or CaptureCounts()
         self.max_bytes = max_bytes
         self.max_age_s = max_age_s
         self.wall = wall
@@ -145,16 +148,23 @@ class Spool:
                 total -= self._sizes.pop(record_id)
                 self.dropped[why] += 1
                 gone.append((record_id, why))
-        for record_id, _why in gone:
+        for record_id, why in gone:
             for ext in (".json", ".jpg"):
                 (self.folder / f"{record_id}{ext}").unlink(missing_ok=True)
+            self.counts.add(f"dropped_{why}")
         if gone:
             log.warning("capture spool: dropped %d records (oldest first) to stay within its caps", len(gone))
             self._save()
         return len(gone)
 
+    def dropped_counts(self) -> dict[str, int]:
+        """Since the spool was made, across restarts."""
+        with self._lock:
+            return dict(self.dropped)
+
     def _save(self) -> None:
-        state = json.dumps({"dropped": self.dropped}).encode()
+        with self._lock:
+            state = json.dumps({"dropped": self.dropped}).encode()
         try:
             atomic_write(self.folder / _STATE, state)
         except OSError as exc:

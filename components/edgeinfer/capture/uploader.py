@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from edgeinfer.capture.counts import CaptureCounts
 from edgeinfer.capture.s3 import S3Client
 from edgeinfer.capture.spool import Spool, Spooled
 from edgeinfer.pacing import TokenBucket
@@ -30,16 +31,19 @@ class Uploader:
         bytes_per_s: float,
         idle_s: float = 1.0,
         max_backoff_s: float = 60.0,
+        counts: CaptureCounts | None = None,
     ) -> None:
         self.spool = spool
         self.client = client
         self.pacer = TokenBucket(bytes_per_s, bytes_per_s)  # a second's worth may go at once
+        self.counts = counts or spool.counts
         self.idle_s = idle_s
         self.max_backoff_s = max_backoff_s
         self.uploaded = 0
         self.uploaded_bytes = 0
         self.failures = 0
         self.last_error = ""
+        self._lock = threading.Lock()  # the counters: telemetry reads them from another thread
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -67,8 +71,10 @@ class Uploader:
                 backoff = 0.0
             except Exception as exc:
                 # Not only S3Error: a cut-short HTTP read or an unreadable spool file must not end the thread.
-                self.failures += 1
-                self.last_error = str(exc)
+                with self._lock:
+                    self.failures += 1
+                    self.last_error = str(exc)
+                self.counts.add("upload_failures")
                 backoff = min(self.max_backoff_s, max(1.0, backoff * 2))
                 log.warning("capture upload failed (retrying in %.0f s): %s", backoff, exc)
                 self._stop.wait(backoff)
@@ -81,6 +87,7 @@ class Uploader:
         """Upload what the spool holds now, oldest first; the records sent. Raises at the first failure
         (S3Error for S3's; what is left stays spooled)."""
         sent = 0
+        self.spool.enforce()  # records age out during an outage too, not only when one is added
         for item in self.spool.pending():
             if self._stop.is_set():
                 break
@@ -89,17 +96,23 @@ class Uploader:
         return sent
 
     def upload(self, item: Spooled) -> bool:
-        """One record; False when it left the spool meanwhile (dropped by a cap)."""
+        """One record; False when it left the spool meanwhile (dropped by a cap) or a stop came first."""
         try:
             image = item.image.read_bytes()
             doc = item.document.read_bytes()
         except FileNotFoundError:
             return False
-        self.pacer.take(len(image))
+        # A stop ends a pacing wait at once (a slow uplink's debt can be minutes): the record stays
+        # spooled, and the next start writes both keys again.
+        if not self.pacer.take_unless(len(image), self._stop):
+            return False
         self.client.put(item.key + ".jpg", image, "image/jpeg")
-        self.pacer.take(len(doc))
+        if not self.pacer.take_unless(len(doc), self._stop):
+            return False
         self.client.put(item.key + ".json", doc, "application/json")
         self.spool.remove(item.id)
-        self.uploaded += 1
-        self.uploaded_bytes += len(image) + len(doc)
+        with self._lock:
+            self.uploaded += 1
+            self.uploaded_bytes += len(image) + len(doc)
+        self.counts.add("uploaded")
         return True

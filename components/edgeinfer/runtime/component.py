@@ -248,7 +248,9 @@ class Component:
         self._wire_placement()
         from edgeinfer.capture.hook import start_capture  # the `capture` node: docs/capture.md
 
-        self.capture = start_capture(self._capture_doc(), self.thing, self.work_dir, server.answers.hooks)
+        self.capture = start_capture(
+            self._capture_doc(), self.thing, self.work_dir, server.answers.hooks, server.timings.add_capture
+        )
         server.start(subscribe=False)
         if not server.self_test():
             log.warning("the self-test requests did not come back; starting anyway")

@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
 
 from edgeinfer.messages import IPC_MAX_BYTES, TIMINGS_TOPIC, TimingBatch, TimingRecord, iso_utc
 from edgeinfer.transport import PubSub, TransportError
@@ -48,6 +49,7 @@ class TimingPublisher:
         self.wall = wall
         self._records: list[TimingRecord] = []
         self._executions: list[int] = []
+        self._capture: Counter[str] = Counter()  # capture's counters since the last batch
         self._first: float | None = None
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -75,6 +77,17 @@ class TimingPublisher:
                 self._first = self.clock()
                 self._cond.notify()
 
+    def add_capture(self, counts: Mapping[str, int]) -> None:
+        """Capture's counter increments (`edgeinfer.capture.counts`), carried by the next batch: they
+        reach the telemetry window open when they happened, also when no request comes meanwhile."""
+        if not self.enabled:
+            return
+        with self._cond:
+            self._capture.update(counts)
+            if self._first is None:
+                self._first = self.clock()
+                self._cond.notify()
+
     def due(self, now: float) -> bool:
         with self._cond:
             return self._due(now)
@@ -87,14 +100,18 @@ class TimingPublisher:
     def flush(self) -> int:
         """Publish what is waiting now (called by the thread, and by tests). Returns records sent."""
         with self._cond:
-            records, executions = self._records, self._executions
+            records, executions, capture = self._records, self._executions, dict(self._capture)
             self._records, self._executions, self._first = [], [], None
-        if not records and not executions:
+            self._capture.clear()
+        if not records and not executions and not capture:
             return 0
         stamp = iso_utc(self.wall())
         for start in range(0, max(1, len(records)), self.max_records):
             chunk = records[start : start + self.max_records]
-            self._publish(TimingBatch(self.thing, chunk, executions if start == 0 else [], stamp))
+            first = start == 0
+            self._publish(
+                TimingBatch(self.thing, chunk, executions if first else [], stamp, capture if first else {})
+            )
         return len(records)
 
     def _publish(self, batch: TimingBatch) -> None:
@@ -102,7 +119,9 @@ class TimingPublisher:
         records, executions = batch.records, batch.executions
         if len(payload) > BATCH_MAX_BYTES and (len(records) > 1 or len(executions) > 1):
             r, e = len(records) // 2, len(executions) // 2
-            self._publish(TimingBatch(batch.thing, records[:r], executions[:e], batch.timestamp))
+            self._publish(
+                TimingBatch(batch.thing, records[:r], executions[:e], batch.timestamp, batch.capture)
+            )
             self._publish(TimingBatch(batch.thing, records[r:], executions[e:], batch.timestamp))
             return
         try:

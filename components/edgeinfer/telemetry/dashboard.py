@@ -165,6 +165,8 @@ class Dashboard:
             rows.append(self._window_summary(dev, window, now))
             if window.models:
                 rows.append(_models_summary(window))
+            if window.capture:
+                rows.append(_capture_summary(window))
         rows.append(self._results_summary(dev, now))
         return Panel(Group(*rows), title=f"[bold]{dev.thing}[/]", title_align="left")
 
@@ -269,6 +271,27 @@ def _models_summary(window: TelemetryWindow) -> Text:
             text.append("  top " + ", ".join(f"{label} {n}" for label, n in top), style="dim")
         if m.counts and sum(m.counts):
             text.append(f"  scores {sparkline([float(n) for n in m.counts])}")
+    return text
+
+
+def _capture_summary(window: TelemetryWindow) -> Text:
+    """Capture's counters in the window: what was chosen, where it went, what was lost and why."""
+    c = window.capture
+    text = Text()
+    text.append("capture ", style="bold")
+    text.append(
+        f"chosen {c.get('chosen', 0)}  spooled {c.get('spooled', 0)}  uploaded {c.get('uploaded', 0)}"
+    )
+    lost = {
+        "busy": c.get("busy", 0),
+        "dropped (size)": c.get("dropped_size", 0),
+        "dropped (age)": c.get("dropped_age", 0),
+        "upload failures": c.get("upload_failures", 0),
+        "bad image": c.get("bad_image", 0) + c.get("no_image", 0),
+    }
+    shown = [f"{name} {n}" for name, n in lost.items() if n]
+    if shown:
+        text.append("  " + "  ".join(shown), style="yellow")
     return text
 
 

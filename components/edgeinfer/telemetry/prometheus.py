@@ -6,7 +6,8 @@ allows), the window's throughput and queue depth, counters accumulated since the
 (requests, errors by code, dropped, offloaded, cascaded, executions, inferences), the provider as an
 info-style gauge, and the numeric system figures. Per model (`model`, `version` labels): answers and
 low-confidence answers since start (counters), and the last window's low-confidence share and an
-info-style gauge naming the variant and provider of each model it saw.
+info-style gauge naming the variant and provider of each model it saw. Capture's counters since start,
+by event (chosen, spooled, uploaded, dropped_size, dropped_age, upload_failures, ...), when capture is on.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class MetricsState:
         self.totals: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
         self.models = ModelTotals()
+        self.capture: Counter[str] = Counter()
         self._lock = threading.Lock()
 
     def update(self, window: TelemetryWindow) -> None:
@@ -56,6 +58,7 @@ class MetricsState:
             self.totals["batch_executions"] += int(window.batch.get("executions", 0))
             self.totals["inferences"] += int(window.batch.get("inferences", 0))
             self.errors.update(window.errors)
+            self.capture.update(window.capture)
             for model in window.models:
                 key = (model.name, model.version)
                 self.models.requests[key] += model.count
@@ -63,7 +66,7 @@ class MetricsState:
 
     def render(self) -> str:
         with self._lock:
-            return render_metrics(self.last, self.totals, self.errors, self.models)
+            return render_metrics(self.last, self.totals, self.errors, self.models, self.capture)
 
 
 @dataclass
@@ -109,11 +112,24 @@ def _model_lines(window: TelemetryWindow | None, models: ModelTotals) -> list[st
     return lines
 
 
+def _capture_lines(capture: Counter[str]) -> list[str]:
+    if not capture:  # capture off: no family at all
+        return []
+    lines = [
+        "# HELP edgeinfer_capture_total Capture's counters by event (docs/capture.md).",
+        "# TYPE edgeinfer_capture_total counter",
+    ]
+    for event, n in sorted(capture.items()):
+        lines.append(f'edgeinfer_capture_total{{event="{_label(event)}"}} {n}')
+    return lines
+
+
 def render_metrics(
     window: TelemetryWindow | None,
     totals: Counter[str],
     errors: Counter[str],
     models: ModelTotals | None = None,
+    capture: Counter[str] | None = None,
 ) -> str:
     lines: list[str] = []
 
@@ -136,6 +152,7 @@ def render_metrics(
     for code, n in sorted(errors.items()):
         lines.append(f'edgeinfer_errors_total{{code="{_label(code)}"}} {n}')
     lines += _model_lines(window, models or ModelTotals())
+    lines += _capture_lines(capture or Counter())
     if window is None:
         return "\n".join(lines) + "\n"
     thing = _label(window.thing)

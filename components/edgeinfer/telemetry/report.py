@@ -195,7 +195,29 @@ def plot_telemetry(windows: list[TelemetryWindow], out_dir: Path, stem: str) -> 
         _save(fig, out)
         plt.close(fig)
         written.append(out)
+        if any(w.capture for w in items):
+            written.append(plot_capture(items, xs, xlabel, out_dir / f"{name}-capture.png"))
     return written
+
+
+CAPTURE_SERIES = ("chosen", "spooled", "uploaded", "dropped_size", "dropped_age", "upload_failures")
+
+
+def plot_capture(windows: list[TelemetryWindow], xs: list[float], xlabel: str, out: Path) -> Path:
+    """Capture's counters per window: chosen, spooled and uploaded beside what was lost."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(10, 3.5))
+    for i, event in enumerate(CAPTURE_SERIES):
+        ax.plot(xs, [w.capture.get(event, 0) for w in windows], color=f"C{i}", label=event, marker=".")
+    ax.set_title(f"{windows[0].thing}: capture's records per window")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("records")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=3, loc="upper left")
+    fig.tight_layout()
+    _save(fig, out)
+    plt.close(fig)
+    return out
 
 
 def low_confidence_series(windows: list[TelemetryWindow]) -> dict[str, list[float]]:

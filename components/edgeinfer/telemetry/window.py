@@ -15,6 +15,8 @@ What a window counts (the wire shape is `edgeinfer.messages.TelemetryWindow`):
 - `queue_depth`: mean and max of the depth each record saw when it was queued;
 - `provider`: the execution provider that ran most requests in the window (the last one seen when the
   window is empty);
+- `capture`: capture's counters (`edgeinfer.capture.counts`: chosen, spooled, uploaded, dropped by
+  size or age, upload failures...) as the runtime counted them in the window; absent when capture is off;
 - `models`: per model that answered (name, version, variant and the provider that ran it), its `ok`
   answers, how many had a top score below `low_confidence` (a classifier's top-1, a detector's most
   confident detection; a detector's answer with no detection is not counted low), the answers per class
@@ -132,6 +134,7 @@ class _Accumulator:
         self.depth_max = 0
         self.providers: Counter[str] = Counter()
         self.models: dict[tuple[ModelRef, str | None], _ModelAccumulator] = {}
+        self.capture: Counter[str] = Counter()
 
     def add(self, rec: TimingRecord, low_confidence: float = DEFAULT_LOW_CONFIDENCE) -> None:
         if rec.dropped:
@@ -223,6 +226,7 @@ class WindowAggregator:
             for rec in batch.records:
                 acc.add(rec, low)
             acc.add_executions(batch.executions)
+            acc.capture.update(batch.capture)
 
     def add_payload(self, payload: bytes) -> bool:
         """Parse and add a `TimingBatch` payload; a malformed one is counted and skipped, never raised."""
@@ -318,4 +322,5 @@ class WindowAggregator:
             system=system,
             timestamp=iso_utc(self._wall()),
             models=acc.model_qualities(),
+            capture=dict(sorted(acc.capture.items())),
         )
