@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import urllib.request
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from edgeinfer.capture.credentials import CredentialChain
 from edgeinfer.capture.s3 import S3Client
 from edgeinfer.sim.tes import TokenExchangeServer
+from tests.helpers.s3 import boto3_client, running_s3, tes_server
 
 BUCKET = "edgeinfer-capture-test"
 
@@ -18,32 +17,8 @@ BUCKET = "edgeinfer-capture-test"
 @pytest.fixture
 def moto_s3() -> Iterator[str]:
     """The endpoint URL of a fresh moto S3 server holding an empty BUCKET."""
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    # moto's backends live in the process, across servers: start each test from an empty store
-    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=10)
-    s3 = boto3_client(endpoint)
-    s3.create_bucket(Bucket=BUCKET)
-    try:
-        yield endpoint
-    finally:
-        server.stop()
-
-
-def boto3_client(endpoint: str) -> Any:
-    import boto3
-
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
+    with running_s3(BUCKET) as server:
+        yield server.endpoint
 
 
 def all_objects(endpoint: str) -> dict[str, bytes]:
@@ -57,11 +32,8 @@ def all_objects(endpoint: str) -> dict[str, bytes]:
 
 @pytest.fixture
 def tes() -> Iterator[TokenExchangeServer]:
-    server = TokenExchangeServer({"tok": "com.edgeinfer.InferenceRuntime"}.get).start()
-    try:
+    with tes_server({"tok": "com.edgeinfer.InferenceRuntime"}) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import json
 import socket
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,6 +20,7 @@ from edgeinfer.runtime.server import InferenceServer
 from edgeinfer.sim.tes import TokenExchangeServer
 from edgeinfer.transport import MemoryBus, Target
 from tests.helpers.images import solid_jpeg
+from tests.helpers.s3 import boto3_client, running_s3, tes_server
 from tests.helpers.wait import eventually
 
 THING = "dev1"
@@ -30,42 +30,20 @@ TOKEN = "runtime-token"
 
 
 def _boto3(endpoint: str) -> Any:
-    import boto3
-
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
+    return boto3_client(endpoint)
 
 
 @pytest.fixture
 def moto_s3() -> Iterator[str]:
     """The endpoint URL of a fresh moto S3 server holding an empty BUCKET."""
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    # moto's backends live in the process, across servers: start each test from an empty store
-    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=10)
-    _boto3(endpoint).create_bucket(Bucket=BUCKET)
-    try:
-        yield endpoint
-    finally:
-        server.stop()
+    with running_s3(BUCKET) as server:
+        yield server.endpoint
 
 
 @pytest.fixture
 def tes() -> Iterator[TokenExchangeServer]:
-    server = TokenExchangeServer({TOKEN: "com.edgeinfer.InferenceRuntime"}.get).start()
-    try:
+    with tes_server({TOKEN: "com.edgeinfer.InferenceRuntime"}) as server:
         yield server
-    finally:
-        server.stop()
 
 
 class Device:
