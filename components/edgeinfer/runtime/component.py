@@ -5,7 +5,8 @@ Connect to the nucleus, read the configuration (GetConfiguration: the component'
 provider that really loads, warm up every batch size, start serving, then UpdateState RUNNING.
 Configuration changes are applied live (SubscribeToConfigurationUpdate, served by both nuclei):
 batching, limits, topics and timings at once; a change of provider, model or engine options builds
-and warms a new engine off the hot path and swaps it in; a source change restarts the source. Where
+and warms a new engine off the hot path and swaps it in; sources added, removed or changed start,
+stop or restart with their new settings, the others untouched (`runtime.sources`). Where
 the nucleus validates proposed changes (SubscribeToValidateConfigurationUpdates: the classic nucleus)
 a refused change comes back with the reasons; where it does not (nucleus lite), a change that does
 not read is logged and the running configuration kept. A deployment is deferred while requests are
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgeinfer import procfs
 from edgeinfer.transport import Bus, Message, Subscription
+from edgeinfer.transport.outbox import Forwarder
 
 if TYPE_CHECKING:  # imported where used: `main` answers a bad command line before numpy is loaded
     from edgeinfer.capture.hook import CaptureHook
@@ -38,7 +40,7 @@ if TYPE_CHECKING:  # imported where used: `main` answers a bad command line befo
     from edgeinfer.runtime.engine import Engine
     from edgeinfer.runtime.models import ModelRepository, ModelSlot
     from edgeinfer.runtime.server import InferenceServer
-    from edgeinfer.runtime.sources import SourceRunner
+    from edgeinfer.runtime.sources import SourceManager
     from edgeinfer.runtime.updates import StoreWatcher
 
 _T0 = time.monotonic()
@@ -136,7 +138,7 @@ class Component:
         self.work_dir = self.args.work_dir or os.getcwd()
         self.cfg = RuntimeConfig()
         self._server: InferenceServer | None = None
-        self.source: SourceRunner | None = None
+        self.sources: SourceManager | None = None  # `source` and `sources`, started with the server
         self._lock = threading.Lock()
         self._queue_lock = threading.Lock()
         self._update_queued = False
@@ -145,6 +147,7 @@ class Component:
         self.model_watchers: list[StoreWatcher] = []  # one per model component of `models`
         self.updates: Subscription | None = None
         self.capture: CaptureHook | None = None
+        self.forward: Forwarder | None = None  # a source's IoT-bound results: docs/iot-path.md
 
     @property
     def server(self) -> InferenceServer:
@@ -251,6 +254,9 @@ class Component:
         self.capture = start_capture(
             self._capture_doc(), self.thing, self.work_dir, server.answers.hooks, server.timings.add_capture
         )
+        from edgeinfer.runtime.forward import start_forwarding
+
+        self.forward = server.answers.forward = start_forwarding(self.bus, self.thing, self.work_dir)
         server.start(subscribe=False)
         if not server.self_test():
             log.warning("the self-test requests did not come back; starting anyway")
@@ -261,7 +267,7 @@ class Component:
         replayed = early.attach(server)
         if replayed:
             log.info("serving %d requests that arrived during start-up", replayed)
-        self._start_source(cfg)
+        self._start_sources(cfg)
         from edgeinfer import config
         from edgeinfer.runtime.config import COMPONENT
 
@@ -306,25 +312,12 @@ class Component:
             old.stop()
         self._wire_placement()
 
-    def _start_source(self, cfg: RuntimeConfig) -> None:
-        from edgeinfer.runtime.sources import SourceRunner
+    def _start_sources(self, cfg: RuntimeConfig) -> None:
+        from edgeinfer.runtime.sources import ServerSink, SourceManager
 
-        if cfg.source.kind == "none":
-            return
-        runner = SourceRunner(
-            cfg.source,
-            self.server,
-            self.thing,
-            self.server.engine.input_size,
-            record_drop=self.server.timings.record,
-            letterboxed=self.server.engine.detector,
-        )
-        self.source = runner  # recorded before its first frame is served
-        try:
-            runner.start()
-        except OSError as exc:
-            self.source = None
-            log.error("source not started: %s", exc)
+        sources = SourceManager(ServerSink(self.server), self.thing, record_drop=self.server.timings.record)
+        self.sources = sources  # recorded before the first frame is served
+        sources.apply(cfg.frame_sources())
 
     # ------------------------------------------------------------------------------ live configuration
 
@@ -396,11 +389,8 @@ class Component:
                 apply_process_options(cfg)
             if "capture" in changed:
                 log.info("capture's settings are read at start: they take effect at the next one")
-            if "source" in changed:
-                if self.source is not None:
-                    self.source.stop()
-                    self.source = None
-                self._start_source(cfg)
+            if ("source" in changed or "sources" in changed) and self.sources is not None:
+                self.sources.apply(cfg.frame_sources())
             # A new engine means new local model names and a new a·n + b seed for the policy.
             if "placement" in changed or (engine is not None and self.server.offloader is not None):
                 self._rewire_placement()
@@ -594,8 +584,8 @@ class Component:
             watcher.stop()
         if self.updates is not None:
             self.updates.close()
-        if self.source is not None:
-            self.source.stop()
+        if self.sources is not None:
+            self.sources.stop()
         if self._server is not None:
             offloader = self._server.offloader
             if offloader is not None and hasattr(offloader, "stop"):
@@ -603,6 +593,8 @@ class Component:
             self._server.stop()
         if self.capture is not None:  # after the server: what it answers while stopping is captured
             self.capture.stop()  # what was chosen is spooled; the spool keeps what is not uploaded
+        if self.forward is not None:  # after the server too: what it answered waits in the outbox
+            self.forward.stop()
         self._stop.set()
 
 

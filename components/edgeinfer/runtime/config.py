@@ -29,6 +29,7 @@ __all__ = [
     "CpuOptions",
     "CudaOptions",
     "ModelEntry",
+    "PipelineEntry",
     "RuntimeConfig",
     "SourceConfig",
     "TensorrtOptions",
@@ -57,7 +58,7 @@ _KNOWN_PROVIDERS = set(PROVIDER_ALIASES.values()) | {
     "XnnpackExecutionProvider",
     "ACLExecutionProvider",
 }
-SOURCE_KINDS = ("none", "camera", "video", "folder")
+SOURCE_KINDS = ("none", "camera", "video", "stream", "folder")
 RESULT_FORMATS = ("edgeinfer", "dlr")
 
 
@@ -134,9 +135,13 @@ class CpuOptions:
 class SourceConfig:
     """A frame source beyond requests (the DLR component's UseCamera / ImageDirectory / InferenceInterval).
 
-    `kind`: none | camera (`uri` = device index or path) | video (file or stream URL) | folder.
+    `kind`: none | camera (`uri` = device index or path) | video (file or stream URL) | stream (an RTSP
+    or HTTP stream URL: reconnected when lost) | folder.
     `rate_hz`: frames taken per second (latest frame wins; older frames are dropped and counted).
     `loop`: start a video file or folder again at its end.
+    `name`: how results, frame ids and telemetry name it (empty: its kind, or `sourceN` in `sources`);
+    `model`: the model (or pipeline) that serves its frames (empty: the default model).
+    A camera or stream that is lost is opened again with exponential backoff up to `reconnect_max_s`.
     """
 
     kind: str = "none"
@@ -146,6 +151,9 @@ class SourceConfig:
     top_k: int = 5
     result_topic: str = ""  # empty: edgeinfer/{thing}/result on local pub/sub
     publish_to_iot: bool = False
+    name: str = ""
+    model: str = ""
+    reconnect_max_s: float = 3.0
 
     def check(self) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
@@ -155,6 +163,8 @@ class SourceConfig:
             out.append(("uri", f"is required for kind {self.kind!r}"))
         if not 0 < self.rate_hz <= 1000:
             out.append(("rateHz", "must be above 0 and at most 1000"))
+        if not 0.1 <= self.reconnect_max_s <= 3600:
+            out.append(("reconnectMaxS", "must be from 0.1 to 3600"))
         return out
 
 
@@ -175,6 +185,34 @@ class ModelEntry:
         if self.dir and not os.path.isabs(self.dir):
             return [("dir", f"{self.dir!r} must be an absolute path")]
         return []
+
+
+@dataclass
+class PipelineEntry:
+    """One pipeline (`pipelines`, by the name a request's `model` gives): the `detector`'s boxes of
+    `classes` (its labels; none: every class) scoring at least `min_score`, whose shorter side is at
+    least `min_box_size` source pixels, are cropped (each side widened by `padding` times the box's
+    side) and classified by the `classifier`, answered as one result (docs/models.md, "Pipelines")."""
+
+    detector: str = ""
+    classifier: str = ""
+    classes: list[str] = field(default_factory=list)
+    min_score: float = 0.0
+    min_box_size: int = 0
+    padding: float = 0.0
+
+    def check(self) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        for key, name in (("detector", self.detector), ("classifier", self.classifier)):
+            if not name:
+                out.append((key, "must name a model this runtime serves"))
+        if not 0 <= self.min_score <= 1:
+            out.append(("minScore", "must be from 0 to 1"))
+        if self.min_box_size < 0:
+            out.append(("minBoxSize", "must be 0 or more"))
+        if not 0 <= self.padding <= 1:
+            out.append(("padding", "must be from 0 to 1"))
+        return out
 
 
 @dataclass
@@ -204,6 +242,8 @@ class RuntimeConfig:
     # Several models served at once (see docs/models.md); empty: the one store above.
     models: list[ModelEntry] = field(default_factory=list)
     max_loaded_models: int = 0  # models loaded at once; 0: every one configured
+    # Detect → crop → classify on the models above, each requested like a model by its name.
+    pipelines: dict[str, PipelineEntry] = field(default_factory=dict)
     input_size: int = 0  # 0: the manifest's preferred input size
     max_batch_size: int = 8
     max_queue_delay_us: int = 2000
@@ -264,6 +304,8 @@ class RuntimeConfig:
     opencv_threads: int = 1  # cv2.setNumThreads: decode runs on our own pool, not OpenCV's
     python_switch_interval_us: int = 500  # sys.setswitchinterval: hand the GIL back to the engine soon
     source: SourceConfig = field(default_factory=SourceConfig)
+    # More frame sources, each as `source` (docs/sources.md); `source` is the first when set.
+    sources: list[SourceConfig] = field(default_factory=list)
     timings: TimingsConfig = field(default_factory=TimingsConfig)
     placement: dict[str, Any] = field(default_factory=dict)  # read by the placement policy, opaque here
     capture: dict[str, Any] = field(default_factory=dict)  # read by edgeinfer.capture, opaque here
@@ -294,7 +336,26 @@ class RuntimeConfig:
             *self._check_threads(),
             *self._check_paths(),
             *self._check_models(),
+            *self._check_sources(),
         ]
+
+    def _check_sources(self) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        names = [s.name for s in self.frame_sources()]
+        for i, entry in enumerate(self.sources):
+            if entry.kind == "none":
+                out.append((f"sources[{i}].kind", "must name a source (none is only for `source`)"))
+        for name in sorted({n for n in names if names.count(n) > 1}):
+            out.append(("sources", f"name {name!r} is used twice"))
+        return out
+
+    def frame_sources(self) -> list[SourceConfig]:
+        """`source` (when set) and `sources`, each with its name (the default's filled in)."""
+        out = [dataclasses.replace(self.source, name=self.source.name or self.source.kind)]
+        out = out if self.source.kind != "none" else []
+        for i, entry in enumerate(self.sources):
+            out.append(dataclasses.replace(entry, name=entry.name or f"source{i}"))
+        return out
 
     def _check_providers(self) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
@@ -430,8 +491,9 @@ def engine_keys_changed(old: RuntimeConfig, new: RuntimeConfig) -> set[str]:
 # whole node (docs/capture.md), empty unless a deployment merges one; so is `imageUrls`, and
 # `maxIpcMessageBytes` is for the classic-only deployment that raises it. The `tensorrt` and `cuda`
 # provider options read a merged node's missing keys as their defaults, so a deployment merging one
-# key there gets what it got when the recipe carried the whole node.
-SHIPPED_IN_CODE = frozenset({"capture", "imageUrls", "maxIpcMessageBytes", "tensorrt", "cuda"})
+# key there gets what it got when the recipe carried the whole node. `pipelines` is empty unless a
+# deployment merges one (docs/models.md).
+SHIPPED_IN_CODE = frozenset({"capture", "imageUrls", "maxIpcMessageBytes", "tensorrt", "cuda", "pipelines"})
 
 
 def default_recipe_configuration() -> dict[str, Any]:

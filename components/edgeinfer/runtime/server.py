@@ -573,11 +573,19 @@ class InferenceServer:
         top_k: int,
         on_done: Callable[[], None] | None = None,
         geometry: Letterbox | None = None,
+        model: str = "",
     ) -> bool:
-        """A decoded frame from a source joins the queue. False when the queue is full. `geometry`:
-        a detector's letterboxed frame, so its boxes come back in the frame's pixels."""
+        """A decoded frame from a source joins the queue of `model` (empty: the default's). False when
+        the queue is full or the model is not loaded now. `geometry`: a detector's letterboxed frame,
+        so its boxes come back in the frame's pixels."""
+        slot = self.models.get(model or None)
+        if slot is None or not self.models.lease_loaded(slot):
+            return False
         req = Request(
-            id=frame_id, top_k=top_k, result_format="dlr" if self.cfg.result_format == "dlr" else "edgeinfer"
+            id=frame_id,
+            top_k=top_k,
+            result_format="dlr" if self.cfg.result_format == "dlr" else "edgeinfer",
+            model=slot.name if slot is not self.models.default else None,
         )
         now = self.clock()
         job = Job(
@@ -591,7 +599,10 @@ class InferenceServer:
             source=source,
             on_done=on_done,
         )
-        return self.batcher.put(job, None, admitted=False)
+        try:
+            return slot.batcher.put(job, None, admitted=False)
+        finally:
+            self.models.release(slot)  # queued: its batch runs on the engine it was admitted to
 
     # ------------------------------------------------------------------------------------ pipeline
 

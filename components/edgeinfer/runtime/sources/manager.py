@@ -1,0 +1,128 @@
+"""The runtime's sources (`source` and `sources`): started, stopped and changed by name, live.
+
+`SourceManager.apply` takes the configured list and brings the running set to it: a source added is
+started, one removed is stopped, one whose settings changed is started again with them; the others
+run on untouched. Each source's frames go to the model its configuration names (`ServerSink`: their
+input made for that model's engine, which is loaded when a source needs it).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from edgeinfer.messages import TimingRecord
+from edgeinfer.runtime.config import SourceConfig
+from edgeinfer.runtime.sources.runner import FrameFormat, SourceRunner
+
+if TYPE_CHECKING:
+    from edgeinfer.runtime.server import InferenceServer
+
+log = logging.getLogger(__name__)
+
+
+class ServerSink:
+    """The server as the sources see it: `submit_frame`, and each model's input (`frame_format`)."""
+
+    def __init__(self, server: InferenceServer) -> None:
+        self.server = server
+        self.submit_frame = server.submit_frame
+
+    def frame_format(self, model: str) -> FrameFormat | None:
+        """`model`'s input side and letterboxing, or None when it is not loaded (its load is asked
+        for) or not served."""
+        models = self.server.models
+        slot = models.get(model or None)
+        if slot is None:
+            return None
+        engine = slot.engine
+        if engine is None:
+            models.load(slot)
+            return None
+        return engine.input_size, engine.detector
+
+
+@dataclass(frozen=True)
+class SourceCounters:
+    """One source's counters since it started, as telemetry reads them."""
+
+    name: str
+    served: int
+    dropped: int
+    reconnects: int
+    outage_s: float
+    connected: bool
+
+
+class SourceManager:
+    def __init__(
+        self,
+        sink: ServerSink,
+        thing: str,
+        *,
+        record_drop: Callable[[TimingRecord], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.sink = sink
+        self.thing = thing
+        self.record_drop = record_drop
+        self.clock = clock
+        self.runners: dict[str, SourceRunner] = {}
+        self._lock = threading.Lock()
+
+    def apply(self, configured: Sequence[SourceConfig]) -> None:
+        """Run exactly the `configured` sources (each named): start, stop or restart what differs."""
+        wanted = {cfg.name: cfg for cfg in configured}
+        with self._lock:
+            for name, runner in list(self.runners.items()):
+                if wanted.get(name) != runner.cfg:
+                    runner.stop()
+                    del self.runners[name]
+                    log.info("source %s stopped", name)
+            for name, cfg in wanted.items():
+                if name not in self.runners:
+                    self._start(cfg)
+
+    def _start(self, cfg: SourceConfig) -> None:
+        runner = SourceRunner(
+            cfg,
+            self.sink,
+            self.thing,
+            0,
+            record_drop=self.record_drop,
+            clock=self.clock,
+            frame_format=lambda: self.sink.frame_format(cfg.model),
+        )
+        try:
+            runner.start()
+        except OSError as exc:
+            log.error("source %s not started: %s", cfg.name, exc)
+            return
+        self.runners[cfg.name] = runner  # a file or folder that cannot be opened is not kept
+
+    def get(self, name: str) -> SourceRunner | None:
+        with self._lock:
+            return self.runners.get(name)
+
+    def counters(self) -> list[SourceCounters]:
+        now = self.clock()
+        with self._lock:
+            runners = list(self.runners.values())
+        return [
+            SourceCounters(
+                name=r.name,
+                served=r.stats.answered,
+                dropped=r.stats.dropped,
+                reconnects=r.stats.reconnects,
+                outage_s=r.stats.outage_now(now),
+                connected=r.stats.connected,
+            )
+            for r in runners
+        ]
+
+    def stop(self) -> None:
+        self.apply([])
