@@ -1087,6 +1087,9 @@ class TimingBatch:
     executions: list[int] = field(default_factory=list)
     timestamp: str = ""
     capture: dict[str, int] = field(default_factory=dict)  # capture's counter increments (docs/capture.md)
+    # The results outbox's counters as they stand (pending, spooled, sent, dropped; docs/iot-path.md):
+    # totals, not increments; absent from a batch that does not change them.
+    forward: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         table = ModelTable()
@@ -1100,6 +1103,8 @@ class TimingBatch:
             doc["models"] = table.entries
         if self.capture:
             doc["capture"] = self.capture
+        if self.forward:
+            doc["forward"] = self.forward
         return _dumps(doc)
 
     @classmethod
@@ -1118,6 +1123,7 @@ class TimingBatch:
                 executions=[int(n) for n in doc.get("executions", []) if isinstance(n, int)],
                 timestamp=str(doc.get("timestamp", "")),
                 capture=_counts(doc.get("capture")),
+                forward=_counts(doc.get("forward")),
             )
         except _MALFORMED as exc:
             raise _malformed("timing batch", exc) from None

@@ -6,7 +6,9 @@ after its deadline (never a late `ok`) and TOO_LARGE in place of one IoT Core wo
 whose IPC message would pass `max_ipc_bytes` (nucleus lite closes the whole connection on it), writes
 the result format (the contract's JSON, or DLR's), publishes it without waiting on the bus, and
 counts it and records its timing. A `reply_to` the nucleus refuses at publish time still gets its one
-answer: BAD_REQUEST on the default topic, which the recipe grants.
+answer: BAD_REQUEST on the default topic, which the recipe grants. A source's result bound for IoT
+Core goes through `forward` instead when it is set: the outbox keeps it while IoT Core is away and
+sends it, in order, after (`edgeinfer.runtime.forward` says where the line is and why).
 
 Every answer passes the `AnswerHook`s (`Answers.hooks`) with the request, what was computed and what
 went out: the placement policy's feedback is one, a capture of requests with their results would be
@@ -44,6 +46,7 @@ from edgeinfer.runtime.ipc_frame import framed_size
 from edgeinfer.runtime.timings import TimingPublisher
 from edgeinfer.runtime.updates import InFlight
 from edgeinfer.transport import Bus, TransportError, UnauthorizedError
+from edgeinfer.transport.outbox import Forwarder
 
 if TYPE_CHECKING:
     import numpy as np
@@ -136,6 +139,8 @@ class Answers:
         self.clock = clock
         self.wall = wall
         self.hooks: list[AnswerHook] = []
+        # A source's IoT-bound results, kept on disk while IoT Core is away (None: straight out).
+        self.forward: Forwarder | None = None
 
     # ------------------------------------------------------------------------------------- answering
 
@@ -236,6 +241,10 @@ class Answers:
         # Not waiting for the nucleus: the answering thread goes on at once; a refusal comes back
         # through `_published`.
         reply = job.reply
+        forward = self.forward
+        if forward is not None and job.source is not None and reply.bus == "iot":
+            forward.submit(payload, reply.topic)  # a stream nobody waits on: kept until IoT Core is back
+            return
         try:
             self.bus.publish_nowait(
                 reply.topic,

@@ -34,6 +34,7 @@ class Spool(Outbox):
     def __init__(
         self, directory: Path | str, *, max_windows: int = 8640, max_bytes: int = 50_000_000
     ) -> None:
+        Path(directory).mkdir(parents=True, exist_ok=True)  # an unusable folder fails the start
         super().__init__(directory, max_items=max_windows, max_bytes=max_bytes, name="telemetry spool")
 
     @property

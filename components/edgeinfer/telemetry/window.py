@@ -17,6 +17,8 @@ What a window counts (the wire shape is `edgeinfer.messages.TelemetryWindow`):
   window is empty);
 - `capture`: capture's counters (`edgeinfer.capture.counts`: chosen, spooled, uploaded, dropped by
   size or age, upload failures...) as the runtime counted them in the window; absent when capture is off;
+- `system.forward`: the runtime's results outbox (pending, spooled, sent, dropped: totals, the latest
+  the runtime reported; absent until it reports; docs/iot-path.md);
 - `models`: per model that answered (name, version, variant and the provider that ran it), its `ok`
   answers, how many had a top score below `low_confidence` (a classifier's top-1, a detector's most
   confident detection; a detector's answer with no detection is not counted low), the answers per class
@@ -217,6 +219,7 @@ class WindowAggregator:
         self._last_provider: str | None = None
         self.low_confidence = low_confidence  # applies to the records added from now on
         self.bad_messages = 0
+        self._forward: dict[str, int] = {}  # the runtime's outbox counters, the latest reported
 
     # ---------------------------------------------------------------------------------------- input
 
@@ -227,6 +230,8 @@ class WindowAggregator:
                 acc.add(rec, low)
             acc.add_executions(batch.executions)
             acc.capture.update(batch.capture)
+            if batch.forward:
+                self._forward = dict(batch.forward)
 
     def add_payload(self, payload: bytes) -> bool:
         """Parse and add a `TimingBatch` payload; a malformed one is counted and skipped, never raised."""
@@ -298,6 +303,8 @@ class WindowAggregator:
                 system = dict(self._system())
             except Exception as exc:  # system figures are best effort: never lose a window over them
                 log.warning("system metrics failed: %s", exc)
+        if self._forward:
+            system["forward"] = dict(self._forward)
         return TelemetryWindow(
             thing=self.thing,
             seq=seq,

@@ -83,8 +83,7 @@ class Outbox:
     ) -> None:
         if max_items < 1:
             raise ValueError("max_items must be at least 1")
-        self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir = Path(directory)  # made when the first message or count must be kept
         self.max_items = max_items
         self.max_bytes = max_bytes
         self.max_age_s = max_age_s
@@ -98,6 +97,8 @@ class Outbox:
         self._load()
 
     def _load(self) -> None:
+        if not self.dir.is_dir():
+            return
         self._load_state()
         for path in self.dir.iterdir():
             if path.name.startswith("."):  # a temporary file a crash left behind
@@ -165,6 +166,7 @@ class Outbox:
             data, suffix = payload, _PLAIN
         else:
             data, suffix = json.dumps({"topic": topic}).encode() + b"\n" + payload, _TOPICAL
+        self.dir.mkdir(parents=True, exist_ok=True)
         atomic_write(self._path(seq, suffix), data, mode=None, fsync=True)
         self._entries[seq] = _Entry(len(data), suffix, self.wall())
         self.spooled += 1
@@ -227,6 +229,7 @@ class Outbox:
             "sent": self.sent,
         }
         try:
+            self.dir.mkdir(parents=True, exist_ok=True)
             atomic_write(self.dir / _STATE, json.dumps(doc).encode("utf-8"), mode=None)
         except OSError as exc:  # the counts live on in memory; the next write may succeed
             log.warning("cannot write the %s state: %s", self.name, exc)
@@ -256,8 +259,8 @@ class Outbox:
         if dropped:
             log.warning("%s full: dropped the %d oldest message(s)", self.name, dropped)
             self.drop("full", dropped)
-        elif keep is not None and self.spooled % 64 == 1:
-            self.save_state()  # now and then, so a crash loses little of the counts
+        elif keep is not None:
+            self.save_state()  # beside the message's own file: the count of kept ones stays exact
 
 
 class OutboxPublisher:
@@ -373,12 +376,17 @@ class Forwarder:
         max_queued: int = 10_000,
         on_change: Callable[[dict[str, int]], None] | None = None,
         tick_s: float = 0.25,
+        report_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.publisher = publisher
         self.outbox = publisher.outbox
         self.max_queued = max_queued
         self.on_change = on_change  # called on the forwarder's thread when the counters change
         self.tick_s = tick_s  # how often an idle forwarder looks at the outbox again
+        self.report_s = report_s  # counters go to `on_change` at most this often (and at the end)
+        self._clock = clock
+        self._last_report = -float("inf")
         self._queue: collections.deque[tuple[bytes, str | None]] = collections.deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -402,6 +410,10 @@ class Forwarder:
     def queued(self) -> int:
         with self._cond:
             return len(self._queue)
+
+    def stopping(self) -> bool:
+        with self._cond:
+            return self._stopping
 
     def stop(self, timeout: float = 10.0) -> None:
         with self._cond:
@@ -447,18 +459,19 @@ class Forwarder:
             pub.pump()
         else:
             self.outbox.save_state()
-        self._report()
+        self._report(force=stopping)
 
     def counters(self) -> dict[str, int]:
         return self.publisher.counters()
 
-    def _report(self) -> None:
-        if self.on_change is None:
+    def _report(self, *, force: bool = False) -> None:
+        if self.on_change is None or (not force and self._clock() - self._last_report < self.report_s):
             return
         now = self.counters()
         if now == self._reported:
             return
         self._reported = now
+        self._last_report = self._clock()
         try:
             self.on_change(now)
         except Exception:
