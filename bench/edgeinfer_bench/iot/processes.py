@@ -32,7 +32,8 @@ def descendants(pid: int) -> Iterator[int]:
 
 
 def find_runtime(nucleus_pid: int) -> int | None:
-    """The runtime component's process among the nucleus's descendants (its run script `exec`s it)."""
+    """The runtime component's process among the nucleus's descendants (its run script `exec`s it).
+    None also while that exec is finishing (its argv reads empty then): the sampler asks again."""
     for pid in descendants(nucleus_pid):
         argv = procfs.cmdline(pid) or []
         if b"edgeinfer.runtime" in argv and b"-c" not in argv:

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from edgeinfer import procfs
 from edgeinfer_bench.iot.processes import descendants, find_runtime
+from tests.helpers.wait import eventually
 
 pytestmark = pytest.mark.skipif(
     not Path(f"/proc/self/task/{os.getpid()}/children").exists(), reason="needs /proc/<pid>/task/*/children"
@@ -50,6 +52,12 @@ def test_find_runtime_takes_the_runtime_not_a_shell_naming_it() -> None:
     assert parent.stdout is not None
     shell, runtime = (int(pid) for pid in parent.stdout.readline().split())
     try:
+        # Popen returns once the child's exec has closed its descriptors, before the kernel has set
+        # its new argv: /proc/<pid>/cmdline reads empty for a moment (seen on a loaded machine).
+        eventually(
+            lambda: all(b"edgeinfer.runtime" in (procfs.cmdline(pid) or []) for pid in (shell, runtime)),
+            what="both children's exec",
+        )
         assert find_runtime(parent.pid) == runtime
         assert find_runtime(shell) is None
     finally:
