@@ -174,7 +174,11 @@ class Connection:
         with contextlib.suppress(Exception):
             self.writer.close()
 
-    def _has_room(self) -> bool:
+    def has_room(self) -> bool:
+        """The write buffer is below its high-water mark (a closed connection has room: nothing waits
+        on it)."""
+        if self.closed or self.writer.is_closing():
+            return True
         return self.writer.transport.get_write_buffer_size() < WRITE_BUFFER_HIGH
 
     def write_when_writable(self, stream: Stream, frame: bytes, done: Callable[[], None]) -> None:
@@ -182,7 +186,7 @@ class Connection:
         if self.closed or self.writer.is_closing() or not self._fits(frame):
             done()
             return
-        if not self._pending and self._has_room():
+        if not self._pending and self.has_room():
             if not stream.closed:
                 self.writer.write(frame)
             done()
@@ -195,7 +199,7 @@ class Connection:
         try:
             while self._pending and not self.closed:
                 await self.writable()
-                while self._pending and not self.closed and not self.writer.is_closing() and self._has_room():
+                while self._pending and not self.closed and not self.writer.is_closing() and self.has_room():
                     stream, frame, done = self._pending.popleft()
                     if not stream.closed:
                         self.writer.write(frame)

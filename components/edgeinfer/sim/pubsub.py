@@ -1,11 +1,15 @@
 """Local publish/subscribe: PublishToTopic and SubscribeToTopic (the nucleus's `PubSubIPCEventStreamAgent`).
 
 Subscribers receive their own publishes unless they subscribed with RECEIVE_MESSAGES_FROM_OTHERS;
-tests subscribe with plain callbacks next to the components (no authorization).
+tests subscribe with plain callbacks next to the components (no authorization). A publish is
+answered once every subscriber's connection it was written to has room in its write buffer again
+(`ipc_server.WRITE_BUFFER_HIGH`): a component publishing faster than a subscriber reads is held
+back at its own connection, and the nucleus holds at most that buffer per subscriber.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import Callable
@@ -25,6 +29,7 @@ if TYPE_CHECKING:
     from edgeinfer.sim.simulator import Simulator
 
 PUBSUB = "aws.greengrass.ipc.pubsub"
+SLOW_SUBSCRIBER_S = 10.0
 
 
 @dataclass(eq=False)
@@ -52,10 +57,12 @@ class LocalPubSub:
             "aws.greengrass#SubscribeToTopic": self._subscribe_to_topic,
         }
 
-    def publish(self, topic: str, kind: str, value: Any, source: str | None) -> None:
+    def publish(self, topic: str, kind: str, value: Any, source: str | None) -> list[ipc.Connection]:
+        """Deliver to every subscriber now; the subscribers' connections whose write buffers this
+        left over their high-water mark (`_publish_to_topic` waits for those)."""
         matching = [s for s in self.subs if topic_matches(s.topic_filter, topic)]
         if not matching:
-            return
+            return []
         if kind == "json":
             event = model.SubscriptionResponseMessage(
                 json_message=model.JsonMessage(message=value, context=model.MessageContext(topic=topic))
@@ -66,13 +73,17 @@ class LocalPubSub:
             raw = value
             payload = binary_event_payload(topic, value)
         message = Message(topic, raw, "local")
+        full: list[ipc.Connection] = []
         for sub in matching:
             if sub.from_others_only and source is not None and sub.component == source:
                 continue
             if sub.stream is not None:
                 sub.stream.send_raw("aws.greengrass#SubscriptionResponseMessage", payload)
+                if not sub.stream.conn.has_room() and sub.stream.conn not in full:
+                    full.append(sub.stream.conn)
             elif sub.callback is not None:
                 sub.callback(message)
+        return full
 
     def add_callback(self, topic_filter: str, callback: Callable[[Message], None]) -> Callable[[], None]:
         sub = LocalSub(topic_filter, None, False, callback=callback)
@@ -91,9 +102,19 @@ class LocalPubSub:
         if msg is None or (msg.json_message is None and msg.binary_message is None):
             raise ipc.invalid("publishMessage needs a jsonMessage or a binaryMessage")
         if msg.json_message is not None:
-            self.publish(topic, "json", msg.json_message.message, conn.component)
+            full = self.publish(topic, "json", msg.json_message.message, conn.component)
         else:
-            self.publish(topic, "binary", msg.binary_message.message or b"", conn.component)
+            full = self.publish(topic, "binary", msg.binary_message.message or b"", conn.component)
+        # A subscriber that reads slower than this publisher sends: the publisher's answer (and with
+        # it everything else on its connection, which is read one operation at a time) waits until
+        # the subscriber's buffer has room, so the backlog stays in the publisher's own client and
+        # socket instead of growing without end in the nucleus. Its own connection is never waited
+        # for (a component that reads its own topic while it waits for this answer would wait forever),
+        # and a subscriber that stopped reading holds its publishers back for SLOW_SUBSCRIBER_S at most.
+        for other in full:
+            if other is not conn:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(other.writable(), SLOW_SUBSCRIBER_S)
         return model.PublishToTopicResponse()
 
     async def _subscribe_to_topic(self, conn: ipc.Connection, req: Any, stream: ipc.Stream) -> Any:
