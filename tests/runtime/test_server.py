@@ -1080,3 +1080,66 @@ def test_an_offload_given_up_keeps_its_deadline_and_a_late_cloud_answer_is_not_o
         assert res["lost"].error.message == "the deadline had passed 100 ms before the offload was given up"
         assert res["slow"].placement == "cloud"
         eventually(lambda: server.inflight.count == 0)
+
+
+# ------------------------------------------------------------------------------ a model's failed start
+
+
+def test_a_model_whose_start_after_its_load_fails_is_not_left_loaded_and_is_loaded_again_later(
+    make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edgeinfer.runtime import server as server_module
+    from edgeinfer.runtime.models import ModelRepository, ModelSlot, ModelSource
+
+    cfg = RuntimeConfig(max_batch_size=4, lanes=1, execution_providers=["CPUExecutionProvider"])
+    builds: list[str] = []
+
+    def build(slot: ModelSlot) -> Engine:
+        builds.append(slot.name)
+        return make_engine(cfg)
+
+    slots = [ModelSlot(ModelSource("a", ""), make_engine(cfg)), ModelSlot(ModelSource("b", ""))]
+    repo = ModelRepository(slots, build=build)
+    bus = MemoryBus()
+    server = InferenceServer(bus, slots[0].engine, cfg, THING, models=repo)  # type: ignore[arg-type]
+    server.start()
+    broken = [True]
+    warm_up = server_module.warm_up_decoder
+
+    def warm_up_once_broken(*args: Any) -> None:
+        if broken[0]:
+            raise RuntimeError("no codec")
+        warm_up(*args)
+
+    monkeypatch.setattr("edgeinfer.runtime.server.warm_up_decoder", warm_up_once_broken)
+
+    def ask(rid: str) -> Result:
+        bus.publish(
+            INFER, json.dumps({"id": rid, "image": b64(solid_jpeg((5, 5, 250))), "model": "b"}).encode()
+        )
+
+        def found() -> list[Result]:
+            return [r for r in (Result.parse(m.payload) for m in bus.messages_on(RESULT)) if r.id == rid]
+
+        eventually(lambda: bool(found()), 30, f"the answer to {rid}")
+        return found()[0]
+
+    try:
+        why = "model b did not load: its start failed: no codec"
+        first = ask("first")  # waited for the load, whose start failed
+        assert first.error is not None
+        assert (first.error.code, first.error.message) == (ErrorCode.INTERNAL, why)
+        assert slots[1].engine is None  # not left "loaded" with no engine thread to run its batches
+        again = ask("again")  # answered at once, the same way, without another load
+        assert again.error is not None
+        assert (again.error.code, again.error.message) == (ErrorCode.INTERNAL, why)
+        assert builds == ["b"]
+        broken[0] = False
+        monkeypatch.setattr("edgeinfer.runtime.models.RETRY_S", 0.0)  # its retry time has passed
+        retried = ask("retried")
+        assert retried.status == "ok", retried.error
+        assert builds == ["b", "b"]
+        assert any(t.is_alive() for t in slots[1].threads)
+        eventually(lambda: server.inflight.count == 0, what="every request counted out")
+    finally:
+        server.stop()

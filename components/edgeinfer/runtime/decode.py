@@ -24,6 +24,7 @@ __all__ = [
     "Letterbox",
     "decode_image",
     "decode_letterboxed",
+    "decode_source",
     "letterbox",
     "read_header",
     "warm_up_decoder",
@@ -154,6 +155,13 @@ def decode_letterboxed(
     then a no-op. The Letterbox maps boxes back to the source image's pixels."""
     img, header = _decode_bgr(data, size, max_pixels=max_pixels, min_side=min_side, detail=detail)
     return letterbox(img, size, bgr=True, source=(header.width, header.height))
+
+
+def decode_source(data: bytes, *, max_pixels: int = 40_000_000, min_side: int = 8) -> np.ndarray:
+    """Encoded image → BGR uint8 at its full size (a pipeline crops its detections from it: a reduced
+    decode would blur the small ones), refused as `decode_image` refuses."""
+    img, _ = _decode_bgr(data, 0, max_pixels=max_pixels, min_side=min_side, detail=max_pixels)
+    return img
 
 
 def letterbox(

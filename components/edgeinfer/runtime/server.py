@@ -5,7 +5,9 @@ request, where it is answered, its deadline and defaults, or a refusal), admits 
 here, an allowed image path, a deadline not already passed upstream), asks the placement policy
 (`runtime.placement`: edge, cloud or reject) and serves it. The request's `model` picks one of the
 models served (`runtime.models`: each its own engine, batcher and engine threads; everything below
-happens per model); one that is not loaded waits for its load, off this thread, or is refused.
+happens per model); one that is not loaded waits for its load, off this thread, or is refused. A
+request naming a pipeline (`runtime.pipeline`) is served on its detector, then its crops on its
+classifier, and answered once with both.
 Every answer, accepted or refused, goes through `runtime.answer`: exactly once, late and too-large
 substitutions, the format, publishing and the timing record.
 
@@ -43,6 +45,7 @@ from edgeinfer.messages import (
     MessageError,
     Request,
     Result,
+    error_result,
     infer_topic,
     parse_request,
     result_topic,
@@ -59,8 +62,18 @@ from edgeinfer.runtime.decode import (
 )
 from edgeinfer.runtime.engine import Engine
 from edgeinfer.runtime.image_url import ImageFetcher
-from edgeinfer.runtime.inbound import Inbound, Refusal, ReplyTarget, model_refusal, read_message
+from edgeinfer.runtime.inbound import Inbound, Refusal, ReplyTarget, read_message
 from edgeinfer.runtime.models import ModelRepository, ModelSlot, ModelSource, RepositoryHooks, Waiting
+from edgeinfer.runtime.pipeline import (
+    Assembly,
+    CropJob,
+    PipelineJob,
+    Route,
+    prepare_frame,
+    read_pipelines,
+    route,
+    unknown_model,
+)
 from edgeinfer.runtime.placement import (
     Decision,
     EdgeOnly,
@@ -123,6 +136,7 @@ class InferenceServer:
         elif models.default.engine is not engine:
             raise ValueError("`engine` is the default model's")
         self.models = models
+        self.pipelines = read_pipelines(cfg.pipelines)
         for slot in models.slots:  # each model queues and batches on its own
             slot.batcher = self._new_batcher(cfg, slot.engine)
         self.timings = TimingPublisher(
@@ -328,6 +342,7 @@ class InferenceServer:
                 lane_batch_size=cfg.lane_max_batch_size,
             )
         self.models.max_waiting = cfg.max_queue_size
+        self.pipelines = read_pipelines(cfg.pipelines)
         self.timings.max_records = cfg.timings.max_records
         self.timings.flush_interval_ms = cfg.timings.flush_interval_ms
         self.timings.enabled = cfg.timings.enabled
@@ -352,6 +367,19 @@ class InferenceServer:
         with slot.engine_lock:
             slot.engine = engine
         self._engine_ready(slot)
+
+    def _start_failed(self, slot: ModelSlot, error: str) -> None:
+        """A model whose start after its load failed is not left loaded with no engine thread to
+        run its batches: it is marked as a load that failed (the repository answers its requests
+        INTERNAL "model X did not load: `error`" at once, and loads it again after its retry time).
+        What reached its batcher in between is answered so too."""
+        models = self.models
+        with models._cond:  # the repository's lock, under which `acquire` reads the slot
+            slot.engine = None
+            slot.load_error = (models.clock(), error)
+        batcher, slot.batcher = slot.batcher, self._new_batcher(self.cfg, None)
+        for item in batcher.close():  # its engine threads, if any started, see the model unloaded
+            self._fail(item.item, ErrorCode.INTERNAL, f"model {slot.name} did not load: {error}", slot)
 
     def _engine_ready(self, slot: ModelSlot) -> None:
         """`slot.engine` is new: its threads and its batcher's sizes."""
@@ -393,6 +421,13 @@ class InferenceServer:
         if admitted is None:
             return
         job, slot = admitted
+        if isinstance(job, PipelineJob):
+            self._enter_pipeline(job)
+        else:
+            self._serve_model(job, slot)
+
+    def _serve_model(self, job: Job, slot: ModelSlot, *, may_inline: bool = True) -> None:
+        """Serve `job` on `slot`'s model once it holds a lease on it (it may wait for its load)."""
         taken = self.models.acquire(slot, job)
         if taken.code is not None:
             self._fail(job, taken.code, taken.why, slot)
@@ -402,12 +437,37 @@ class InferenceServer:
         try:
             decision = self._place(job, slot)
             if decision is not None:
-                self._serve(job, slot, decision)
+                self._serve(job, slot, decision, may_inline=may_inline)
         finally:
             self.models.release(slot)  # admitted to its batcher, or answered: it may be unloaded
 
+    def _enter_pipeline(self, job: PipelineJob, *, may_inline: bool = True) -> None:
+        """A pipeline's request leases its classifier first (it may wait for its load), then is
+        served on its detector."""
+        classifier = job.route.classifier
+        taken = self.models.acquire(classifier, job)
+        if taken.code is not None:
+            self._fail(job, taken.code, taken.why, classifier)
+        elif taken.ready:
+            self._pipeline_leased(job, may_inline=may_inline)
+        # else it waits for the classifier's load: `_resume` comes back with it
+
+    def _pipeline_leased(self, job: PipelineJob, *, may_inline: bool) -> None:
+        classifier = job.route.classifier
+        job.leased = True
+        # The lease ends with the job's one answer, whichever path gives it: its crops reach the
+        # classifier's batcher only after the detector, and the model must not be evicted meanwhile.
+        job.on_done = lambda: self.models.release(classifier)
+        self._serve_model(job, job.route.detector, may_inline=may_inline)
+
     def _resume(self, job: Job, slot: ModelSlot) -> None:
         """A request that waited for its model's load (on the loader thread: queued, never run here)."""
+        if isinstance(job, PipelineJob) and not job.leased:  # its classifier has loaded
+            if self.models.lease_loaded(slot):
+                self._pipeline_leased(job, may_inline=False)
+            else:
+                self._fail(job, ErrorCode.OVERLOADED, f"model {slot.name} is loading", slot)
+            return
         decision = self._place(job, slot)
         if decision is not None:
             self._serve(job, slot, decision, may_inline=False)
@@ -418,20 +478,24 @@ class InferenceServer:
         passed before it arrived."""
         req = read.request
         slot = self.models.get(req.model)
-        if slot is None and self.offloader is not None:
+        pipeline = self.pipelines.get(req.model or "") if slot is None else None
+        path = route(pipeline, self.models) if pipeline is not None else None
+        if isinstance(path, str):
+            self.answers.refuse(Refusal(ErrorCode.INTERNAL, path, req.id, read.reply), arrived)
+            return None
+        if path is not None:
+            slot = path.detector
+        elif slot is None and self.offloader is not None:
             slot = self.models.default  # the placement policy sends it to the cloud
-        why = model_refusal(req.model, self.models.names()) if slot is None else self._path_refusal(req)
+        why = (
+            unknown_model(req.model, self.models.names(), list(self.pipelines))
+            if slot is None
+            else self._path_refusal(req)
+        )
         if slot is None or why is not None:
             self.answers.refuse(Refusal(ErrorCode.BAD_REQUEST, why or "", req.id, read.reply), arrived)
             return None
-        job = Job(
-            request=req,
-            reply=read.reply,
-            arrived=arrived,
-            deadline=read.deadline(arrived, self.wall()),
-            head=read.head,
-            counted=True,
-        )
+        job = self._new_job(read, arrived, path)
         self.inflight.enter()
         if job.deadline is not None and job.deadline <= arrived:
             with self._stats_lock:
@@ -448,6 +512,13 @@ class InferenceServer:
                 self.placement.on_late_arrival(self._age_ms(req), -waited_ms)
             return None
         return job, slot
+
+    def _new_job(self, read: Inbound, arrived: float, path: Route | None) -> Job:
+        """The request as a job in flight (for a pipeline, one that knows its two models)."""
+        req, deadline = read.request, read.deadline(arrived, self.wall())
+        if path is not None:
+            return PipelineJob(req, read.reply, arrived, deadline, head=read.head, counted=True, route=path)
+        return Job(req, read.reply, arrived, deadline, head=read.head, counted=True)
 
     def _path_refusal(self, req: Request) -> str | None:
         if req.image_path is not None and not self._path_allowed(req.image_path):
@@ -632,7 +703,15 @@ class InferenceServer:
                 "min_side": self.cfg.min_image_side,
                 "detail": engine.detail,
             }
-            if engine.detector:
+            if isinstance(job, PipelineJob):  # the full image is kept for its crops
+                job.frame, job.image, job.geometry = prepare_frame(
+                    data,
+                    engine,
+                    job.route.pipeline,
+                    max_pixels=self.cfg.max_image_pixels,
+                    min_side=self.cfg.min_image_side,
+                )
+            elif engine.detector:
                 job.image, job.geometry = decode_letterboxed(data, engine.input_size, **limits)
             else:
                 job.image = decode_image(data, engine.input_size, **limits)
@@ -742,6 +821,7 @@ class InferenceServer:
             del self.stats.batches[:-1000]
             slot.engine_ms = ms if not slot.engine_ms else 0.8 * slot.engine_ms + 0.2 * ms
             slot.mean_batch = n if not slot.mean_batch else 0.8 * slot.mean_batch + 0.2 * n
+        detected: list[tuple[PipelineJob, Result]] = []  # pipelines: their crops go on together
         for j, row in zip(jobs, probs, strict=True):
             req = j.request
             preds = [] if engine.detector else engine.top_k(row, req.top_k)
@@ -772,12 +852,86 @@ class InferenceServer:
                 latency_ms=lat,
                 detections=dets,
             )
+            if isinstance(j, CropJob):
+                self._crop_answered(j, result)
+                continue
+            if isinstance(j, PipelineJob):
+                detected.append((j, result))
+                continue
             if j.source is None and self._cascade(j, result):
                 continue  # the placement policy asks the cloud's heavier model; it answers later
             if inline_replies:
                 self._reply(j, result)
             else:
                 self._replies.put((j, result))
+        if detected:
+            self._classify_crops(detected)
+
+    # ------------------------------------------------------------------------------------ pipelines
+
+    def _classify_crops(self, detected: list[tuple[PipelineJob, Result]]) -> None:
+        """Pipelines' detectors have answered (a batch of them): the chosen detections' crops join
+        their classifiers' batchers, every crop of the batch admitted before any is queued — while
+        some are on their way a batcher waits for them (up to its queue delay), so the crops of a
+        frame, and of the frames in one detector batch, go as one batch. A job with no detection
+        chosen is answered now."""
+        crops: list[tuple[CropJob, ModelSlot]] = []
+        for job, result in detected:
+            try:
+                crops.extend(self._cut_crops(job, result))
+            except Exception as exc:
+                log.exception("the crops of %s failed", job.request.id)
+                self._fail(job, ErrorCode.INTERNAL, f"pipeline {job.route.pipeline.name!r}: {exc}")
+        rooms = [slot.batcher.admit() for _, slot in crops]
+        for (crop, slot), room in zip(crops, rooms, strict=True):
+            if not room:
+                why = f"the queue is full ({slot.batcher.max_queue_size} requests)"
+                self._fail(crop, ErrorCode.OVERLOADED, why, slot)
+            elif slot.batcher.put_take(crop, crop.deadline) is None:
+                self._fail(crop, ErrorCode.INTERNAL, "the runtime is stopping", slot)
+
+    def _cut_crops(self, job: PipelineJob, detected: Result) -> list[tuple[CropJob, ModelSlot]]:
+        """`job`'s crops, each for its classifier's batcher (none: `job` is answered here)."""
+        slot = job.route.classifier
+        engine = slot.engine  # leased by the job: loaded
+        if engine is None or engine.detector:
+            why = "is not loaded" if engine is None else "is a detector, not a classifier"
+            raise RuntimeError(f"its classifier {slot.name!r} {why}")
+        frame, job.frame, job.image = job.frame, None, None
+        if frame is None:
+            raise RuntimeError("the image was not kept for its crops")
+        start = self.clock()
+        chosen, images = job.route.pipeline.crops(frame, detected.detections or [], engine.input_size)
+        now = self.clock()
+        assembly = Assembly(job, detected, chosen, prep_ms=(now - start) * 1000)
+        if not chosen:
+            self._replies.put((job, assembly.result()))
+        return [
+            (
+                CropJob(
+                    Request(id=f"{job.request.id}#{i}", top_k=job.request.top_k),
+                    job.reply,
+                    now,
+                    job.deadline,
+                    image=image,
+                    decode_start=now,
+                    decode_end=now,
+                    source="pipeline",  # never cascaded to the cloud
+                    assembly=assembly,
+                    index=i,
+                ),
+                slot,
+            )
+            for i, image in enumerate(images)
+        ]
+
+    def _crop_answered(self, crop: CropJob, result: Result) -> None:
+        """A crop's answer goes to its assembly; the last one answers the pipeline's job."""
+        if not crop.claim():
+            return
+        final = crop.assembly.add(crop.index, result)
+        if final is not None:
+            self._replies.put((crop.assembly.job, final))
 
     def _reply_loop(self) -> None:
         while True:
@@ -787,6 +941,9 @@ class InferenceServer:
             self._reply(*item)
 
     def _reply(self, job: Job, result: Result) -> None:
+        if isinstance(job, CropJob):
+            self._crop_answered(job, result)
+            return
         try:
             self.answers.send(job, result)
         except Exception:
@@ -795,11 +952,17 @@ class InferenceServer:
     # -------------------------------------------------------------------------------------- answers
 
     def _fail(self, job: Job, code: ErrorCode, message: str, slot: ModelSlot | None = None) -> None:
-        """Answer `job` with an error that names its model (`slot`; the default when not known)."""
+        """Answer `job` with an error that names its model (`slot`; the default when not known; a
+        pipeline's job names its pipeline)."""
         slot = slot or self.models.default
         engine = slot.engine
         provider = None if engine is None else engine.provider
-        self.answers.fail(job, code, message, model=slot.model_ref, provider=provider)
+        if isinstance(job, CropJob):
+            failed = error_result(job.request.id, code, message, timestamp="", model=slot.model_ref)
+            self._crop_answered(job, failed)
+            return
+        model = job.route.model_ref if isinstance(job, PipelineJob) else slot.model_ref
+        self.answers.fail(job, code, message, model=model, provider=provider)
 
     def _reply_offloaded(self, job: Job, result: Result) -> None:
         if result.id is None:
@@ -820,6 +983,8 @@ class InferenceServer:
             return False
 
     def _decide(self, job: Job, slot: ModelSlot) -> Decision:
+        if isinstance(job, PipelineJob):
+            return Decision()  # the cloud serves models, not this runtime's pipelines: the edge
         try:
             return self.placement.decide(job.request, self._context(job, slot))
         except Exception:
@@ -897,10 +1062,12 @@ class _ModelEvents(RepositoryHooks):
             if engine is not None:
                 warm_up_decoder(engine.input_size, engine.detail)
             self.server._engine_ready(slot)
-        except Exception:  # what waited still gets its one answer
+        except Exception as exc:  # what waited still gets its one answer
             log.exception("starting model %s after its load failed", slot.name)
+            error = f"its start failed: {exc}"  # what the repository answers until it loads again
+            self.server._start_failed(slot, error)
             for w in waiting:
-                self.server._fail(w.job, ErrorCode.INTERNAL, "internal error", slot)
+                self.server._fail(w.job, ErrorCode.INTERNAL, f"model {slot.name} did not load: {error}", slot)
             return
         for w in waiting:
             try:
