@@ -361,7 +361,14 @@ def _run_canary(
 
 def run_deploy(args: argparse.Namespace, session_factory: Callable[..., Any] | None = None) -> int:
     from edgeinfer.bundle.build import dependency_order, find_project, load_recipes
-    from edgeinfer_cloud.deploy import deploy, parse_config_merge, parse_target
+    from edgeinfer_cloud.deploy import (
+        Deployment,
+        Following,
+        component_spec,
+        deploy,
+        parse_config_merge,
+        parse_target,
+    )
 
     target = parse_target(args.target)
     if not args.timeout > 0:
@@ -375,17 +382,8 @@ def run_deploy(args: argparse.Namespace, session_factory: Callable[..., Any] | N
         gg = (session_factory or _session)(args.profile, target.region).client("greengrassv2")
         if plan is not None:
             return _run_canary(args, gg, target, plan, components=components, merges=merges, job=job)
-        report = deploy(
-            gg,
-            target,
-            components,
-            merges=merges,
-            deployment_name=args.name,
-            job=job,
-            wait=args.wait,
-            timeout_s=args.timeout,
-            say=_stderr,
-        )
+        deployment = Deployment(target, component_spec(components, merges), args.name, job)
+        report = deploy(gg, deployment, wait=args.wait, following=Following(args.timeout, say=_stderr))
     states = ", ".join(f"{d}: {s}" for d, s in sorted(report.statuses.items()))
     print(f"deployment {report.deployment_id}" + (f" ({states})" if states else ""))
     return 0

@@ -6,7 +6,7 @@ every core device in the group is followed. The deployment rolls back on failure
 (`failureHandlingPolicy: ROLLBACK`), so a failed deployment leaves devices as they were. Every
 deployment carries an `iotJobConfiguration` (`JobConfig`): how fast it reaches the target's devices,
 when the job cancels itself because too many of them failed, and how long one device may take. The
-quality canary (`edgeinfer_cloud.canary`) builds on `deploy_spec` and `follow`.
+quality canary (`edgeinfer_cloud.canary`) builds on `deploy` and `follow`.
 """
 
 from __future__ import annotations
@@ -25,14 +25,16 @@ from edgeinfer.errors import EdgeinferError
 __all__ = [
     "ABORT_TYPES",
     "DEFAULT_JOB",
+    "FOLLOWING",
     "AbortCriterion",
     "DeployError",
     "DeployReport",
+    "Deployment",
+    "Following",
     "JobConfig",
     "Target",
     "component_spec",
     "deploy",
-    "deploy_spec",
     "devices",
     "follow",
     "pages",
@@ -262,87 +264,73 @@ def component_spec(
     return spec
 
 
+def _say_in_log(line: str) -> None:
+    log.info("%s", line)
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One CreateDeployment request, its fields named after the API's: `targetArn` (from `target`),
+    `components` as the API takes them (`component_spec`, or a previous deployment's, redeployed as it
+    was with its merges and `runWith`), `deploymentName` (default `edgeinfer-<target name>`) and
+    `iotJobConfiguration`. Every deployment rolls back on failure and lets components defer it."""
+
+    target: Target
+    components: Mapping[str, Mapping[str, Any]]
+    deployment_name: str | None = None
+    iot_job_configuration: JobConfig = DEFAULT_JOB
+
+    def to_api(self) -> dict[str, Any]:
+        """The CreateDeployment parameters (a new client token each time)."""
+        return {
+            "targetArn": self.target.arn,
+            "deploymentName": self.deployment_name or f"edgeinfer-{self.target.name}",
+            "components": {name: dict(entry) for name, entry in self.components.items()},
+            "iotJobConfiguration": self.iot_job_configuration.to_api(),
+            "deploymentPolicies": {
+                "failureHandlingPolicy": "ROLLBACK",
+                "componentUpdatePolicy": {"timeoutInSeconds": 60, "action": "NOTIFY_COMPONENTS"},
+                "configurationValidationPolicy": {"timeoutInSeconds": 30},
+            },
+            "clientToken": str(uuid.uuid4()),
+        }
+
+
+@dataclass(frozen=True)
+class Following:
+    """How a deployment is followed (`follow`): for at most `timeout_s`, asking every `poll_s`; `say`
+    gets each line of progress (the creation's too)."""
+
+    timeout_s: float = 900.0
+    poll_s: float = 5.0
+    say: Say = _say_in_log
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+
+FOLLOWING = Following()
+
+
 def deploy(
-    gg: Any,
-    target: Target,
-    components: Mapping[str, str],
-    *,
-    merges: Mapping[str, Mapping[str, Any]] | None = None,
-    deployment_name: str | None = None,
-    job: JobConfig = DEFAULT_JOB,
-    wait: bool = False,
-    timeout_s: float = 900.0,
-    poll_s: float = 5.0,
-    say: Say = lambda line: log.info("%s", line),
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
+    gg: Any, deployment: Deployment, *, wait: bool = False, following: Following = FOLLOWING
 ) -> DeployReport:
     """Create the deployment (and with `wait`, follow it until every device reports an end state)."""
-    return deploy_spec(
-        gg,
-        target,
-        component_spec(components, merges),
-        deployment_name=deployment_name,
-        job=job,
-        wait=wait,
-        timeout_s=timeout_s,
-        poll_s=poll_s,
-        say=say,
-        clock=clock,
-        sleep=sleep,
-    )
-
-
-def deploy_spec(
-    gg: Any,
-    target: Target,
-    spec: Mapping[str, Mapping[str, Any]],
-    *,
-    deployment_name: str | None = None,
-    job: JobConfig = DEFAULT_JOB,
-    wait: bool = False,
-    timeout_s: float = 900.0,
-    poll_s: float = 5.0,
-    say: Say = lambda line: log.info("%s", line),
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> DeployReport:
-    """`deploy` for a `components` specification as the API takes it (a previous deployment's, with
-    its merges and `runWith`, is redeployed as it was)."""
-    response = gg.create_deployment(
-        targetArn=target.arn,
-        deploymentName=deployment_name or f"edgeinfer-{target.name}",
-        components={name: dict(entry) for name, entry in spec.items()},
-        iotJobConfiguration=job.to_api(),
-        deploymentPolicies={
-            "failureHandlingPolicy": "ROLLBACK",
-            "componentUpdatePolicy": {"timeoutInSeconds": 60, "action": "NOTIFY_COMPONENTS"},
-            "configurationValidationPolicy": {"timeoutInSeconds": 30},
-        },
-        clientToken=str(uuid.uuid4()),
-    )
+    target = deployment.target
+    response = gg.create_deployment(**deployment.to_api())
     deployment_id = str(response["deploymentId"])
-    versions = {name: str(entry["componentVersion"]) for name, entry in spec.items()}
+    versions = {name: str(entry["componentVersion"]) for name, entry in deployment.components.items()}
     report = DeployReport(deployment_id=deployment_id, target=target, components=versions)
-    say(f"deployment {deployment_id} created for {target.kind} {target.name}")
+    following.say(f"deployment {deployment_id} created for {target.kind} {target.name}")
     if wait:
-        follow(gg, report, timeout_s=timeout_s, poll_s=poll_s, say=say, clock=clock, sleep=sleep)
+        follow(gg, report, following)
     return report
 
 
-def follow(
-    gg: Any,
-    report: DeployReport,
-    *,
-    timeout_s: float = 900.0,
-    poll_s: float = 5.0,
-    say: Say = lambda line: log.info("%s", line),
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> None:
+def follow(gg: Any, report: DeployReport, following: Following = FOLLOWING) -> None:
     """Follow `report`'s deployment until every device reports an end state (into `report.statuses`);
     raise `DeployError` when one did not succeed or the time is up."""
     target, deployment_id = report.target, report.deployment_id
+    timeout_s, say, clock = following.timeout_s, following.say, following.clock
     deadline = clock() + timeout_s
     found = devices(gg, target)
     if not found:
@@ -363,7 +351,7 @@ def follow(
         if clock() >= deadline:
             states = ", ".join(f"{d}: {report.statuses.get(d, 'QUEUED')}" for d in sorted(pending))
             raise DeployError(f"deployment {deployment_id} not finished after {timeout_s:.0f} s ({states})")
-        sleep(poll_s)
+        following.sleep(following.poll_s)
     failed = {d: s for d, s in report.statuses.items() if s not in SUCCEEDED}
     if failed:
         detail = "; ".join(

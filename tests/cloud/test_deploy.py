@@ -17,7 +17,10 @@ from edgeinfer_cloud import aws_cli
 from edgeinfer_cloud.deploy import (
     AbortCriterion,
     DeployError,
+    Deployment,
+    Following,
     JobConfig,
+    component_spec,
     deploy,
     parse_abort,
     parse_config_merge,
@@ -34,6 +37,19 @@ COMPONENTS = {
     "com.edgeinfer.InferenceRuntime": __version__,
     "com.edgeinfer.Telemetry": __version__,
 }
+
+
+def bundle(
+    arn: str, merges: dict[str, dict[str, Any]] | None = None, *, job: JobConfig | None = None
+) -> Deployment:
+    """The deployment of COMPONENTS (with `merges`) to `arn`."""
+    return Deployment(
+        parse_target(arn), component_spec(COMPONENTS, merges), iot_job_configuration=job or JobConfig()
+    )
+
+
+def no_sleep(seconds: float) -> None:
+    """Following's poll interval, spent at once."""
 
 
 @pytest.fixture
@@ -96,7 +112,7 @@ def test_deploy_sends_versions_and_config_merges(gg: tuple[Any, Stubber]) -> Non
     }
     expected["com.edgeinfer.InferenceRuntime"]["configurationUpdate"] = {"merge": '{"maxBatchSize":4}'}
     expect_create(stub, THING_ARN, expected)
-    report = deploy(client, parse_target(THING_ARN), COMPONENTS, merges=merges)
+    report = deploy(client, bundle(THING_ARN, merges))
     assert report.deployment_id == DEPLOYMENT
     assert report.statuses == {}
 
@@ -109,7 +125,7 @@ def test_wait_follows_a_thing_until_it_succeeds(gg: tuple[Any, Stubber]) -> None
     effective(stub, "line-7-camera", "SUCCEEDED")
     lines: list[str] = []
     report = deploy(
-        client, parse_target(THING_ARN), COMPONENTS, wait=True, sleep=lambda s: None, say=lines.append
+        client, bundle(THING_ARN), wait=True, following=Following(say=lines.append, sleep=no_sleep)
     )
     assert report.statuses == {"line-7-camera": "SUCCEEDED"}
     assert [line.strip() for line in lines[1:]] == [
@@ -135,7 +151,7 @@ def test_wait_on_a_group_reports_the_failed_device(gg: tuple[Any, Stubber]) -> N
     effective(stub, "cam-1", "SUCCEEDED")
     effective(stub, "cam-2", "FAILED", "com.edgeinfer.RuntimeInstaller errored during install")
     with pytest.raises(DeployError, match=r"cam-2: FAILED \(com\.edgeinfer\.RuntimeInstaller errored") as err:
-        deploy(client, parse_target(GROUP_ARN), COMPONENTS, wait=True, sleep=lambda s: None)
+        deploy(client, bundle(GROUP_ARN), wait=True, following=Following(sleep=no_sleep))
     assert "cam-1" not in str(err.value)
 
 
@@ -174,7 +190,7 @@ def test_wait_follows_every_page_of_devices_and_deployments(gg: tuple[Any, Stubb
     )
     effective(stub, "cam-2", "SUCCEEDED")
     effective(stub, "cam-1", "SUCCEEDED")
-    report = deploy(client, parse_target(GROUP_ARN), COMPONENTS, wait=True, sleep=lambda s: None)
+    report = deploy(client, bundle(GROUP_ARN), wait=True, following=Following(sleep=no_sleep))
     assert report.statuses == {"cam-1": "SUCCEEDED", "cam-2": "SUCCEEDED"}
 
 
@@ -186,12 +202,9 @@ def test_wait_times_out_with_the_last_state(gg: tuple[Any, Stubber]) -> None:
     with pytest.raises(DeployError, match=r"not finished after 5 s \(line-7-camera: IN_PROGRESS\)"):
         deploy(
             client,
-            parse_target(THING_ARN),
-            COMPONENTS,
+            bundle(THING_ARN),
             wait=True,
-            timeout_s=5,
-            clock=lambda: next(ticks),
-            sleep=lambda s: None,
+            following=Following(timeout_s=5, clock=lambda: next(ticks), sleep=no_sleep),
         )
 
 
@@ -333,7 +346,7 @@ def test_deploy_sends_the_default_job_configuration_and_rollback(gg: tuple[Any, 
             "clientToken": Capture(),
         },
     )
-    deploy(client, parse_target(GROUP_ARN), COMPONENTS)
+    deploy(client, bundle(GROUP_ARN))
     assert policies.values[0]["failureHandlingPolicy"] == "ROLLBACK"
 
 
@@ -380,7 +393,7 @@ def test_deploy_sends_a_job_configuration_as_given(gg: tuple[Any, Stubber]) -> N
             "timeoutConfig": {"inProgressTimeoutInMinutes": 10080},
         },
     )
-    deploy(client, parse_target(GROUP_ARN), COMPONENTS, job=job)
+    deploy(client, bundle(GROUP_ARN, job=job))
 
 
 def test_no_abort_leaves_the_abort_config_out(gg: tuple[Any, Stubber]) -> None:
@@ -388,7 +401,7 @@ def test_no_abort_leaves_the_abort_config_out(gg: tuple[Any, Stubber]) -> None:
     job = JobConfig(abort=parse_abort(["none"], 5))
     expected = {k: v for k, v in DEFAULT_JOB.items() if k != "abortConfig"}
     expect_create(stub, THING_ARN, Capture(), expected)
-    deploy(client, parse_target(THING_ARN), COMPONENTS, job=job)
+    deploy(client, bundle(THING_ARN, job=job))
 
 
 def test_parse_abort_reads_each_type() -> None:

@@ -24,11 +24,13 @@ from edgeinfer_cloud.canary.windows import Observed, WindowSource, watch
 from edgeinfer_cloud.deploy import (
     DEFAULT_JOB,
     DeployError,
+    Deployment,
     DeployReport,
+    Following,
     JobConfig,
     Target,
     component_spec,
-    deploy_spec,
+    deploy,
     pages,
     parse_target,
 )
@@ -130,19 +132,10 @@ def run_canary(
         )
     )
 
+    following = Following(timeout_s, say=say, clock=clock, sleep=sleep)
+
     def to(where: Target, spec: Mapping[str, Mapping[str, Any]], name: str, follow: bool) -> DeployReport:
-        return deploy_spec(
-            gg,
-            where,
-            spec,
-            deployment_name=name,
-            job=job,
-            wait=follow,
-            timeout_s=timeout_s,
-            say=say,
-            clock=clock,
-            sleep=sleep,
-        )
+        return deploy(gg, Deployment(where, spec, name, job), wait=follow, following=following)
 
     def roll_back(why: str) -> DeployReport:
         spec = previous.components if previous else {}
