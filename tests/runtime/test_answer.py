@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
 
 from edgeinfer.messages import (
     IPC_MAX_BYTES,
@@ -247,3 +248,28 @@ def test_the_timing_record_names_the_model_and_its_top_answer() -> None:
     assert refused.status == "error"
     assert refused.model == ModelRef("m", "1", "int8")  # what would have answered
     assert refused.top == ()  # an error's answer is not the model's
+
+
+def test_a_sources_iot_results_go_through_the_outbox_and_a_requests_reply_does_not(tmp_path: Path) -> None:
+    from edgeinfer.transport.outbox import Forwarder, Outbox, OutboxPublisher
+    from tests.helpers.wait import eventually
+
+    answers, bus, clock, _rec = make()
+    bus.fail_publish = True  # IoT Core away
+    pub = OutboxPublisher(bus, DEFAULT, Outbox(tmp_path), retry_s=0.01, max_retry_s=0.05)
+    answers.forward = Forwarder(pub, tick_s=0.01).start()
+    try:
+        for i in range(3):
+            frame = Job(Request(f"folder-{i}"), ReplyTarget(DEFAULT, "iot"), clock(), source="folder")
+            answers.send(frame, ok(f"folder-{i}"))
+        answers.send(Job(Request("req"), ReplyTarget(DEFAULT, "iot"), clock()), ok("req"))
+        answers.send(Job(Request("local"), ReplyTarget(DEFAULT), clock(), source="folder"), ok("local"))
+        eventually(lambda: len(pub.outbox) == 3, 30, "the source's IoT results kept")
+        assert answers.stats.publish_failures == 2  # the reply and the local result: once, now, as today
+        bus.fail_publish = False
+        eventually(lambda: len(pub.outbox) == 0, 30, "the kept results sent once IoT Core is back")
+    finally:
+        answers.forward.stop()
+    sent = [Result.parse(m.payload).id for m in bus.messages_on(DEFAULT, "iot")]
+    assert sent == ["folder-0", "folder-1", "folder-2"]  # in order; the request's reply is not resent
+    assert answers.stats.ok == 5
