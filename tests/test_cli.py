@@ -84,7 +84,8 @@ def _choices(parser: argparse.ArgumentParser) -> list[str]:
 def test_the_packages_register_every_command_in_the_order_help_lists_them() -> None:
     parser = build_parser()
     assert _choices(parser) == [
-        *("model", "build", "sim", "publish", "deploy", "cloud", "watch", "report", "demo", "bench")
+        *("model", "build", "sim", "publish", "deploy", "capture"),
+        *("cloud", "watch", "report", "demo", "bench"),
     ]
     children = dict(parsers(parser))
     assert _choices(children["edgeinfer bench"]) == [

@@ -30,6 +30,7 @@ from edgeinfer import __version__, procfs
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.files import check_replaceable, new_parents
 from edgeinfer.model import gate, graph, images
+from edgeinfer.model.field import FieldSet
 from edgeinfer.model.manifest import (
     CPU,
     CUDA,
@@ -59,6 +60,7 @@ _SOURCES = (
     "manifest.py",
     "darknet.py",
     "detect.py",
+    "field.py",
     "../postprocess.py",
 )
 LABELS_FILE = "labels.json"
@@ -412,6 +414,7 @@ class _Run:
     finals: dict[str, Any] = field(default_factory=dict)
     reference: Any = None  # FP32's own answers on the held-out set
     exclude: list[str] = field(default_factory=list)  # nodes kept in float
+    field_sets: dict[str, FieldSet] = field(default_factory=dict)  # pulled capture folders, by role
 
     @property
     def detector(self) -> bool:
@@ -443,6 +446,7 @@ def _build_into(work: Path, options: BuildOptions, quiet: bool) -> Manifest:
             _validate(run)
             if not run.detector:
                 _sensitivity(run)
+            _field_report(run)
             _gate(run)
         shutil.rmtree(run.scratch)
         return _write_manifest(run)
@@ -576,7 +580,7 @@ def _datasets(run: _Run) -> None:
             shape, max(1, options.calibration_per_photo // 4), options.validation_per_photo, options.seed
         )
     else:
-        calib, valid = _user_or_builtin_sets(options, shape, resize)
+        calib, valid = _user_or_builtin_sets(options, shape, resize, run.field_sets)
     if len(calib) < options.min_calibration:
         raise images.CalibrationError(f"too few calibration images: {len(calib)} < {options.min_calibration}")
     if len(valid) == 0:
@@ -596,8 +600,21 @@ def _datasets(run: _Run) -> None:
     run.calib_x = np.concatenate([pre_sess.run(None, {graph.INPUT_NAME: b})[0] for b in calib.batches(16)])
 
 
+def _field_set(folder: Path, role: str, field_sets: dict[str, FieldSet]) -> list[Path] | None:
+    """The images a pulled capture folder's manifest lists (its documents are not images), or None
+    for any other folder (every image in it)."""
+    found = FieldSet.load(folder) if folder.is_dir() else None
+    if found is None:
+        return None
+    field_sets[role] = found
+    return found.image_paths()
+
+
 def _user_or_builtin_sets(
-    options: BuildOptions, shape: list[int], resize: Callable[..., np.ndarray] | None
+    options: BuildOptions,
+    shape: list[int],
+    resize: Callable[..., np.ndarray] | None,
+    field_sets: dict[str, FieldSet],
 ) -> tuple[images.ImageSet, images.ImageSet]:
     if options.calibration is not None:
         calib = images.folder_set(
@@ -608,6 +625,7 @@ def _user_or_builtin_sets(
             min_count=options.min_calibration,
             seed=options.seed,
             resize=resize,
+            files=_field_set(options.calibration, "calibration", field_sets),
         )
     else:
         calib = images.builtin_set(
@@ -622,6 +640,7 @@ def _user_or_builtin_sets(
             min_count=8,
             seed=options.seed + 1,
             resize=resize,
+            files=_field_set(options.validation, "gate", field_sets),
         )
     else:
         valid = images.builtin_set(
@@ -686,12 +705,21 @@ def _publish_int8(run: _Run, scheme: str, qcore: Any, dest: Path) -> None:
     quantize.save(_compose(run, qcore, uint8_input=uint8), dest)
 
 
-def _answers(run: _Run, path: Path, tick: Callable[[int], None], *, simulated: bool = False) -> Any:
-    """The variant's answers on the held-out set: logits, or each image's detections. `simulated`:
-    QDQ run as float arithmetic (what TensorRT's int8 computes), not by the CPU's integer kernels."""
-    assert run.valid is not None
+def _answers(
+    run: _Run,
+    path: Path,
+    tick: Callable[[int], None],
+    *,
+    simulated: bool = False,
+    data: images.ImageSet | None = None,
+) -> Any:
+    """The variant's answers on the held-out set (or `data`): logits, or each image's detections.
+    `simulated`: QDQ run as float arithmetic (what TensorRT's int8 computes), not by the CPU's
+    integer kernels."""
+    data = data if data is not None else run.valid
+    assert data is not None
     if not run.detector:
-        return _logits(path, run.valid, tick, unfused=simulated)
+        return _logits(path, data, tick, unfused=simulated)
     import onnxruntime as ort
 
     from edgeinfer import postprocess
@@ -704,7 +732,7 @@ def _answers(run: _Run, path: Path, tick: Callable[[int], None], *, simulated: b
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     sess = ort.InferenceSession(path.read_bytes(), opts, providers=[CPU])
     found: list[list[tuple[int, float, list[float]]]] = []
-    for chunk in run.valid.batches(8):
+    for chunk in data.batches(8):
         boxes, scores = sess.run(None, {graph.INPUT_NAME: chunk})
         for b, s in zip(boxes, scores, strict=True):
             dets = postprocess.detections(
@@ -721,10 +749,12 @@ def _answers(run: _Run, path: Path, tick: Callable[[int], None], *, simulated: b
     return found
 
 
-def _compare(run: _Run, answers: Any) -> dict[str, Any]:
+def _compare(run: _Run, answers: Any, reference: Any = None) -> dict[str, Any]:
+    """Agreement with FP32's answers on the held-out set (or with `reference`)."""
+    reference = reference if reference is not None else run.reference
     if run.detector:
-        return gate.detection_agreement(run.reference, answers)
-    return gate.agreement(run.reference, answers)
+        return gate.detection_agreement(reference, answers)
+    return gate.agreement(reference, answers)
 
 
 def _better(run: _Run, a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -841,6 +871,69 @@ def _sensitivity(run: _Run) -> None:
         else:
             u8["sensitivity"]["kept"] = False
     u8.setdefault("excluded_nodes", list(run.exclude))
+
+
+def _field_images(run: _Run, field_set: FieldSet) -> images.ImageSet:
+    """A field set's images as the device saw them: each once, no augmented crops."""
+    return images.folder_set(
+        field_set.folder,
+        run.pre.preferred_input,
+        limit=1024,
+        per_image=1,
+        min_count=1,
+        seed=run.options.seed,
+        resize=images.letterbox if run.detector else None,
+        files=field_set.image_paths(),
+    )
+
+
+def _field_report(run: _Run) -> None:
+    """7b. How INT8 agrees with FP32 on the field's own images: a field set that is the gate's set
+    is the gate's figures; one that only calibrated is measured here and reported, not gated (the
+    ranges were taken from those very images, so they are not held out)."""
+    if not run.field_sets:
+        return
+    sets: list[dict[str, Any]] = []
+    for role, field_set in run.field_sets.items():
+        entry: dict[str, Any] = {"role": role, "held_out": role == "gate", **field_set.summary()}
+        if role == "gate":
+            finals = {name: v["final"] for name, v in run.report["variants"].items()}
+            entry["agreement"] = finals
+            if _same_folder(run.options.calibration, field_set.folder):
+                entry["held_out"] = False  # the gate's set calibrated too
+        elif "gate" in run.field_sets and _same_folder(run.field_sets["gate"].folder, field_set.folder):
+            continue  # the same folder: reported once, as the gate's set
+        else:
+            entry["agreement"] = _field_agreement(run, _field_images(run, field_set))
+        models = {r.model for r in field_set.records}
+        if run.options.model_name() not in models:
+            log.warning(
+                "field set %s holds records of %s, not of %s",
+                field_set.folder,
+                ", ".join(sorted(models)) or "no model",
+                run.options.model_name(),
+            )
+        sets.append(entry)
+    run.report["field_sets"] = sets
+
+
+def _same_folder(a: Path | None, b: Path) -> bool:
+    return a is not None and a.resolve() == b.resolve()
+
+
+def _field_agreement(run: _Run, data: images.ImageSet) -> dict[str, Any]:
+    with run.progress.step("field set", len(data) * (1 + len(run.schemes))) as tick:
+        reference = _answers(run, run.work / FP32_FILE, tick, data=data)
+        return {
+            VARIANT_NAMES[scheme]: _compare(
+                run,
+                _answers(
+                    run, run.work / VARIANT_FILES[scheme], tick, simulated=_simulated(run, scheme), data=data
+                ),
+                reference,
+            )
+            for scheme in run.schemes
+        }
 
 
 def _gate(run: _Run) -> None:

@@ -261,6 +261,23 @@ def _print_summary(manifest: Any) -> None:
             print(f"  {'':<14} judged as {entry['evaluated_as']}")
         if "host_kernels" in entry:
             print(f"  {'':<14} on this host's int8 kernels: top-1 {100 * entry['host_kernels']['top1']:.1f}%")
+    _print_field_sets(manifest.validation.get("field_sets", []))
+
+
+def _print_field_sets(sets: list[dict[str, Any]]) -> None:
+    """The pulled capture folders the build calibrated or gated on, and INT8's agreement on them."""
+    for entry in sets:
+        role = "the gate's set" if entry["role"] == "gate" else "calibration"
+        print(
+            f"  field set ({role}{'' if entry['held_out'] else ', not held out'}): {entry['folder']},"
+            f" {entry['records']} records from {', '.join(entry['things'])} ({', '.join(entry['models'])})"
+        )
+        for name, f in entry["agreement"].items():
+            if "recall" in f:
+                figures = f"precision {100 * f['precision']:.1f}%  recall {100 * f['recall']:.1f}%"
+            else:
+                figures = f"top-1 {100 * f['top1']:.1f}%  top-5 {100 * f['top5']:.1f}%"
+            print(f"  {name:<14} on the field's images: {figures}")
 
 
 def _store(path: Path | None, *, detector: bool | None = False) -> Any:

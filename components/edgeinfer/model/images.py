@@ -253,11 +253,13 @@ def folder_set(
     min_count: int,
     seed: int,
     resize: Callable[[np.ndarray, Sequence[int]], np.ndarray] | None = None,
+    files: Sequence[Path] | None = None,
 ) -> ImageSet:
-    """Images from a user folder (recursively); unreadable and non-image files are skipped and counted."""
+    """Images from a user folder (recursively, or the `files` in it a pulled capture folder's manifest
+    lists); unreadable and non-image files are skipped and counted."""
     if not folder.is_dir():
         raise CalibrationError(f"calibration folder {folder} does not exist")
-    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    files = list(files) if files is not None else sorted(p for p in folder.rglob("*") if p.is_file())
     rng = np.random.default_rng(seed)
     result = ImageSet(images=[])
     for path in files:
