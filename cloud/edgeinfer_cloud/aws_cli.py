@@ -38,8 +38,7 @@ def register(subparsers: Any) -> None:
         "uses, gdk-config.json's publish.bucket-<region>-<account>)",
     )
     pub.add_argument("--region", required=True, help="AWS region of the bucket and the components")
-    pub.add_argument("--profile", help="AWS profile (default: the usual credential chain)")
-    pub.add_argument("--project", type=Path, help="project root (default: found from the current folder)")
+    _account_options(pub, "AWS profile (default: the usual credential chain)")
     pub.add_argument("--artifacts", type=Path, help="artifact folder (default: <project>/artifacts)")
     pub.add_argument("--out", type=Path, help="GDK layout folder (default: <project>/greengrass-build)")
     pub.add_argument(
@@ -69,12 +68,24 @@ def register(subparsers: Any) -> None:
     )
     dep.add_argument("--name", help="deployment name (default: edgeinfer-<target name>)")
     dep.add_argument("--wait", action="store_true", help="follow the deployment until every device finished")
-    dep.add_argument("--timeout", type=float, default=900.0, help="seconds --wait waits (default 900)")
-    dep.add_argument("--profile", help="AWS profile")
-    dep.add_argument("--project", type=Path, help="project root (default: found from the current folder)")
+    _number(dep, "--timeout", 900.0, None, "seconds --wait waits (default {default})")
+    _account_options(dep, "AWS profile")
     _rollout_options(dep)
     _canary_options(dep)
     dep.set_defaults(func=run_deploy)
+
+
+def _account_options(parser: Any, profile_help: str) -> None:
+    """The AWS profile and the project folder, which both commands take."""
+    parser.add_argument("--profile", help=profile_help)
+    parser.add_argument("--project", type=Path, help="project root (default: found from the current folder)")
+
+
+def _number(parser: Any, flag: str, default: float, metavar: str | None, text: str) -> None:
+    """An option taking a number of `default`'s type; its help says the default where `{default}` is."""
+    parser.add_argument(
+        flag, type=type(default), default=default, metavar=metavar, help=text.format(default=f"{default:g}")
+    )
 
 
 def _canary_options(dep: Any) -> None:
@@ -89,36 +100,34 @@ def _canary_options(dep: Any) -> None:
         "(exit status 1 when rolled back)",
     )
     group.add_argument("--canary", metavar="GROUP", help="thing group name (in the target's account) or ARN")
-    group.add_argument(
-        "--canary-minutes", type=float, default=30.0, metavar="M", help="how long to watch (default 30)"
-    )
+    _number(group, "--canary-minutes", 30.0, "M", "how long to watch (default {default})")
     group.add_argument(
         "--canary-windows",
         type=int,
         metavar="N",
         help="end the watch early once every canary thing and the fleet sent N windows",
     )
-    group.add_argument(
+    _number(
+        group,
         "--canary-min-requests",
-        type=int,
-        default=limits.min_requests,
-        metavar="N",
-        help=f"requests each side needs before it is judged (default {limits.min_requests})",
+        limits.min_requests,
+        "N",
+        "requests each side needs before it is judged (default {default})",
     )
-    group.add_argument(
+    _number(
+        group,
         "--canary-p99-ratio",
-        type=float,
-        default=limits.p99_ms.ratio,
-        metavar="R",
-        help=f"roll back when the canary's p99 is over R times the fleet's (default {limits.p99_ms.ratio:g})",
+        limits.p99_ms.ratio,
+        "R",
+        "roll back when the canary's p99 is over R times the fleet's (default {default})",
     )
-    group.add_argument(
+    _number(
+        group,
         "--canary-error-ratio",
-        type=float,
-        default=limits.errors.ratio,
-        metavar="R",
-        help="roll back when the canary's error, OVERLOADED, DEADLINE_EXCEEDED or low-confidence share is "
-        f"over R times the fleet's (default {limits.errors.ratio:g}; each also needs a margin over it)",
+        limits.errors.ratio,
+        "R",
+        "roll back when the canary's error, OVERLOADED, DEADLINE_EXCEEDED or low-confidence share is "
+        "over R times the fleet's (default {default}; each also needs a margin over it)",
     )
     group.add_argument("--broker", metavar="HOST:PORT", help="plain-TCP MQTT broker the telemetry is on")
     group.add_argument("--endpoint", help="AWS IoT Core data endpoint (mutual TLS) the telemetry is on")
@@ -133,33 +142,33 @@ def _rollout_options(dep: Any) -> None:
 
     job = JobConfig()
     group = dep.add_argument_group("rollout (the deployment's IoT job)")
-    group.add_argument(
+    _number(
+        group,
         "--rollout-max",
-        type=int,
-        default=job.max_per_minute,
-        metavar="N",
-        help=f"at most N devices notified a minute (default {job.max_per_minute})",
+        job.max_per_minute,
+        "N",
+        "at most N devices notified a minute (default {default})",
     )
-    group.add_argument(
+    _number(
+        group,
         "--rollout-start",
-        type=int,
-        default=job.start_per_minute,
-        metavar="N",
-        help=f"devices a minute at the start (default {job.start_per_minute}); the rate grows from there",
+        job.start_per_minute,
+        "N",
+        "devices a minute at the start (default {default}); the rate grows from there",
     )
-    group.add_argument(
+    _number(
+        group,
         "--rollout-factor",
-        type=float,
-        default=job.increment_factor,
-        metavar="F",
-        help=f"multiply the rate by F (1-5) each --rollout-step (default {job.increment_factor:g})",
+        job.increment_factor,
+        "F",
+        "multiply the rate by F (1-5) each --rollout-step (default {default})",
     )
-    group.add_argument(
+    _number(
+        group,
         "--rollout-step",
-        type=int,
-        default=job.increase_after,
-        metavar="N",
-        help=f"grow the rate each time N more devices succeeded (default {job.increase_after})",
+        job.increase_after,
+        "N",
+        "grow the rate each time N more devices succeeded (default {default})",
     )
     group.add_argument(
         "--abort",
@@ -169,19 +178,19 @@ def _rollout_options(dep: Any) -> None:
         help="cancel the job once PERCENT of the executed devices ended as TYPE (FAILED, REJECTED, "
         "TIMED_OUT or ALL; repeat; default ALL=10; 'none' for no abort)",
     )
-    group.add_argument(
+    _number(
+        group,
         "--abort-min-things",
-        type=int,
-        default=job.abort[0].min_things,
-        metavar="N",
-        help=f"count toward --abort only after N devices ran the job (default {job.abort[0].min_things})",
+        job.abort[0].min_things,
+        "N",
+        "count toward --abort only after N devices ran the job (default {default})",
     )
-    group.add_argument(
+    _number(
+        group,
         "--job-timeout",
-        type=int,
-        default=job.timeout_minutes,
-        metavar="MINUTES",
-        help=f"a device in progress longer than this times out (1-10080; default {job.timeout_minutes})",
+        job.timeout_minutes,
+        "MINUTES",
+        "a device in progress longer than this times out (1-10080; default {default})",
     )
 
 
