@@ -194,3 +194,20 @@ def test_fleet_keeps_the_latest_stamped_window_of_a_thing(clock: FakeClock) -> N
     ((figures, _, _),) = dashboard.rows()
     assert figures.errors == 4
     assert dashboard.windows_received == 3
+
+
+def test_frame_shows_captures_counters_and_what_was_lost(clock: FakeClock) -> None:
+    agg = WindowAggregator("cam-1", window_s=10, clock=clock)
+    dashboard = Dashboard(clock=clock)
+    agg.add(TimingBatch("cam-1", [], capture={"chosen": 7, "spooled": 6, "uploaded": 4, "busy": 1}))
+    agg.add(TimingBatch("cam-1", [], capture={"dropped_size": 2, "upload_failures": 3}))
+    clock.advance(10)
+    dashboard.add_window(agg.poll()[0])
+    text = frame(dashboard)
+    assert "capture chosen 7  spooled 6  uploaded 4" in text
+    assert "busy 1  dropped (size) 2  upload failures 3" in text
+    assert "dropped (age)" not in text  # nothing lost that way: not shown
+    agg.add(TimingBatch("cam-1", []))
+    clock.advance(10)
+    dashboard.add_window(agg.poll()[0])
+    assert "capture" not in frame(dashboard)  # capture off: no line

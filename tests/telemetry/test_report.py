@@ -262,3 +262,25 @@ def test_report_draws_each_models_low_confidence_across_an_update(tmp_path: Path
     src.write_text("".join(w.to_json().decode() + "\n" for w in windows))
     assert main(["report", str(src), "--out", str(tmp_path)]) == 0
     assert_png(tmp_path / "windows.png")
+
+
+def test_report_adds_a_capture_chart_when_the_windows_count_captures(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    agg = WindowAggregator("dev", window_s=10, clock=clock, wall=lambda: clock.now + 1.7e9)
+    lines = []
+    for i in range(4):
+        agg.add(TimingBatch("dev", [make_record(random.Random(i))], capture={"chosen": i, "uploaded": i}))
+        clock.advance(10)
+        lines += [w.to_json().decode() for w in agg.poll()]
+    src = tmp_path / "telemetry.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    assert main(["report", str(src), "--out", str(tmp_path / "plots")]) == 0
+    assert_png(tmp_path / "plots" / "telemetry.png")
+    assert_png(tmp_path / "plots" / "telemetry-capture.png")
+
+
+def test_report_without_captures_has_no_capture_chart(tmp_path: Path, clock: FakeClock) -> None:
+    src = recorded_windows(tmp_path, clock)
+    assert main(["report", str(src), "--out", str(tmp_path / "plots")]) == 0
+    assert not (tmp_path / "plots" / "telemetry-capture.png").exists()
