@@ -70,7 +70,7 @@ def test_calibrating_on_a_field_set_reports_int8_on_its_images(tmp_path: Path, t
     [entry] = manifest.validation["field_sets"]
     assert entry["role"] == "calibration"
     assert entry["held_out"] is False
-    assert (entry["folder"], entry["records"]) == (str(field), 6)
+    assert (entry["folder"], entry["records"], entry["records_used"]) == (str(field), 6, 6)
     assert entry["things"] == ["cam-a", "cam-b"]
     assert entry["models"] == ["tiny 1.0.0"]
     assert set(entry["agreement"]) == {"int8-cpu", "int8-tensorrt"}

@@ -896,6 +896,8 @@ def _field_report(run: _Run) -> None:
     sets: list[dict[str, Any]] = []
     for role, field_set in run.field_sets.items():
         entry: dict[str, Any] = {"role": role, "held_out": role == "gate", **field_set.summary()}
+        used = run.valid if role == "gate" else run.calib
+        entry["records_used"] = len(set(used.sources)) if used is not None else 0  # the build's limits
         if role == "gate":
             finals = {name: v["final"] for name, v in run.report["variants"].items()}
             entry["agreement"] = finals

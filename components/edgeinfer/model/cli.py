@@ -268,9 +268,11 @@ def _print_field_sets(sets: list[dict[str, Any]]) -> None:
     """The pulled capture folders the build calibrated or gated on, and INT8's agreement on them."""
     for entry in sets:
         role = "the gate's set" if entry["role"] == "gate" else "calibration"
+        used = entry.get("records_used", entry["records"])
         print(
             f"  field set ({role}{'' if entry['held_out'] else ', not held out'}): {entry['folder']},"
-            f" {entry['records']} records from {', '.join(entry['things'])} ({', '.join(entry['models'])})"
+            f" {entry['records']} records{f' ({used} used)' if used != entry['records'] else ''}"
+            f" from {', '.join(entry['things'])} ({', '.join(entry['models'])})"
         )
         for name, f in entry["agreement"].items():
             if "recall" in f:

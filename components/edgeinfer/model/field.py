@@ -84,7 +84,8 @@ class FieldSet:
         atomic_write(self.folder / FIELD_MANIFEST, json.dumps(doc, indent=1).encode())
 
     def image_paths(self) -> list[Path]:
-        return [self.folder / r.image for r in sorted(self.records, key=lambda r: r.key)]
+        """Oldest first (a build that takes fewer keeps the earliest), then by key."""
+        return [self.folder / r.image for r in sorted(self.records, key=lambda r: (r.captured_at, r.key))]
 
     def summary(self) -> dict[str, Any]:
         """What a gate report says of the set: where, how many records, from which things and models."""
