@@ -31,11 +31,14 @@ setup: $(STAMP) mosquitto
 # The simulated core starts its own broker on a free port; it only needs the binary (and the README's
 # examples use mosquitto_pub / mosquitto_sub). Debian's darknet package brings Darknet's test photos
 # (/usr/share/darknet/data), the detector build's held-out set; nothing reads them at run time.
+# GStreamer's RTSP server (run by Debian's python3 with python3-gi) serves the stream tests' cameras.
 mosquitto:
 	@if ! { command -v mosquitto || [ -x /usr/sbin/mosquitto ]; } >/dev/null || ! command -v mosquitto_pub >/dev/null \
-	    || [ ! -f /usr/share/darknet/data/person.jpg ]; then \
+	    || [ ! -f /usr/share/darknet/data/person.jpg ] || ! ls /usr/lib/*/gstreamer-1.0/libgstx264.so >/dev/null 2>&1 \
+	    || ! /usr/bin/python3 -c "import gi; gi.require_version('GstRtspServer', '1.0')" 2>/dev/null; then \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq mosquitto mosquitto-clients darknet >/dev/null; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq mosquitto mosquitto-clients darknet \
+	    python3-gi gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-ugly >/dev/null; \
 	fi
 
 lint: $(STAMP)
