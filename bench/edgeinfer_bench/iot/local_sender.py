@@ -13,8 +13,6 @@ every id sent.
 from __future__ import annotations
 
 import array
-import contextlib
-import multiprocessing
 import os
 import resource
 import threading
@@ -24,6 +22,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from edgeinfer.errors import EdgeinferError
+from edgeinfer_bench.iot.spawned import SpawnedSender
 from edgeinfer_bench.requests import Template
 
 __all__ = ["LocalFlood", "LocalSpec"]
@@ -138,50 +137,14 @@ def _rss() -> int:
     return procfs.process_rss_bytes(os.getpid()) or 0
 
 
-class LocalFlood:
-    """The sender's process (spawned: no thread or socket of this process goes with it)."""
+class LocalFlood(SpawnedSender):
+    """The sender's process."""
 
     def __init__(self, spec: LocalSpec) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=sender_main, args=(child, spec), name="local-flood", daemon=True)
-        self.proc.start()
-        child.close()
-        self.limit = spec.seconds + 60
-
-    @property
-    def pid(self) -> int:
-        return int(self.proc.pid or 0)
-
-    def _expect(self, what: str, timeout: float) -> Any:
-        if not self._conn.poll(timeout):
-            raise EdgeinferError(f"the flood's process did not say {what} within {timeout:g} s")
-        try:
-            kind, value = self._conn.recv()
-        except EOFError:
-            raise EdgeinferError(
-                f"the flood's process ended before {what} (exit {self.proc.exitcode})"
-            ) from None
-        if kind != what:
-            raise EdgeinferError(f"the flood's process said {kind}, not {what}")
-        return value
-
-    def ready(self) -> None:
-        self._expect("ready", 60)
-
-    def go(self) -> float:
-        """Start sending; returns the wall time of the last hand-off."""
-        self._conn.send(("go", None))
-        return float(self._expect("ended", self.limit))
+        super().__init__(
+            sender_main, spec, name="local-flood", who="the flood's process", limit=spec.seconds + 60
+        )
 
     def report(self) -> dict[str, Any]:
         report: dict[str, Any] = self._expect("done", ACK_TIMEOUT_S + 10)
         return report
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._conn.close()
-        self.proc.join(5)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(5)

@@ -4,9 +4,7 @@ them, so that the accounting knows what it waits for."""
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import multiprocessing
 import os
 import resource
 import threading
@@ -15,7 +13,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from edgeinfer.errors import EdgeinferError
+from edgeinfer_bench.iot.spawned import SpawnedSender
 from edgeinfer_bench.requests import Template
 
 ACK_TIMEOUT_S = 60.0  # the sender waits this long for its last PUBACKs
@@ -136,42 +134,14 @@ def _send_load(conn: Connection, client: Any, spec: LoadSpec) -> None:
     conn.send(("done", report))
 
 
-class Sender:
-    """One load's sender process (spawned: no threads or sockets of this process go with it)."""
+class Sender(SpawnedSender):
+    """One load's sender process."""
 
     def __init__(self, spec: LoadSpec) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self.proc = ctx.Process(
-            target=sender_main,
-            args=(child, spec),
-            name=f"bench-iot-sender-{spec.label}",
-            daemon=True,
+        limit = spec.seconds * (20 if spec.all_requests else 1) + ACK_TIMEOUT_S + 60
+        super().__init__(
+            sender_main, spec, name=f"bench-iot-sender-{spec.label}", who="the sender process", limit=limit
         )
-        self.proc.start()
-        child.close()
-        self.limit = spec.seconds * (20 if spec.all_requests else 1) + ACK_TIMEOUT_S + 60
-
-    def _expect(self, what: str, timeout: float) -> Any:
-        if not self._conn.poll(timeout):
-            raise EdgeinferError(f"the sender process did not say {what} within {timeout:g} s")
-        try:
-            kind, value = self._conn.recv()
-        except EOFError:
-            raise EdgeinferError(
-                f"the sender process ended before {what} (exit {self.proc.exitcode})"
-            ) from None
-        if kind != what:
-            raise EdgeinferError(f"the sender process said {kind}, not {what}")
-        return value
-
-    def ready(self) -> None:
-        self._expect("ready", 60)
-
-    def go(self) -> float:
-        """Start sending; returns the wall time of the load's last hand-off."""
-        self._conn.send(("go", None))
-        return float(self._expect("ended", self.limit))
 
     def report(self, timeout: float = 0.0) -> dict[str, Any] | None:
         """The sender's figures once it has them (its PUBACKs are in), else None."""
@@ -179,11 +149,3 @@ class Sender:
             return None
         report: dict[str, Any] = self._expect("done", 0)
         return report
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._conn.close()
-        self.proc.join(5)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(5)
