@@ -314,3 +314,44 @@ def test_a_pipeline_change_applies_live(
     device.bus.update_configuration(["pipelines"], pipelines(detector)["pipelines"])
     eventually(lambda: "shapes" in device.component.server.pipelines, what="the pipeline served")
     assert device.ask("after", squares_png(), model="shapes").status == "ok"
+
+
+@pytest.mark.devtool
+def test_a_sources_frame_for_a_pipeline_is_served_on_its_detector_and_cropped_from_the_frame(
+    tmp_path: Path, stores: dict[str, Path], devices: list[Device]
+) -> None:
+    import threading
+
+    from edgeinfer.runtime.decode import letterbox
+
+    detector = Manifest.load(stores["detector"]).name
+    device = Device(tmp_path, stores, **pipelines(detector, classes=["square"]))
+    devices.append(device)
+    server = device.component.server
+    slot = server.frame_slot("shapes")
+    assert slot is not None
+    assert slot.name == detector  # a source makes its frames for the pipeline's detector
+    assert slot.engine is not None
+    frame = cv2.imdecode(np.frombuffer(squares_png(), np.uint8), cv2.IMREAD_COLOR)
+    canvas, geometry = letterbox(frame, slot.engine.input_size, bgr=True)
+    done = threading.Event()
+    ok = server.submit_frame(
+        "cam-1",
+        canvas,
+        source="cam",
+        topic=RESULT,
+        target="local",
+        top_k=1,
+        on_done=done.set,
+        geometry=geometry,
+        model="shapes",
+    )
+    assert ok
+    eventually(lambda: bool(device.answers("cam-1")), 30, "the frame's answer")
+    (res,) = device.answers("cam-1")
+    assert res.status == "ok", res.error
+    assert res.detections is not None
+    squares = [d for d in res.detections if d.label == "square"]
+    assert sorted(d.classification[0].label for d in squares if d.classification) == ["blue", "red"]
+    assert done.is_set()
+    eventually(lambda: server.models.default.leases == 0, what="the classifier's lease given back")

@@ -23,7 +23,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgeinfer.messages import Detection, ErrorCode, Latency, MessageError, ModelRef, Result, error_result
+from edgeinfer.messages import (
+    Box,
+    Detection,
+    ErrorCode,
+    Latency,
+    MessageError,
+    ModelRef,
+    Result,
+    error_result,
+)
 from edgeinfer.runtime.answer import Job
 from edgeinfer.runtime.config import PipelineEntry
 from edgeinfer.runtime.decode import Letterbox, decode_source, letterbox, to_model_input
@@ -78,17 +87,33 @@ class Pipeline:
         return x0, y0, x1, y1
 
     def crops(
-        self, frame: np.ndarray, detections: Sequence[Detection], size: int
+        self,
+        frame: np.ndarray,
+        detections: Sequence[Detection],
+        size: int,
+        *,
+        geometry: Letterbox | None = None,
     ) -> tuple[list[int], list[np.ndarray]]:
-        """The chosen detections' indices and their crops of the BGR `frame`, each as the classifier
-        takes an image (RGB `[size, size, 3]`, as `decode_image` makes one)."""
+        """The chosen detections' indices and their crops of `frame`, each as the classifier takes an
+        image (RGB `[size, size, 3]`, as `decode_image` makes one). `frame`: the image at its full
+        size (BGR), or with `geometry` the detector's letterboxed input (RGB), boxes mapped into it."""
         height, width = frame.shape[:2]
         chosen = self.chosen(detections)
         images = []
         for i in chosen:
-            x0, y0, x1, y1 = self.crop_box(detections[i], width, height)
-            images.append(to_model_input(frame[y0:y1, x0:x1], size, bgr=True))
+            found = detections[i] if geometry is None else _into(detections[i], geometry)
+            x0, y0, x1, y1 = self.crop_box(found, width, height)
+            images.append(to_model_input(frame[y0:y1, x0:x1], size, bgr=geometry is None))
         return chosen, images
+
+
+def _into(detection: Detection, geometry: Letterbox) -> Detection:
+    """`detection` with its box in the letterboxed image (boxes are answered in the source's)."""
+    (sx, sy), (ox, oy) = geometry.scale, geometry.offset
+    box = detection.box
+    return dataclasses.replace(
+        detection, box=Box(box.x_min * sx + ox, box.y_min * sy + oy, box.x_max * sx + ox, box.y_max * sy + oy)
+    )
 
 
 def read_pipelines(entries: Mapping[str, PipelineEntry]) -> dict[str, Pipeline]:

@@ -648,7 +648,12 @@ class InferenceServer:
     ) -> bool:
         """A decoded frame from a source joins the queue of `model` (empty: the default's). False when
         the queue is full or the model is not loaded now. `geometry`: a detector's letterboxed frame,
-        so its boxes come back in the frame's pixels."""
+        so its boxes come back in the frame's pixels. For a pipeline, the frame is its detector's
+        (`frame_slot`), letterboxed."""
+        if model and self.models.get(model) is None and model in self.pipelines:
+            req = Request(id=frame_id, top_k=top_k, model=model)
+            reply = ReplyTarget(topic, target)
+            return self._submit_pipeline_frame(req, image, geometry, reply, source=source, on_done=on_done)
         slot = self.models.get(model or None)
         if slot is None or not self.models.lease_loaded(slot):
             return False
@@ -674,6 +679,60 @@ class InferenceServer:
             return slot.batcher.put(job, None, admitted=False)
         finally:
             self.models.release(slot)  # queued: its batch runs on the engine it was admitted to
+
+    def frame_slot(self, model: str) -> ModelSlot | None:
+        """The model whose input a source's frames for `model` are made as: the model's own, or a
+        pipeline's detector's; None when neither is served."""
+        slot = self.models.get(model or None)
+        pipeline = self.pipelines.get(model) if slot is None else None
+        return self.models.get(pipeline.entry.detector) if pipeline is not None else slot
+
+    def _submit_pipeline_frame(
+        self,
+        req: Request,
+        image: np.ndarray,
+        geometry: Letterbox | None,
+        reply: ReplyTarget,
+        *,
+        source: str,
+        on_done: Callable[[], None] | None,
+    ) -> bool:
+        """A source's frame for a pipeline joins its detector's queue, its classifier leased until it
+        is answered. False (the source counts the frame dropped) when either model is not loaded now
+        (its load is asked for), the queue is full, or the pipeline cannot run here (logged). Its
+        crops are cut from the letterboxed frame: a source keeps no larger copy."""
+        path = route(self.pipelines[req.model or ""], self.models)
+        if isinstance(path, str) or geometry is None:
+            log.warning("source %s: %s", source, path if isinstance(path, str) else "frame not letterboxed")
+            return False
+        leased = []
+        for slot in (path.classifier, path.detector):
+            if not self.models.lease_loaded(slot):
+                self.models.load(slot)
+                break
+            leased.append(slot)
+        queued = False
+        try:
+            if len(leased) == 2:
+                now = self.clock()
+                job = PipelineJob(
+                    req,
+                    reply,
+                    now,
+                    image=image,
+                    geometry=geometry,
+                    decode_start=now,
+                    decode_end=now,
+                    source=source,
+                    on_done=_then(lambda: self.models.release(path.classifier), on_done),
+                    route=path,
+                    leased=True,
+                )
+                queued = path.detector.batcher.put(job, None, admitted=False)
+        finally:
+            for slot in leased[1:] if queued else leased:  # a queued frame keeps its classifier's
+                self.models.release(slot)
+        return queued
 
     # ------------------------------------------------------------------------------------ pipeline
 
@@ -897,11 +956,15 @@ class InferenceServer:
         if engine is None or engine.detector:
             why = "is not loaded" if engine is None else "is a detector, not a classifier"
             raise RuntimeError(f"its classifier {slot.name!r} {why}")
-        frame, job.frame, job.image = job.frame, None, None
+        # A request's image was kept at its full size; a source's frame is the letterboxed one.
+        frame, geometry = (job.frame, None) if job.frame is not None else (job.image, job.geometry)
+        job.frame = job.image = None
         if frame is None:
             raise RuntimeError("the image was not kept for its crops")
         start = self.clock()
-        chosen, images = job.route.pipeline.crops(frame, detected.detections or [], engine.input_size)
+        chosen, images = job.route.pipeline.crops(
+            frame, detected.detections or [], engine.input_size, geometry=geometry
+        )
         now = self.clock()
         assembly = Assembly(job, detected, chosen, prep_ms=(now - start) * 1000)
         if not chosen:
@@ -1096,3 +1159,16 @@ class _ModelEvents(RepositoryHooks):
     def on_load_failed(self, slot: ModelSlot, waiting: list[Waiting], error: str) -> None:
         for w in waiting:
             self.server._fail(w.job, ErrorCode.INTERNAL, f"model {slot.name} did not load: {error}", slot)
+
+
+def _then(first: Callable[[], None], then: Callable[[], None] | None) -> Callable[[], None]:
+    """`first`, then `then` (when there is one): two things to do once a job is answered."""
+
+    def both() -> None:
+        try:
+            first()
+        finally:
+            if then is not None:
+                then()
+
+    return both
