@@ -123,27 +123,51 @@ def _base(prefix: str) -> str:
     return f"{prefix.strip('/')}/" if prefix.strip("/") else ""
 
 
+def _version_prefixes(s3: Any, query: Query, thing: str) -> list[str]:
+    """The folders of the thing's model versions the query names (S3's common prefixes at `/`)."""
+    prefix = _listing_prefix(query, thing)
+    if query.version:
+        return [prefix]
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=query.bucket, Prefix=prefix, Delimiter="/")
+    return [p["Prefix"] for page in pages for p in page.get("CommonPrefixes", [])]
+
+
+def _objects(s3: Any, query: Query, prefix: str) -> dict[str, tuple[int, str]]:
+    """Size and ETag of each object of one version's folder in the query's days. Its keys go by day
+    (`yyyy/mm/dd/`), so the listing starts at --since's day and stops after --until's."""
+    kwargs: dict[str, Any] = {"Bucket": query.bucket, "Prefix": prefix}
+    if query.since is not None:
+        kwargs["StartAfter"] = prefix + query.since.astimezone(dt.timezone.utc).strftime("%Y/%m/%d/")
+    last_day = None
+    if query.until is not None:
+        last = query.until.astimezone(dt.timezone.utc) - dt.timedelta(microseconds=1)
+        last_day = last.strftime("%Y/%m/%d")
+    found: dict[str, tuple[int, str]] = {}
+    for page in s3.get_paginator("list_objects_v2").paginate(**kwargs):
+        for obj in page.get("Contents", []):
+            key = obj["Key"]
+            if last_day is not None and key[len(prefix) : len(prefix) + len(last_day)] > last_day:
+                return found
+            found[key] = (int(obj["Size"]), str(obj.get("ETag", "")))
+    return found
+
+
 def list_records(s3: Any, query: Query) -> tuple[list[StoredRecord], int]:
     """The whole records the query names, oldest first, and how many `.json`s had no `.jpg`."""
     base = _base(query.prefix)
     records: list[StoredRecord] = []
     orphans = 0
     for thing in query.things:
-        objects = {
-            obj["Key"]: (int(obj["Size"]), str(obj.get("ETag", "")))
-            for page in s3.get_paginator("list_objects_v2").paginate(
-                Bucket=query.bucket, Prefix=_listing_prefix(query, thing)
-            )
-            for obj in page.get("Contents", [])
-        }
-        for key, document in objects.items():
-            record = _record(key, base, document, objects.get(key[: -len(".json")] + ".jpg"), query)
-            if record is None:
-                continue
-            if record.image[0] < 0:
-                orphans += 1
-                continue
-            records.append(record)
+        for prefix in _version_prefixes(s3, query, thing):
+            objects = _objects(s3, query, prefix)
+            for key, document in objects.items():
+                record = _record(key, base, document, objects.get(key[: -len(".json")] + ".jpg"), query)
+                if record is None:
+                    continue
+                if record.image[0] < 0:
+                    orphans += 1
+                    continue
+                records.append(record)
     records.sort(key=lambda r: (r.wall, r.key))
     return records, orphans
 

@@ -93,3 +93,25 @@ def test_a_document_without_its_image_is_left_out_and_counted(cloud: Cloud) -> N
     records, orphans = list_records(s3, Query(BUCKET, PREFIX, ("cam-a",), "lite0"))
     assert [r.key for r in records] == [whole.key]
     assert orphans == 1
+
+
+def test_the_listing_reads_only_the_days_asked_for_and_the_edges_are_exact(cloud: Cloud) -> None:
+    from edgeinfer_cloud.capture.query import _objects
+
+    day = 86400.0
+    made = [cloud.capture("cam-a", "lite0", "1.0.0", DAY + d * day, seed=d) for d in range(5)]
+    at_until = cloud.capture("cam-a", "lite0", "1.0.0", DAY + 3 * day - 0.001, seed=9)  # 23:59:59.999
+    query = Query(
+        BUCKET,
+        PREFIX,
+        ("cam-a",),
+        "lite0",
+        since=parse_time("2026-01-02", "--since"),
+        until=parse_time("2026-01-03", "--until", end=True),
+    )
+    records, _ = list_records(cloud.client("s3"), query)
+    assert [r.key for r in records] == [made[1].key, made[2].key, at_until.key]
+    listed = _objects(cloud.client("s3"), query, f"{PREFIX}/cam-a/lite0/1.0.0/")
+    assert {k.rsplit(".", 1)[0] for k in listed} == {made[1].key, made[2].key, at_until.key}
+    exclusive = Query(BUCKET, PREFIX, ("cam-a",), "lite0", until=parse_time("2026-01-02T00:00Z", "--until"))
+    assert [r.key for r in list_records(cloud.client("s3"), exclusive)[0]] == [made[0].key]
