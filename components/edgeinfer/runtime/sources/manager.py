@@ -33,10 +33,10 @@ class ServerSink:
         self.submit_frame = server.submit_frame
 
     def frame_format(self, model: str) -> FrameFormat | None:
-        """`model`'s input side and letterboxing, or None when it is not loaded (its load is asked
-        for) or not served."""
+        """`model`'s input side and letterboxing (a pipeline's: its detector's), or None when it is
+        not loaded (its load is asked for) or not served."""
         models = self.server.models
-        slot = models.get(model or None)
+        slot = self.server.frame_slot(model)
         if slot is None:
             return None
         engine = slot.engine
