@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from botocore.stub import Stubber
 
@@ -50,16 +48,6 @@ def bundle(
 
 def no_sleep(seconds: float) -> None:
     """Following's poll interval, spent at once."""
-
-
-@pytest.fixture
-def gg(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, Stubber]]:
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    client = boto3.client("greengrassv2", region_name="eu-central-1")
-    with Stubber(client) as stub:
-        yield client, stub
-        stub.assert_no_pending_responses()
 
 
 def expect_create(

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import boto3
 import pytest
 from botocore.stub import Stubber
 
@@ -39,16 +38,6 @@ PREVIOUS = {
         "configurationUpdate": {"merge": '{"maxBatchSize":4}'},
     },
 }
-
-
-@pytest.fixture
-def gg(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, Stubber]]:
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    client = boto3.client("greengrassv2", region_name="eu-central-1")
-    with Stubber(client) as stub:
-        yield client, stub
-        stub.assert_no_pending_responses()
 
 
 def expect_previous(stub: Stubber, previous: dict[str, Any] | None = PREVIOUS) -> None:
