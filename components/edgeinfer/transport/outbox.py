@@ -93,7 +93,9 @@ class Outbox:
         self.spooled = 0  # messages ever written here (counts that survive restarts)
         self.sent = 0  # messages sent from here
         self.next_seq = 0
+        # In `seq` order (kept so by `put`), so the oldest is the first: no search per message.
         self._entries: dict[int, _Entry] = {}
+        self._bytes = 0
         self._load()
 
     def _load(self) -> None:
@@ -109,6 +111,8 @@ class Outbox:
                 continue
             st = path.stat()
             self._entries[int(path.stem)] = _Entry(st.st_size, path.suffix, st.st_mtime)
+        self._entries = dict(sorted(self._entries.items()))
+        self._bytes = sum(e.size for e in self._entries.values())
         if self._entries:
             self.next_seq = max(self.next_seq, max(self._entries) + 1)
         self._enforce_bounds()
@@ -143,10 +147,13 @@ class Outbox:
 
     @property
     def size(self) -> int:
-        return sum(e.size for e in self._entries.values())
+        return self._bytes
 
     def seqs(self) -> list[int]:
-        return sorted(self._entries)
+        return list(self._entries)
+
+    def _oldest(self) -> int:
+        return next(iter(self._entries))
 
     def _path(self, seq: int, suffix: str) -> Path:
         return self.dir / f"{seq:012d}{suffix}"
@@ -168,7 +175,12 @@ class Outbox:
             data, suffix = json.dumps({"topic": topic}).encode() + b"\n" + payload, _TOPICAL
         self.dir.mkdir(parents=True, exist_ok=True)
         atomic_write(self._path(seq, suffix), data, mode=None, fsync=True)
+        self._bytes -= self._entries[seq].size if seq in self._entries else 0
+        newest = next(reversed(self._entries)) if self._entries else None
         self._entries[seq] = _Entry(len(data), suffix, self.wall())
+        self._bytes += len(data)
+        if newest is not None and seq < newest:  # out of order (not how the callers use it): re-sort
+            self._entries = dict(sorted(self._entries.items()))
         self.spooled += 1
         self.next_seq = max(self.next_seq, seq + 1)
         self._enforce_bounds(keep=seq)
@@ -177,7 +189,7 @@ class Outbox:
         """The oldest message, or None. One too old is dropped, an unreadable one too; both counted."""
         self._expire()
         while self._entries:
-            seq = min(self._entries)
+            seq = self._oldest()
             try:
                 return self._read(seq, self._entries[seq].suffix)
             except (OSError, ValueError) as exc:
@@ -199,6 +211,7 @@ class Outbox:
     def remove(self, seq: int) -> None:
         entry = self._entries.pop(seq, None)
         if entry is not None:
+            self._bytes -= entry.size
             with contextlib.suppress(FileNotFoundError):
                 self._path(seq, entry.suffix).unlink()
 
@@ -238,7 +251,11 @@ class Outbox:
         if self.max_age_s is None or not self._entries:
             return
         oldest_kept = self.wall() - self.max_age_s
-        stale = [seq for seq, e in self._entries.items() if e.stamp < oldest_kept]
+        stale = []
+        for seq, entry in self._entries.items():  # oldest first: stop at the first young enough
+            if entry.stamp >= oldest_kept:
+                break
+            stale.append(seq)
         for seq in stale:
             self.remove(seq)
         if stale:
@@ -248,12 +265,10 @@ class Outbox:
     def _enforce_bounds(self, keep: int | None = None) -> None:
         self._expire()
         dropped = 0
-        total = self.size
-        while self._entries and (len(self._entries) > self.max_items or total > self.max_bytes):
-            oldest = min(self._entries)
+        while self._entries and (len(self._entries) > self.max_items or self._bytes > self.max_bytes):
+            oldest = self._oldest()
             if oldest == keep and len(self._entries) == 1:
                 break  # one message always fits, whatever max_bytes says
-            total -= self._entries[oldest].size
             self.remove(oldest)
             dropped += 1
         if dropped:
