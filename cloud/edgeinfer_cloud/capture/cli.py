@@ -184,9 +184,16 @@ def run_pull(args: argparse.Namespace, session_factory: Callable[..., Any] | Non
             f"no captured records of {query.model}{' ' + query.version if query.version else ''} for "
             f"{len(query.things)} thing(s) in s3://{query.bucket}/{query.prefix.strip('/')} in that time"
         )
+    import botocore.exceptions as bex
+
     progress = Progress(quiet=True) if args.quiet else Progress.on_terminal(unit="bytes")
-    with aws_errors(), progress, progress.step("pull", sum(r.bytes for r in records)) as tick:
-        report = pull(s3, query, records, args.out, tick=tick)
+    try:
+        with aws_errors(), progress, progress.step("pull", sum(r.bytes for r in records)) as tick:
+            report = pull(s3, query, records, args.out, tick=tick)
+    except bex.BotoCoreError as exc:  # a read cut off mid-object: what aws_errors leaves as a traceback
+        raise EdgeinferError(
+            f"pull stopped: {exc}; the records whole by then are kept: run the same pull to finish"
+        ) from None
     print(
         f"{report.records} record(s) in {args.out}: {report.fetched} file(s) downloaded"
         f" ({_size(report.bytes)}), {report.skipped} already there"

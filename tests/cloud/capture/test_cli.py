@@ -3,13 +3,16 @@ calibrates and gates `edgeinfer model build`, whose report names it."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from edgeinfer.cli import main
+from edgeinfer.errors import EdgeinferError
 from edgeinfer.model.field import FieldSet
 from edgeinfer.model.manifest import Manifest
 from tests.cloud.capture.conftest import BUCKET, DAY, Cloud
@@ -141,3 +144,52 @@ def test_pull_then_build_calibrates_and_gates_on_the_field(
     field_set = FieldSet.load(out)
     assert field_set is not None
     assert len(field_set.pulls) == 2
+
+
+class _CutOff:
+    """boto3's session, whose S3 reads time out after `left` objects, as a network does mid-pull."""
+
+    def __init__(self, left: int) -> None:
+        import boto3
+
+        self.session: Any = boto3.Session()
+        self.left = left
+
+    def client(self, service: str, **kw: Any) -> Any:
+        client = self.session.client(service, **kw)
+        if service != "s3":
+            return client
+        real = client.get_object
+
+        def get_object(**params: Any) -> Any:
+            if self.left == 0:
+                from botocore.exceptions import ReadTimeoutError
+
+                raise ReadTimeoutError(endpoint_url="http://s3")
+            self.left -= 1
+            return real(**params)
+
+        client.get_object = get_object
+        return client
+
+
+def test_a_pull_cut_off_says_so_in_one_line_and_the_next_finishes(
+    fleet: Cloud, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from edgeinfer_cloud.capture.cli import register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    out = tmp_path / "field"
+    query = ["--group", "cams", "--model", "tiny", "--version", "1.0.0", "--quiet", "-o", str(out)]
+    args = parser.parse_args(["capture", "pull", *query, "--bucket", BUCKET, "--s3-endpoint", fleet.endpoint])
+    with pytest.raises(EdgeinferError, match=r"^pull stopped: Read timeout .*: run the same pull to finish$"):
+        args.func(args, lambda profile, region: _CutOff(5))  # two records whole, the third's image
+    field_set = FieldSet.load(out)
+    assert field_set is not None
+    assert len(field_set.records) == 2
+    code, said, _ = _run(["pull", *query], fleet, capsys)
+    assert code == 0
+    assert "8 record(s)" in said
+    assert "11 file(s) downloaded" in said
+    assert "5 already there" in said
