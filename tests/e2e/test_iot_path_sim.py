@@ -28,8 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import cv2
-import numpy as np
 import pytest
 import yaml
 
@@ -46,6 +44,7 @@ from edgeinfer.transport.ipc import GreengrassIpcBus
 from edgeinfer.transport.mqtt import MqttPubSub
 from edgeinfer_cloud.router.backends import OnnxBackend
 from edgeinfer_cloud.router.router import Router, RouterConfig
+from tests.helpers.images import photo
 
 pytestmark = pytest.mark.e2e
 
@@ -117,15 +116,6 @@ def router(sim_broker: MosquittoBroker, store: Path) -> Iterator[Router]:
     client.close()
 
 
-def photo(width: int, height: int) -> bytes:
-    """A JPEG with detail in it: a solid colour would compress to almost nothing."""
-    rng = np.random.default_rng(3)
-    img = cv2.GaussianBlur(rng.integers(0, 255, (height, width, 3), dtype=np.uint8), (0, 0), 2)
-    ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 95])
-    assert ok
-    return bytes(buf)
-
-
 def lite(device: Device) -> bool:
     return device.sim.nucleus.name == "lite"
 
@@ -133,7 +123,7 @@ def lite(device: Device) -> bool:
 def request_image(device: Device) -> str:
     """The request's image, base64: the cat photo, or on lite a JPEG whose request fits lite's
     5,000-byte delivery limit (the cat's is dropped there, see the lite test below)."""
-    return base64.b64encode(photo(48, 48) if lite(device) else cat_image().read_bytes()).decode()
+    return base64.b64encode(photo((48, 48), seed=3) if lite(device) else cat_image().read_bytes()).decode()
 
 
 def by_id(messages: list[Message]) -> dict[str, list[Result]]:
@@ -255,7 +245,7 @@ def _raw_jpeg_on_lite(device: Device) -> None:
     props = MqttProperties(
         content_type="image/jpeg", response_topic=reply, user_properties=(("id", "raw-1"),)
     )
-    cloud.publish(INFER, photo(48, 48), properties=props)
+    cloud.publish(INFER, photo((48, 48), seed=3), properties=props)
     (msg,) = results.wait_for(1, timeout=30)
     result = Result.parse(msg.payload)
     assert result.id is None
@@ -270,14 +260,14 @@ def test_a_1080p_jpeg_offloaded_always_is_answered_by_the_cloud_in_a_message_tha
     if lite(device):  # no component can send it: lite closes the sender's IPC connection
         with pytest.raises(SimError, match="closes the sender's whole IPC connection"):
             device.sim.local_client().publish(
-                INFER, {"id": "hd", "image": base64.b64encode(photo(1920, 1080)).decode()}
+                INFER, {"id": "hd", "image": base64.b64encode(photo((1920, 1080), seed=3)).decode()}
             )
         return
     cloud = device.sim.cloud_client()
     offloads = cloud.subscribe(OFFLOAD)
     local = device.sim.local_client()
     results = local.subscribe(RESULT)
-    hd = photo(1920, 1080)
+    hd = photo((1920, 1080), seed=3)
     assert len(base64.b64encode(hd)) > IOT_CORE_MAX_BYTES
     local.publish(INFER, {"id": "hd", "image": base64.b64encode(hd).decode(), "offload": "always"})
     (msg,) = results.wait_for(1, timeout=60)

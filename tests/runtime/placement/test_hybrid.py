@@ -27,6 +27,7 @@ from edgeinfer.transport.mqtt import MqttPubSub
 from edgeinfer_bench.offload import EdgeBus
 from edgeinfer_cloud.router.backends import OnnxBackend
 from edgeinfer_cloud.router.router import Router, RouterConfig
+from tests.helpers import images
 from tests.helpers.images import solid_jpeg
 from tests.helpers.wait import wait_for
 
@@ -250,18 +251,6 @@ def test_offload_with_the_bus_offline_is_served_locally_at_once() -> None:
     assert hybrid.policy.inflight == 0
 
 
-def _photo(width: int, height: int) -> bytes:
-    """A JPEG with detail in it (a solid colour would compress to nothing)."""
-    import cv2
-    import numpy as np
-
-    rng = np.random.default_rng(7)
-    img = cv2.GaussianBlur(rng.integers(0, 255, (height, width, 3), dtype=np.uint8), (0, 0), 2)
-    ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 95])
-    assert ok
-    return bytes(buf)
-
-
 def _ctx(served: list[str], left: float | None = None) -> Any:
     from edgeinfer.runtime.placement import PlacementContext
 
@@ -273,7 +262,7 @@ def _ctx(served: list[str], left: float | None = None) -> Any:
 def test_an_offload_over_the_ipc_message_cap_is_not_published_and_is_served_here() -> None:
     from edgeinfer.messages import IPC_MAX_BYTES, Request, offload_topic
 
-    photo = _photo(640, 480)
+    photo = images.photo((640, 480))
     assert len(photo) > IPC_MAX_BYTES
     bus = MemoryBus()
     hybrid = HybridPlacement(bus, THING, OffloadPolicy(OffloadConfig()))  # the default cap: lite's
@@ -300,7 +289,7 @@ def test_an_offload_over_the_ipc_message_cap_is_not_published_and_is_served_here
 def test_a_live_ipc_cap_reaches_a_running_placement() -> None:
     from edgeinfer.messages import IPC_MAX_BYTES, Request, offload_topic
 
-    photo = _photo(640, 480)
+    photo = images.photo((640, 480))
     assert len(photo) > IPC_MAX_BYTES
     bus = MemoryBus()
     hybrid = HybridPlacement(bus, THING, OffloadPolicy(OffloadConfig())).start()
@@ -318,7 +307,7 @@ def test_a_1080p_offload_is_re_encoded_at_the_models_size_and_fits_through_iot_c
 
     from edgeinfer.messages import IOT_CORE_MAX_BYTES, OffloadRequest, Request, offload_topic
 
-    photo = _photo(1920, 1080)
+    photo = images.photo((1920, 1080))
     assert len(base64.b64encode(photo)) > IOT_CORE_MAX_BYTES  # as it came, it would not fit
     bus = MemoryBus()
     hybrid = HybridPlacement(
@@ -365,7 +354,9 @@ def test_an_offloads_budget_loses_the_time_it_waited_for_its_re_encode() -> None
     )
     try:
         hybrid.offload(
-            Request("hd", image=_photo(1920, 1080), offload="always"), _ctx([], left=500.0), lambda r: None
+            Request("hd", image=images.photo((1920, 1080)), offload="always"),
+            _ctx([], left=500.0),
+            lambda r: None,
         )
         assert wait_for(lambda: len(bus.messages_on(offload_topic(THING))) == 1, 10)
     finally:
@@ -439,7 +430,9 @@ def test_a_cloud_answer_to_a_re_encoded_offload_has_its_boxes_in_the_request_pix
     ).start()
     replies: list[Result] = []
     try:
-        hybrid.offload(Request("det", image=_photo(1920, 1080), offload="always"), _ctx([]), replies.append)
+        hybrid.offload(
+            Request("det", image=images.photo((1920, 1080)), offload="always"), _ctx([]), replies.append
+        )
         assert wait_for(lambda: len(bus.messages_on(offload_topic(THING))) == 1, 10)
         sent = OffloadRequest.parse(bus.messages_on(offload_topic(THING))[0].payload).request
         answer = Result(
