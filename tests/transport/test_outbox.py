@@ -6,7 +6,7 @@ import json
 import threading
 from pathlib import Path
 
-from edgeinfer.transport import MemoryBus
+from edgeinfer.transport import MemoryBus, UnauthorizedError
 from edgeinfer.transport.outbox import Forwarder, Outbox, OutboxPublisher
 from tests.helpers.clock import FakeClock
 from tests.helpers.wait import eventually
@@ -167,3 +167,28 @@ def test_a_full_queue_drops_the_oldest_queued_and_counts_it(tmp_path: Path) -> N
     fwd.stop()
     assert pub.outbox.dropped_by["overflow"] == 2
     assert len(pub.outbox) == 3
+
+
+class RefusingBus(MemoryBus):
+    """A nucleus that does not let the component publish on `forbidden/...` (as accessControl would)."""
+
+    def publish(self, topic, payload, *, target="local", qos=0, properties=None):  # type: ignore[no-untyped-def]
+        if topic.startswith("forbidden/"):
+            raise UnauthorizedError(f"not authorized to publish to {topic}")
+        return super().publish(topic, payload, target=target, qos=qos, properties=properties)
+
+
+def test_a_refused_topic_is_dropped_and_counted_never_retried(tmp_path: Path) -> None:
+    clock = FakeClock()
+    bus = RefusingBus(fail_publish=True)
+    pub = OutboxPublisher(bus, TOPIC, Outbox(tmp_path), clock=clock)
+    pub.offer(0, msg(0))
+    pub.offer(1, msg(1), "forbidden/x")
+    pub.offer(2, msg(2))
+    bus.fail_publish = False
+    clock.advance(60)
+    assert pub.pump()  # the refused one does not hold up the one behind it
+    assert pub.offer(3, msg(3), "forbidden/x") is False
+    assert sent(bus) == [msg(0), msg(2)]
+    assert pub.outbox.dropped_by["refused"] == 2
+    assert len(pub.outbox) == 0

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer.files import atomic_write
-from edgeinfer.transport.base import PubSub, TransportError
+from edgeinfer.transport.base import PubSub, TransportError, UnauthorizedError
 
 __all__ = ["DROP_REASONS", "Forwarder", "Outbox", "OutboxPublisher", "Stored"]
 
@@ -48,8 +48,11 @@ _STATE = "state.json"
 _PLAIN = ".json"  # the payload alone, for the publisher's own topic
 _TOPICAL = ".msg"  # a JSON line {"topic": ...}, then the payload
 # Why a message was dropped: the bound on messages or bytes, the bound on age, a file that could not
-# be read back, one that could not be written, or (a Forwarder's) a queue the disk did not keep up with.
-DROP_REASONS = ("full", "age", "unreadable", "unwritable", "overflow")
+# be read back, one that could not be written, a topic the nucleus does not let the component publish
+# to (retrying would never help, and would hold up every later message), or (a Forwarder's) a queue
+# the disk did not keep up with.
+DROP_REASONS = ("full", "age", "unreadable", "unwritable", "refused", "overflow")
+_SENT, _LATER, _REFUSED = "sent", "later", "refused"  # what `OutboxPublisher._send` did
 
 
 @dataclass(frozen=True)
@@ -308,8 +311,10 @@ class OutboxPublisher:
     def offer(self, seq: int, payload: bytes, topic: str | None = None) -> bool:
         """Publish now, or keep in the outbox; True when it (and everything before it) went out."""
         # Older messages go first; only when none is left waiting may this one skip the outbox.
-        if self.pump() and self._clock() >= self._next_try and self._send(seq, payload, topic):
-            return True
+        if self.pump() and self._clock() >= self._next_try:
+            outcome = self._send(seq, payload, topic)
+            if outcome != _LATER:
+                return outcome == _SENT
         try:
             if topic is None:
                 self.outbox.put(seq, payload)
@@ -330,14 +335,28 @@ class OutboxPublisher:
             item = self.outbox.peek()
             if item is None:
                 break
-            if not self._send(item.seq, item.payload, item.topic):
+            outcome = self._send(item.seq, item.payload, item.topic)
+            if outcome == _LATER:
                 return False
-            self.outbox.sent_one(item.seq)
+            if outcome == _SENT:
+                self.outbox.sent_one(item.seq)
+            else:
+                self.outbox.remove(item.seq)
         return True
 
-    def _send(self, seq: int, payload: bytes, topic: str | None) -> bool:
+    def _send(self, seq: int, payload: bytes, topic: str | None) -> str:
         try:
             self.bus.publish(topic or self.topic, payload, target="iot", qos=self.qos)
+        except UnauthorizedError as exc:
+            log.error(
+                "%s: the nucleus refuses message %d on %s: %s",
+                self.outbox.name,
+                seq,
+                topic or self.topic,
+                exc,
+            )
+            self.outbox.drop("refused")
+            return _REFUSED
         except Exception as exc:  # TransportError above all; any failure must keep it, not lose it
             self.failures += 1
             if self.online or not isinstance(exc, TransportError):
@@ -347,7 +366,7 @@ class OutboxPublisher:
             self.online = False
             self._next_try = self._clock() + self._retry
             self._retry = min(self._retry * 2, self._retry_max)
-            return False
+            return _LATER
         if not self.online:
             log.info(
                 "IoT Core reachable again: sending %d message(s) from the %s",
@@ -358,7 +377,7 @@ class OutboxPublisher:
         self._retry = self._retry_min
         self._next_try = 0.0
         self.published += 1
-        return True
+        return _SENT
 
     def status(self) -> dict[str, Any]:
         return {
