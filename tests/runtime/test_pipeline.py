@@ -53,6 +53,9 @@ def test_chosen_by_class_score_and_shorter_side() -> None:
     ]
     assert pipe.chosen(found) == [0, 4]
     assert Pipeline("all", PipelineEntry("d", "c")).chosen(found) == [0, 1, 2, 3, 4]
+    # the best of a crowded frame, in the detector's order
+    assert Pipeline("two", PipelineEntry("d", "c", max_crops=2)).chosen(found) == [0, 1]
+    assert Pipeline("two", PipelineEntry("d", "c", max_crops=2)).chosen(found[2:]) == [1, 2]
 
 
 def test_a_crop_is_the_box_as_answered_widened_by_padding_in_whole_pixels_within_the_image() -> None:

@@ -192,7 +192,8 @@ class PipelineEntry:
     """One pipeline (`pipelines`, by the name a request's `model` gives): the `detector`'s boxes of
     `classes` (its labels; none: every class) scoring at least `min_score`, whose shorter side is at
     least `min_box_size` source pixels, are cropped (each side widened by `padding` times the box's
-    side) and classified by the `classifier`, answered as one result (docs/models.md, "Pipelines")."""
+    side; the `max_crops` best of a frame) and classified by the `classifier`, answered as one result
+    (docs/models.md, "Pipelines")."""
 
     detector: str = ""
     classifier: str = ""
@@ -200,9 +201,12 @@ class PipelineEntry:
     min_score: float = 0.0
     min_box_size: int = 0
     padding: float = 0.0
+    max_crops: int = 16
 
     def check(self) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
+        if self.max_crops < 1:
+            out.append(("maxCrops", "must be 1 or more"))
         for key, name in (("detector", self.detector), ("classifier", self.classifier)):
             if not name:
                 out.append((key, "must name a model this runtime serves"))

@@ -61,16 +61,19 @@ class Pipeline:
     entry: PipelineEntry
 
     def chosen(self, detections: Sequence[Detection]) -> list[int]:
-        """The indices of the detections this pipeline crops: of its classes, score and size."""
+        """The indices of the detections this pipeline crops: of its classes, score and size, the
+        `max_crops` best (a crowded frame's crops would fill the classifier's queue)."""
         entry = self.entry
         wanted = set(entry.classes)
-        return [
+        taken = [
             i
             for i, d in enumerate(detections)
             if (not wanted or d.label in wanted)
             and d.score >= entry.min_score
             and min(d.box.x_max - d.box.x_min, d.box.y_max - d.box.y_min) >= entry.min_box_size
         ]
+        best = sorted(taken, key=lambda i: -detections[i].score)[: entry.max_crops]
+        return sorted(best)
 
     def crop_box(self, detection: Detection, width: int, height: int) -> tuple[int, int, int, int]:
         """The pixels cut for `detection` in a `width`×`height` image: (x0, y0, x1, y1), x1 and y1
