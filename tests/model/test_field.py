@@ -17,7 +17,7 @@ from edgeinfer.model.gate import Thresholds
 pytest.importorskip("onnxruntime")
 pytest.importorskip("skimage")
 
-FAST = {"calibration_per_photo": 4, "validation_per_photo": 2, "min_calibration": 4}
+FAST: dict[str, Any] = {"calibration_per_photo": 4, "validation_per_photo": 2, "min_calibration": 4}
 
 
 def field_folder(folder: Path, count: int, things: tuple[str, ...] = ("cam-a", "cam-b")) -> FieldSet:
@@ -102,3 +102,30 @@ def test_a_broken_field_manifest_stops_the_build_in_one_line(tmp_path: Path, tin
     with pytest.raises(EdgeinferError, match="does not read"):
         build(_options(tiny_onnx, tmp_path / "store", calibration=field), quiet=True)
     assert not (tmp_path / "store").exists()
+
+
+def test_a_detector_calibrated_on_a_field_set_reports_boxes_agreement(tmp_path: Path) -> None:
+    import onnx
+
+    from tests.helpers.tiny_detector import make_tiny_detector
+
+    source = tmp_path / "tiny-detector.onnx"
+    onnx.save(make_tiny_detector("objectness"), str(source))
+    field = tmp_path / "field"
+    field_folder(field, 6)
+    manifest = build(
+        BuildOptions(
+            onnx=source,
+            task="detection",
+            out=tmp_path / "store",
+            calibration=field,
+            thresholds=Thresholds(min_precision=0.0, min_recall=0.0, min_mean_iou=0.0),
+            **FAST,
+        ),
+        quiet=True,
+    )
+    [entry] = manifest.validation["field_sets"]
+    assert entry["role"] == "calibration"
+    figures = entry["agreement"]["int8-cpu"]
+    assert figures["images"] == 6  # each field image once, letterboxed as the device does
+    assert {"precision", "recall", "mean_iou"} <= set(figures)
