@@ -7,6 +7,7 @@ router comes back: offloading resumes. Every request gets exactly one answer thr
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import threading
 import time
@@ -16,7 +17,15 @@ from typing import Any
 
 import pytest
 
-from edgeinfer.messages import Result, infer_topic, result_topic
+from edgeinfer.messages import (
+    OffloadRequest,
+    Prediction,
+    Result,
+    infer_topic,
+    offload_result_topic,
+    offload_topic,
+    result_topic,
+)
 from edgeinfer.runtime.config import RuntimeConfig
 from edgeinfer.runtime.engine import Engine
 from edgeinfer.runtime.placement import BreakerState, HybridPlacement, OffloadConfig, OffloadPolicy
@@ -54,6 +63,42 @@ class CloudRouter:
     def stop(self) -> None:
         self.router.stop()
         self.client.close()
+
+
+class MemoryCloud:
+    """The cloud on a MemoryBus: answers each offload with one `label` prediction while `on`, and
+    keeps what it was asked."""
+
+    def __init__(self, bus: MemoryBus, label: str) -> None:
+        self.bus = bus
+        self.label = label
+        self.on = True
+        self.asked: list[OffloadRequest] = []
+        bus.subscribe(offload_topic(THING), self._answer, target="iot")
+
+    def _answer(self, message: Message) -> None:
+        req = OffloadRequest.parse(message.payload)
+        self.asked.append(req)
+        if self.on:
+            answer = Result(req.request.id, "ok", "", [Prediction(5, self.label, 0.9)], placement="cloud")
+            self.bus.publish(offload_result_topic(THING), answer.to_json(), target="iot")
+
+
+@contextlib.contextmanager
+def hybrid_server(
+    engine: Engine, cfg: RuntimeConfig, config: OffloadConfig
+) -> Iterator[tuple[MemoryBus, HybridPlacement]]:
+    """A started server on a MemoryBus with a HybridPlacement of `config` (the tiny model local)."""
+    bus = MemoryBus()
+    server = InferenceServer(bus, engine, cfg, THING)
+    hybrid = HybridPlacement(bus, THING, OffloadPolicy(config, local_models=["tiny"])).start()
+    server.set_placement(hybrid, hybrid)
+    server.start()
+    try:
+        yield bus, hybrid
+    finally:
+        server.stop()
+        hybrid.stop()
 
 
 def test_router_down_breaker_opens_served_locally_router_back_offloading_resumes(
@@ -144,28 +189,10 @@ def test_router_down_breaker_opens_served_locally_router_back_offloading_resumes
 def test_low_confidence_cascade_asks_the_cloud_and_falls_back_to_the_held_answer(
     make_engine: Callable[..., Engine],
 ) -> None:
-    from edgeinfer.messages import OffloadRequest, Prediction, offload_result_topic
-
     cfg = RuntimeConfig(max_batch_size=2)
-    bus = MemoryBus()
-    engine = make_engine(cfg)
-    server = InferenceServer(bus, engine, cfg, THING)
     config = OffloadConfig(cascade_threshold=0.5, cloud_timeout_ms=200, cloud_model="lite2")
-    hybrid = HybridPlacement(bus, THING, OffloadPolicy(config, local_models=["tiny"])).start()
-    server.set_placement(hybrid, hybrid)
-    cloud_on = True
-    asked: list[OffloadRequest] = []
-
-    def cloud(message: Message) -> None:
-        req = OffloadRequest.parse(message.payload)
-        asked.append(req)
-        if cloud_on:
-            answer = Result(req.request.id, "ok", "", [Prediction(5, "heavy", 0.9)], placement="cloud")
-            bus.publish(offload_result_topic(THING), answer.to_json(), target="iot")
-
-    bus.subscribe(f"edgeinfer/{THING}/offload", cloud, target="iot")
-    server.start()
-    try:
+    with hybrid_server(make_engine(cfg), cfg, config) as (bus, _):
+        cloud = MemoryCloud(bus, "heavy")
         grey = base64.b64encode(solid_jpeg((128, 128, 128))).decode()
         red = base64.b64encode(solid_jpeg((250, 1, 1))).decode()
         for rid, img in (("unsure", grey), ("sure", red)):
@@ -175,9 +202,10 @@ def test_low_confidence_cascade_asks_the_cloud_and_falls_back_to_the_held_answer
         assert res["unsure"].placement == "cloud"
         assert res["unsure"].predictions[0].label == "heavy"
         assert res["sure"].placement == "edge"
-        assert [a.request.model for a in asked] == ["lite2"]  # only the unsure one went, to the heavy model
+        # only the unsure one went, to the heavy model
+        assert [a.request.model for a in cloud.asked] == ["lite2"]
         # the cloud stays silent: the held edge answer goes out after the wait, exactly once
-        cloud_on = False
+        cloud.on = False
         bus.publish(infer_topic(THING), json.dumps({"id": "unsure2", "image": grey}).encode())
         assert wait_for(lambda: len(bus.messages_on(result_topic(THING))) == 3)
         time.sleep(0.3)
@@ -186,9 +214,6 @@ def test_low_confidence_cascade_asks_the_cloud_and_falls_back_to_the_held_answer
         assert last[-1].id == "unsure2"
         assert last[-1].placement == "edge"
         assert last[-1].predictions[0].score < 0.5
-    finally:
-        server.stop()
-        hybrid.stop()
 
 
 def test_create_placement_is_opt_in(make_engine: Callable[..., Engine]) -> None:
@@ -494,23 +519,11 @@ def test_requests_arriving_late_over_the_bus_are_offloaded_though_the_edge_is_id
     """The whole path: the server shows the policy each request's lag; three that spent 60 % of
     their deadline on the way put the device behind, and the next goes to the cloud, which the
     light-load rule and the idle edge would have kept here."""
-    from edgeinfer.messages import OffloadRequest, Prediction, iso_utc, offload_result_topic
+    from edgeinfer.messages import iso_utc
 
     cfg = RuntimeConfig(max_batch_size=2)
-    bus = MemoryBus()
-    server = InferenceServer(bus, make_engine(cfg), cfg, THING)
-    config = OffloadConfig(backlog_hold_s=60.0)
-    hybrid = HybridPlacement(bus, THING, OffloadPolicy(config, local_models=["tiny"])).start()
-    server.set_placement(hybrid, hybrid)
-
-    def cloud(message: Message) -> None:
-        req = OffloadRequest.parse(message.payload)
-        answer = Result(req.request.id, "ok", "", [Prediction(5, "cloudy", 0.9)], placement="cloud")
-        bus.publish(offload_result_topic(THING), answer.to_json(), target="iot")
-
-    bus.subscribe(f"edgeinfer/{THING}/offload", cloud, target="iot")
-    server.start()
-    try:
+    with hybrid_server(make_engine(cfg), cfg, OffloadConfig(backlog_hold_s=60.0)) as (bus, hybrid):
+        MemoryCloud(bus, "cloudy")
         img = base64.b64encode(solid_jpeg((250, 1, 1))).decode()
 
         def send(rid: str, lag_s: float) -> None:
@@ -531,6 +544,3 @@ def test_requests_arriving_late_over_the_bus_are_offloaded_though_the_edge_is_id
             "late3": "cloud",
         }
         assert hybrid.policy.counters["behind"] == 2
-    finally:
-        server.stop()
-        hybrid.stop()
