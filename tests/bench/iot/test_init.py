@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -11,16 +12,22 @@ from edgeinfer.cli import main
 from edgeinfer_bench.iot.processes import PROCESSES
 
 
-@pytest.mark.slow
-def test_a_short_run_answers_every_request_exactly_once(tmp_path: Path) -> None:
+def short_run(tmp_path: Path, *options: str) -> dict[str, Any]:
+    """`edgeinfer bench iot` for one second a load, then a flood of 100, on the tiny model: its report."""
     pytest.importorskip("onnx")
     from tests.helpers.tiny_store import write_tiny_store
 
     store = write_tiny_store(tmp_path / "store")
     out = tmp_path / "iot.json"
-    argv = ["bench", "iot", "--store", str(store), "--rates", "20,50", "--seconds", "1", "--flood", "100"]
+    argv = ["bench", "iot", "--store", str(store), "--seconds", "1", "--flood", "100", *options]
     assert main([*argv, "--gap", "0.2", "--recovery-timeout", "20", "--json", str(out)]) == 0
-    report = json.loads(out.read_text())
+    report: dict[str, Any] = json.loads(out.read_text())
+    return report
+
+
+@pytest.mark.slow
+def test_a_short_run_answers_every_request_exactly_once(tmp_path: Path) -> None:
+    report = short_run(tmp_path, "--rates", "20,50")
     assert report["scenario"] == "iot"
     assert [r["label"] for r in report["loads"]] == ["r20", "r50", "flood"]
     assert len(report["machine"]["loadavg_start"]) == 3
@@ -43,15 +50,7 @@ def test_a_short_run_answers_every_request_exactly_once(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_short_run_with_message_expiry_answers_each_answered_request_once(tmp_path: Path) -> None:
-    pytest.importorskip("onnx")
-    from tests.helpers.tiny_store import write_tiny_store
-
-    store = write_tiny_store(tmp_path / "store")
-    out = tmp_path / "iot.json"
-    argv = ["bench", "iot", "--store", str(store), "--rates", "20", "--seconds", "1", "--flood", "100"]
-    argv += ["--expiry-s", "1", "--gap", "0.2", "--recovery-timeout", "20", "--json", str(out)]
-    assert main(argv) == 0
-    report = json.loads(out.read_text())
+    report = short_run(tmp_path, "--rates", "20", "--expiry-s", "1")
     assert report["message_expiry_s"] == 1
     assert "expired_in_broker" in report["target_values"]["lost_means"]
     for r in report["loads"]:
