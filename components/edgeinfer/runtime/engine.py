@@ -16,11 +16,12 @@ line in `attempts` and the next provider is tried as configured.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,6 +58,36 @@ if TYPE_CHECKING:  # decode loads OpenCV, which an engine does not need
 log = logging.getLogger(__name__)
 
 SessionFactory = Callable[[str, Any, list[str], list[dict[str, Any]]], Any]
+
+
+@dataclass(frozen=True)
+class BackgroundLoad:
+    """How a model built while other models serve spends the CPU (`edgeinfer bench models` measures
+    it). Only its warm-up changes: the session is made, and later serves, exactly as any other.
+
+    `pace`: after each warm-up run, idle for this many times the run's duration, so that the serving
+    engines' batches find the cores free most of the time. `nice`: the warm-up's runs are made from a
+    thread of their own at this much higher niceness, so that the scheduler prefers the serving
+    engines' threads while both want a core (raising it needs no privilege; the thread ends with the
+    warm-up, and the session's own pool threads, made before, keep the runtime's priority)."""
+
+    pace: float = 1.0
+    nice: int = 19
+
+
+_loading = threading.local()  # .settings: the BackgroundLoad of the load on this thread, if any
+
+
+@contextlib.contextmanager
+def background_load(settings: BackgroundLoad | None) -> Iterator[None]:
+    """Engines built and warmed up on this thread inside the block follow `settings` (None: as at
+    start). The model repository's loader wraps every load in it."""
+    previous = getattr(_loading, "settings", None)
+    _loading.settings = settings
+    try:
+        yield
+    finally:
+        _loading.settings = previous
 
 
 class EngineError(Exception):
@@ -278,7 +309,30 @@ class Engine:
 
     def warm_up(self, max_batch: int | None = None, runs: int = 2) -> dict[int, float]:
         """Run every batch size so the first real request meets a warm engine: batch 1 and the largest
-        `runs` times (the first run of a shape is the slow one), the sizes between once."""
+        `runs` times (the first run of a shape is the slow one), the sizes between once. Inside
+        `background_load`, paced and from a thread of lower priority (see `BackgroundLoad`)."""
+        settings: BackgroundLoad | None = getattr(_loading, "settings", None)
+        if settings is None or settings.nice <= 0:
+            return self._warm_up(max_batch, runs, settings)
+        out: dict[int, float] = {}
+        failed: list[BaseException] = []
+
+        def warm() -> None:
+            _raise_niceness(settings.nice)
+            try:
+                out.update(self._warm_up(max_batch, runs, settings))
+            except BaseException as exc:  # handed to the caller's thread
+                failed.append(exc)
+
+        thread = threading.Thread(target=warm, name="edgeinfer-warm-up", daemon=True)
+        thread.start()
+        thread.join()
+        if failed:
+            raise failed[0]
+        return out
+
+    def _warm_up(self, max_batch: int | None, runs: int, settings: BackgroundLoad | None) -> dict[int, float]:
+        pace = settings.pace if settings is not None else 0.0
         top = max_batch or self.max_batch_size
         rng = np.random.default_rng(0)
         image = rng.integers(0, 256, (self.input_size, self.input_size, 3), dtype=np.uint8)
@@ -287,13 +341,18 @@ class Engine:
         for n in range(1, top + 1):
             batch = np.ascontiguousarray(np.broadcast_to(image, (n, *image.shape)))
             k = runs if n in (1, top) else 1
-            start = time.perf_counter()
+            took = 0.0
             for _ in range(k):
+                start = time.perf_counter()
                 self.run(batch)
-            self.warmup_ms[n] = (time.perf_counter() - start) * 1000 / k
+                took += time.perf_counter() - start
+                _idle(pace * (time.perf_counter() - start))
+            self.warmup_ms[n] = took * 1000 / k
             if self.lane_session is not None:
                 for _ in range(k):
+                    start = time.perf_counter()
                     self.run(batch, lane=True)
+                    _idle(pace * (time.perf_counter() - start))
         self.executions = 0
         return dict(self.warmup_ms)
 
@@ -346,6 +405,21 @@ class Engine:
             "gpu_libraries": self.gpu_libraries,
             "fixed_batch": self.fixed_batch,
         }
+
+
+def _idle(seconds: float) -> None:
+    if seconds > 0:
+        time.sleep(seconds)
+
+
+def _raise_niceness(nice: int) -> None:
+    """This thread's niceness up by `nice` (Linux schedules threads one by one)."""
+    if hasattr(os, "setpriority"):
+        try:
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
+        except OSError as exc:
+            log.debug("warm-up priority unchanged: %s", exc)
 
 
 def _new_session(factory: SessionFactory, path: str, cfg: RuntimeConfig, plan: ProviderPlan) -> Any:

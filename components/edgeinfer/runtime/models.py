@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from edgeinfer.messages import ErrorCode, ModelRef
 from edgeinfer.runtime.answer import Job
 from edgeinfer.runtime.batcher import DynamicBatcher
-from edgeinfer.runtime.engine import Engine
+from edgeinfer.runtime.engine import BackgroundLoad, Engine, background_load
 
 if TYPE_CHECKING:
     from edgeinfer.runtime.config import ModelEntry
@@ -164,6 +164,7 @@ class ModelRepository:
         build: Callable[[ModelSlot], Engine] | None = None,
         max_loaded: int = 0,
         max_waiting: int = 64,
+        background: BackgroundLoad | None = BackgroundLoad(),  # noqa: B008 - frozen
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not slots:
@@ -174,6 +175,8 @@ class ModelRepository:
         self.build = build
         self.max_loaded = max_loaded
         self.max_waiting = max_waiting
+        # How a load spends the CPU while the loaded models serve (None: as the first model's at start).
+        self.background = background
         self.clock = clock
         self.hooks = RepositoryHooks()
         self._cond = threading.Condition()
@@ -367,7 +370,8 @@ class ModelRepository:
             self._enforce_budget(slot)
             if self.build is None:
                 raise RuntimeError("this runtime loads no model after its start")
-            engine = self.build(slot)
+            with background_load(self.background):
+                engine = self.build(slot)
         except Exception as exc:
             log.error("model %s at %s not loaded: %s", slot.name, slot.source.folder, exc)
             with self._cond:
