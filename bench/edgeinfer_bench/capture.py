@@ -2,8 +2,8 @@
 
 Two runtimes on two simulated cores, up at once, measured in alternating rounds by `bench compare`'s
 driver (closed-loop p50, saturated throughput): A with capture off, B with capture on as a user
-would start it — a random share plus a confidence band — uploading to moto's S3 server in this
-process with the simulated token exchange service's credentials, at the default pacing. What B
+would start it — a random share plus a confidence band — uploading to moto's S3 server (a process
+of its own) with the simulated token exchange service's credentials, at the default pacing. What B
 pays is the choice on the answering thread, the writer's record and fsync, and the uploads beside
 serving; the target is B's saturated throughput at least `TARGET` of A's. The records that reached
 the bucket are counted, so a run where capture did nothing does not pass for a cheap one.
@@ -16,6 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import socket
+import subprocess
+import sys
+import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -24,7 +28,7 @@ from typing import Any
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.files import write_output
 
-__all__ = ["TARGET", "capture_config", "register_bench"]
+__all__ = ["TARGET", "S3Server", "capture_config", "register_bench"]
 
 TARGET = 0.97  # B's saturated throughput over A's (issue #26)
 BUCKET = "edgeinfer-bench-capture"
@@ -49,18 +53,50 @@ def capture_config(endpoint: str, share: float, low: float, high: float) -> dict
     }
 
 
-def _s3_server() -> tuple[Any, str]:
-    try:
-        from moto.server import ThreadedMotoServer
-    except ImportError:
-        raise EdgeinferError("bench capture needs moto's S3 server: pip install 'moto[server]'") from None
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    # moto takes an unsigned request: the bucket is the bench's own, in this process
-    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/{BUCKET}", method="PUT"), timeout=30).close()
-    return server, endpoint
+class S3Server:
+    """moto's S3 server in a process of its own: its work on each upload must not take the driver's
+    interpreter (a real bucket is elsewhere too)."""
+
+    def __init__(self) -> None:
+        import importlib.util
+
+        if importlib.util.find_spec("moto") is None:
+            raise EdgeinferError("bench capture needs moto's S3 server: pip install 'moto[server]'")
+        with socket.socket() as probe:  # a free port for it
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            self._create_bucket()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _create_bucket(self) -> None:
+        # moto takes an unsigned request: the bucket is the bench's own
+        put = urllib.request.Request(f"{self.endpoint}/{BUCKET}", method="PUT")
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(put, timeout=30).close()
+                return
+            except OSError as exc:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise EdgeinferError(f"moto's S3 server did not start: {exc}") from None
+                time.sleep(0.2)  # polling for the server's port, not pacing a measurement
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def _records(endpoint: str) -> int:
@@ -80,7 +116,8 @@ def _records(endpoint: str) -> int:
 def run_capture(args: argparse.Namespace) -> dict[str, Any]:
     from edgeinfer_bench.compare import run_compare
 
-    server, endpoint = _s3_server()
+    server = S3Server()
+    endpoint = server.endpoint
     try:
         b = capture_config(endpoint, args.share, args.low, args.high)
         compare = argparse.Namespace(
@@ -98,7 +135,6 @@ def run_capture(args: argparse.Namespace) -> dict[str, Any]:
         out["records_uploaded"] = _records(endpoint)
     finally:
         server.stop()
-        server._server.server_close()  # moto's stop leaves the socket open
     saturated = out["figures"]["saturated_rps"]
     out["capture_over_off"] = saturated["b_over_a"]
     out["target"] = TARGET

@@ -9,7 +9,7 @@ import pytest
 
 from edgeinfer.capture.config import CaptureConfig
 from edgeinfer.cli import main
-from edgeinfer_bench.capture import BUCKET, _records, _s3_server, capture_config
+from edgeinfer_bench.capture import BUCKET, S3Server, _records, capture_config
 
 
 def test_b_is_capture_on_with_a_random_share_and_a_confidence_band() -> None:
@@ -26,7 +26,8 @@ def test_b_is_capture_on_with_a_random_share_and_a_confidence_band() -> None:
 
 @pytest.mark.devtool  # moto's S3 server
 def test_the_bucket_is_counted_by_whole_records() -> None:
-    server, endpoint = _s3_server()
+    server = S3Server()
+    endpoint = server.endpoint
     try:
         for key in ("a/1.jpg", "a/1.json", "a/2.jpg"):  # record 2's document not there yet
             put = urllib.request.Request(f"{endpoint}/{BUCKET}/{key}", data=b"x", method="PUT")
@@ -34,7 +35,6 @@ def test_the_bucket_is_counted_by_whole_records() -> None:
         assert _records(endpoint) == 1
     finally:
         server.stop()
-        server._server.server_close()
 
 
 @pytest.mark.devtool  # the installed command line
