@@ -36,10 +36,8 @@ from tests.cloud.aws_fixtures import (
 __all__ = ["aws_env", "bundle", "clients"]  # fixtures
 
 
-def run_first_publish(
-    c: Clients, stub: Stubber, bundle: Bundle, progress: Progress | None = None
-) -> list[dict[str, Any]]:
-    """Queue the calls of a publish into an empty account; returns the recipes it created."""
+def expect_first_publish(c: Clients, stub: Stubber, bundle: Bundle) -> list[Capture]:
+    """Queue the calls of a publish into an empty account; returns what will see each recipe created."""
     captures = []
     for arn in arns(c, bundle):
         expect_missing(stub, arn)
@@ -47,6 +45,14 @@ def run_first_publish(
         capture = Capture()
         expect_create(stub, arn, comp.name, comp.version, capture)
         captures.append(capture)
+    return captures
+
+
+def run_first_publish(
+    c: Clients, stub: Stubber, bundle: Bundle, progress: Progress | None = None
+) -> list[dict[str, Any]]:
+    """A publish into an empty account; returns the recipes it created."""
+    captures = expect_first_publish(c, stub, bundle)
     report = publish(bundle, BUCKET, REGION, c, sleep=lambda s: None, progress=progress)
     assert report.created == [f"{comp.name} {comp.version}" for comp in bundle.components]
     return [json.loads(cap.values[0]) for cap in captures]
@@ -236,13 +242,7 @@ def test_without_a_bucket_it_publishes_where_gdk_component_publish_does(
     prefix = json.loads((ROOT / "gdk-config.json").read_text())["component"]
     assert gdk == f"{next(iter(prefix.values()))['publish']['bucket']}-{REGION}-{acct}"
     c.s3.create_bucket(Bucket=gdk, CreateBucketConfiguration={"LocationConstraint": REGION})
-    captures = []
-    for arn in arns(c, bundle):
-        expect_missing(stub, arn)
-    for arn, comp in zip(arns(c, bundle), bundle.components, strict=True):
-        capture = Capture()
-        expect_create(stub, arn, comp.name, comp.version, capture)
-        captures.append(capture)
+    captures = expect_first_publish(c, stub, bundle)
     report = publish(bundle, None, REGION, c, sleep=lambda s: None)
     assert report.bucket == gdk
     for cap, comp in zip(captures, bundle.components, strict=True):
