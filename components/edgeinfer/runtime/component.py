@@ -315,7 +315,12 @@ class Component:
     def _start_sources(self, cfg: RuntimeConfig) -> None:
         from edgeinfer.runtime.sources import ServerSink, SourceManager
 
-        sources = SourceManager(ServerSink(self.server), self.thing, record_drop=self.server.timings.record)
+        sources = SourceManager(
+            ServerSink(self.server),
+            self.thing,
+            record_drop=self.server.timings.record,
+            batch_window_s=cfg.source_batch_window_ms / 1000,
+        )
         self.sources = sources  # recorded before the first frame is served
         sources.apply(cfg.frame_sources())
 
@@ -389,8 +394,10 @@ class Component:
                 apply_process_options(cfg)
             if "capture" in changed:
                 log.info("capture's settings are read at start: they take effect at the next one")
-            if ("source" in changed or "sources" in changed) and self.sources is not None:
-                self.sources.apply(cfg.frame_sources())
+            if self.sources is not None:
+                self.sources.mux.window_s = cfg.source_batch_window_ms / 1000
+                if "source" in changed or "sources" in changed:
+                    self.sources.apply(cfg.frame_sources())
             # A new engine means new local model names and a new a·n + b seed for the policy.
             if "placement" in changed or (engine is not None and self.server.offloader is not None):
                 self._rewire_placement()

@@ -310,6 +310,9 @@ class RuntimeConfig:
     source: SourceConfig = field(default_factory=SourceConfig)
     # More frame sources, each as `source` (docs/sources.md); `source` is the first when set.
     sources: list[SourceConfig] = field(default_factory=list)
+    # A source's frame waits up to this long for a frame of each other source on its model, to run
+    # with them as one batch (one source on a model never waits); 0: every frame on its own.
+    source_batch_window_ms: float = 50.0
     timings: TimingsConfig = field(default_factory=TimingsConfig)
     placement: dict[str, Any] = field(default_factory=dict)  # read by the placement policy, opaque here
     capture: dict[str, Any] = field(default_factory=dict)  # read by edgeinfer.capture, opaque here
@@ -346,6 +349,8 @@ class RuntimeConfig:
     def _check_sources(self) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
         names = [s.name for s in self.frame_sources()]
+        if not 0 <= self.source_batch_window_ms <= 1000:
+            out.append(("sourceBatchWindowMs", "must be from 0 (off) to 1000"))
         for i, entry in enumerate(self.sources):
             if entry.kind == "none":
                 out.append((f"sources[{i}].kind", "must name a source (none is only for `source`)"))

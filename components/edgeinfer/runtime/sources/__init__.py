@@ -2,6 +2,7 @@
 
 from edgeinfer.runtime.sources.backoff import Backoff
 from edgeinfer.runtime.sources.manager import ServerSink, SourceCounters, SourceManager
+from edgeinfer.runtime.sources.mux import FrameMux
 from edgeinfer.runtime.sources.readers import IMAGE_EXTENSIONS, FolderReader, FrameReader, VideoReader
 from edgeinfer.runtime.sources.runner import FrameFormat, FrameSink, SourceRunner, SourceStats
 
@@ -10,6 +11,7 @@ __all__ = [
     "Backoff",
     "FolderReader",
     "FrameFormat",
+    "FrameMux",
     "FrameReader",
     "FrameSink",
     "ServerSink",

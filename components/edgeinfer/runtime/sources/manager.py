@@ -3,7 +3,8 @@
 `SourceManager.apply` takes the configured list and brings the running set to it: a source added is
 started, one removed is stopped, one whose settings changed is started again with them; the others
 run on untouched. Each source's frames go to the model its configuration names (`ServerSink`: their
-input made for that model's engine, which is loaded when a source needs it).
+input made for that model's engine, which is loaded when a source needs it), gathered across the
+sources on that model into batches (`FrameMux`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from edgeinfer.messages import TimingRecord
 from edgeinfer.runtime.config import SourceConfig
+from edgeinfer.runtime.sources.mux import FrameMux
 from edgeinfer.runtime.sources.runner import FrameFormat, SourceRunner
 
 if TYPE_CHECKING:
@@ -65,6 +67,7 @@ class SourceManager:
         thing: str,
         *,
         record_drop: Callable[[TimingRecord], None] | None = None,
+        batch_window_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.sink = sink
@@ -73,6 +76,13 @@ class SourceManager:
         self.clock = clock
         self.runners: dict[str, SourceRunner] = {}
         self._lock = threading.Lock()
+        self.mux = FrameMux(sink, self.sending_to, batch_window_s)
+
+    def sending_to(self, model: str) -> int:
+        """The sources whose frames go to `model` and that have frames now (not lost)."""
+        with self._lock:
+            runners = list(self.runners.values())
+        return sum(1 for r in runners if r.cfg.model == model and r.stats.connected)
 
     def apply(self, configured: Sequence[SourceConfig]) -> None:
         """Run exactly the `configured` sources (each named): start, stop or restart what differs."""
@@ -90,7 +100,7 @@ class SourceManager:
     def _start(self, cfg: SourceConfig) -> None:
         runner = SourceRunner(
             cfg,
-            self.sink,
+            self.mux,
             self.thing,
             0,
             record_drop=self.record_drop,
