@@ -65,7 +65,8 @@ class CaptureHook(AnswerHook):
         self.uploader = uploader
         self.clock = clock
         self.wall = wall
-        self.selectors: dict[str, Selector] = {}
+        self.selectors: dict[str, Selector | None] = {}  # None: the model has no samplers
+        self._choosing = threading.Lock()
         # Shared with the spool and the uploader, and counted from several threads: one locked tally.
         self.counts: CaptureCounts = spool.counts
         self._queue: queue.Queue[_Chosen | None] = queue.Queue(cfg.queue_size)
@@ -76,13 +77,18 @@ class CaptureHook(AnswerHook):
     def on_answer(self, job: Job, computed: Result, answered: Result) -> None:
         model = computed.model or answered.model
         name = model.name if model is not None else ""
-        selector = self.selectors.get(name)
-        if selector is None:
-            settings = self.cfg.for_model(name)
-            if settings is None or not settings.samplers:
-                return
-            selector = self.selectors[name] = Selector(settings, clock=self.clock)
-        reason = selector.choose(computed, answered)
+        # Answering threads ask at once: a model's selector is made once, and a sampler's limits are
+        # checked and taken as one step, or two threads could both take a last place.
+        with self._choosing:
+            if name not in self.selectors:
+                settings = self.cfg.for_model(name)
+                self.selectors[name] = (
+                    Selector(settings, clock=self.clock)
+                    if settings is not None and settings.samplers
+                    else None
+                )
+            selector = self.selectors[name]
+            reason = selector.choose(computed, answered) if selector is not None else None
         if reason is None:
             return
         self.counts.add("chosen")
