@@ -114,6 +114,41 @@ def expect_create(stub: Stubber, arn: str, name: str, version: str, recipe: Capt
     )
 
 
+def expect_core_devices(stub: Stubber, group_arn: str, names: list[str], status: str = "HEALTHY") -> None:
+    """ListCoreDevices of a thing group: `names`, each in `status`."""
+    devices = [{"coreDeviceThingName": n, "status": status, "lastStatusUpdateTimestamp": NOW} for n in names]
+    stub.add_response(
+        "list_core_devices", {"coreDevices": devices}, expected_params={"thingGroupArn": group_arn}
+    )
+
+
+def expect_effective(
+    stub: Stubber,
+    device: str,
+    status: str,
+    *,
+    deployment: tuple[str, str, str],
+    reason: str = "",
+) -> None:
+    """ListEffectiveDeployments of `device`: the `deployment` (id, name, target ARN) in `status`."""
+    deployment_id, name, target_arn = deployment
+    entry = {
+        "deploymentId": deployment_id,
+        "deploymentName": name,
+        "targetArn": target_arn,
+        "coreDeviceExecutionStatus": status,
+        "creationTimestamp": NOW,
+        "modifiedTimestamp": NOW,
+    }
+    if reason:
+        entry["reason"] = reason
+    stub.add_response(
+        "list_effective_deployments",
+        {"effectiveDeployments": [entry]},
+        expected_params={"coreDeviceThingName": device},
+    )
+
+
 def arns(c: Clients, bundle: Bundle) -> list[str]:
     acct = account(c)
     return [component_arn(REGION, acct, comp.name, comp.version) for comp in bundle.components]

@@ -24,7 +24,7 @@ from edgeinfer_cloud.deploy import (
     parse_config_merge,
     parse_target,
 )
-from tests.cloud.aws_fixtures import NOW, ROOT, Capture
+from tests.cloud.aws_fixtures import NOW, ROOT, Capture, expect_core_devices, expect_effective
 
 THING_ARN = "arn:aws:iot:eu-central-1:111122223333:thing/line-7-camera"
 GROUP_ARN = "arn:aws:iot:eu-central-1:111122223333:thinggroup/factory-a"
@@ -75,21 +75,7 @@ def expect_create(
 
 
 def effective(stub: Stubber, device: str, status: str, reason: str = "") -> None:
-    entry = {
-        "deploymentId": DEPLOYMENT,
-        "deploymentName": "edgeinfer",
-        "targetArn": THING_ARN,
-        "coreDeviceExecutionStatus": status,
-        "creationTimestamp": NOW,
-        "modifiedTimestamp": NOW,
-    }
-    if reason:
-        entry["reason"] = reason
-    stub.add_response(
-        "list_effective_deployments",
-        {"effectiveDeployments": [entry]},
-        expected_params={"coreDeviceThingName": device},
-    )
+    expect_effective(stub, device, status, deployment=(DEPLOYMENT, "edgeinfer", THING_ARN), reason=reason)
 
 
 def test_deploy_sends_versions_and_config_merges(gg: tuple[Any, Stubber]) -> None:
@@ -126,16 +112,7 @@ def test_wait_follows_a_thing_until_it_succeeds(gg: tuple[Any, Stubber]) -> None
 def test_wait_on_a_group_reports_the_failed_device(gg: tuple[Any, Stubber]) -> None:
     client, stub = gg
     expect_create(stub, GROUP_ARN, Capture())
-    stub.add_response(
-        "list_core_devices",
-        {
-            "coreDevices": [
-                {"coreDeviceThingName": "cam-1", "status": "HEALTHY", "lastStatusUpdateTimestamp": NOW},
-                {"coreDeviceThingName": "cam-2", "status": "HEALTHY", "lastStatusUpdateTimestamp": NOW},
-            ]
-        },
-        expected_params={"thingGroupArn": GROUP_ARN},
-    )
+    expect_core_devices(stub, GROUP_ARN, ["cam-1", "cam-2"])
     effective(stub, "cam-1", "SUCCEEDED")
     effective(stub, "cam-2", "FAILED", "com.edgeinfer.RuntimeInstaller errored during install")
     with pytest.raises(DeployError, match=r"cam-2: FAILED \(com\.edgeinfer\.RuntimeInstaller errored") as err:

@@ -19,12 +19,13 @@ from edgeinfer_cloud import aws_cli
 from edgeinfer_cloud.canary.flow import CanaryPlan, resolve_canary, run_canary
 from edgeinfer_cloud.canary.windows import RecordedWindows
 from edgeinfer_cloud.deploy import DeployError, component_spec, parse_target
-from tests.cloud.aws_fixtures import NOW, ROOT, Capture
+from tests.cloud.aws_fixtures import NOW, ROOT, Capture, expect_core_devices, expect_effective
 from tests.helpers.canary import fleet_windows
 
 TARGET_ARN = "arn:aws:iot:eu-central-1:111122223333:thinggroup/factory-a"
 CANARY_ARN = "arn:aws:iot:eu-central-1:111122223333:thinggroup/factory-a-canary"
 CANARY_DEPLOYMENT = "c0ffee00-5678-90ab-cdef-EXAMPLE22222"
+CANARY = (CANARY_DEPLOYMENT, "edgeinfer-factory-a-canary", CANARY_ARN)  # as ListEffectiveDeployments names it
 CANARIES = ["cam-c1", "cam-c2"]
 FLEET = ["cam-1", "cam-2", "cam-3"]
 COMPONENTS = {
@@ -85,33 +86,9 @@ def expect_create(stub: Stubber, target: str, components: Any, deployment_id: st
 
 def expect_canary_succeeds(stub: Stubber, components: Any) -> Capture:
     job = expect_create(stub, CANARY_ARN, components, CANARY_DEPLOYMENT)
-    stub.add_response(
-        "list_core_devices",
-        {
-            "coreDevices": [
-                {"coreDeviceThingName": name, "status": "HEALTHY", "lastStatusUpdateTimestamp": NOW}
-                for name in CANARIES
-            ]
-        },
-        expected_params={"thingGroupArn": CANARY_ARN},
-    )
+    expect_core_devices(stub, CANARY_ARN, CANARIES)
     for name in CANARIES:
-        stub.add_response(
-            "list_effective_deployments",
-            {
-                "effectiveDeployments": [
-                    {
-                        "deploymentId": CANARY_DEPLOYMENT,
-                        "deploymentName": "edgeinfer-factory-a-canary",
-                        "targetArn": CANARY_ARN,
-                        "coreDeviceExecutionStatus": "SUCCEEDED",
-                        "creationTimestamp": NOW,
-                        "modifiedTimestamp": NOW,
-                    }
-                ]
-            },
-            expected_params={"coreDeviceThingName": name},
-        )
+        expect_effective(stub, name, "SUCCEEDED", deployment=CANARY)
     return job
 
 
@@ -210,32 +187,8 @@ def test_a_canary_that_fails_on_a_device_is_rolled_back_before_it_is_reported(
     client, stub = gg
     expect_previous(stub)
     expect_create(stub, CANARY_ARN, component_spec(COMPONENTS), CANARY_DEPLOYMENT)
-    stub.add_response(
-        "list_core_devices",
-        {
-            "coreDevices": [
-                {"coreDeviceThingName": "cam-c1", "status": "UNHEALTHY", "lastStatusUpdateTimestamp": NOW}
-            ]
-        },
-        expected_params={"thingGroupArn": CANARY_ARN},
-    )
-    stub.add_response(
-        "list_effective_deployments",
-        {
-            "effectiveDeployments": [
-                {
-                    "deploymentId": CANARY_DEPLOYMENT,
-                    "deploymentName": "edgeinfer-factory-a-canary",
-                    "targetArn": CANARY_ARN,
-                    "coreDeviceExecutionStatus": "FAILED",
-                    "reason": "the runtime did not start",
-                    "creationTimestamp": NOW,
-                    "modifiedTimestamp": NOW,
-                }
-            ]
-        },
-        expected_params={"coreDeviceThingName": "cam-c1"},
-    )
+    expect_core_devices(stub, CANARY_ARN, ["cam-c1"], "UNHEALTHY")
+    expect_effective(stub, "cam-c1", "FAILED", deployment=CANARY, reason="the runtime did not start")
     expect_create(stub, CANARY_ARN, PREVIOUS, "rollback-5")  # what the group ran, merges and all
     lines: list[str] = []
     with pytest.raises(DeployError, match=r"did not succeed.*; rolled back \(rollback-5\); not promoted$"):
