@@ -52,6 +52,9 @@ def register(subparsers: Any) -> None:
     )
     _query_options(pl)
     pl.add_argument("-o", "--out", type=Path, required=True, metavar="FOLDER", help="where the records go")
+    pl.add_argument(
+        "--jobs", type=int, default=8, metavar="N", help="records downloaded at a time (default 8)"
+    )
     pl.add_argument("--quiet", action="store_true", help="no progress bar")
     pl.set_defaults(func=run_pull)
 
@@ -178,6 +181,8 @@ def run_pull(args: argparse.Namespace, session_factory: Callable[..., Any] | Non
     from edgeinfer_cloud.aws_cli import aws_errors
     from edgeinfer_cloud.capture.pull import pull
 
+    if args.jobs < 1:
+        raise EdgeinferError(f"--jobs must be at least 1, got {args.jobs}")
     query, s3, records = _found(args, session_factory)
     if not records:
         raise EdgeinferError(
@@ -189,7 +194,7 @@ def run_pull(args: argparse.Namespace, session_factory: Callable[..., Any] | Non
     progress = Progress(quiet=True) if args.quiet else Progress.on_terminal(unit="bytes")
     try:
         with aws_errors(), progress, progress.step("pull", sum(r.bytes for r in records)) as tick:
-            report = pull(s3, query, records, args.out, tick=tick)
+            report = pull(s3, query, records, args.out, jobs=args.jobs, tick=tick)
     except bex.BotoCoreError as exc:  # a read cut off mid-object: what aws_errors leaves as a traceback
         raise EdgeinferError(
             f"pull stopped: {exc}; the records whole by then are kept: run the same pull to finish"

@@ -70,48 +70,92 @@ def _open_folder(folder: Path) -> FieldSet:
     return field_set
 
 
+@dataclass
+class _Done:
+    record: FieldRecord
+    fetched: int = 0
+    skipped: int = 0
+    bytes: int = 0
+
+
+def _pull_one(s3: Any, bucket: str, record: StoredRecord, folder: Path, tick: Callable[[int], None]) -> _Done:
+    """One record's two files, the image first: a record is whole once its document is."""
+    done = _Done(
+        FieldRecord(
+            id=record.id,
+            key=record.key,
+            thing=record.thing,
+            model=record.model,
+            version=record.version,
+            captured_at=record.captured_at,
+            image=f"{record.rel}.jpg",
+            document=f"{record.rel}.json",
+            bytes=record.bytes,
+        )
+    )
+    for (size, etag), ext in ((record.image, ".jpg"), (record.document, ".json")):
+        path = folder / f"{record.rel}{ext}"
+        if _whole(path, size, etag):
+            done.skipped += 1
+        else:
+            done.bytes += _fetch(s3, bucket, record.key + ext, path, size)
+            done.fetched += 1
+        tick(size)
+    return done
+
+
 def pull(
     s3: Any,
     query: Query,
     records: list[StoredRecord],
     folder: Path,
     *,
+    jobs: int = 8,
     tick: Callable[[int], None] = lambda _n: None,
 ) -> PullReport:
-    """Download `records` into `folder`; the manifest is written also when a download fails, naming
-    the records whole by then. `tick` counts bytes (downloaded or found whole)."""
+    """Download `records` into `folder`, `jobs` records at a time (boto3's clients are thread-safe;
+    a record is a few small objects, so a pull waits on round trips, not bandwidth). The manifest is
+    written also when a download fails, naming the records whole by then; the first failure is
+    raised once the downloads under way have ended. `tick` counts bytes (downloaded or found whole)."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
     field_set = _open_folder(folder)
-    known = {r.key: r for r in field_set.records if (folder / r.image).is_file()}
+    known = {
+        r.key: r
+        for r in field_set.records
+        if (folder / r.image).is_file() and (folder / r.document).is_file()
+    }
     report = PullReport()
     pulled_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
-    finished = False
+    pool = ThreadPoolExecutor(max(1, jobs), thread_name_prefix="capture-pull")
+    futures = [pool.submit(_pull_one, s3, query.bucket, r, folder, tick) for r in records]
+    failure: BaseException | None = None
     try:
-        for record in records:
-            for (size, etag), ext in ((record.image, ".jpg"), (record.document, ".json")):
-                path = folder / f"{record.rel}{ext}"
-                if _whole(path, size, etag):
-                    report.skipped += 1
-                else:
-                    report.bytes += _fetch(s3, query.bucket, record.key + ext, path, size)
-                    report.fetched += 1
-                tick(size)
-            known[record.key] = FieldRecord(
-                id=record.id,
-                key=record.key,
-                thing=record.thing,
-                model=record.model,
-                version=record.version,
-                captured_at=record.captured_at,
-                image=f"{record.rel}.jpg",
-                document=f"{record.rel}.json",
-                bytes=record.bytes,
-            )
-        finished = True
+        for future in as_completed(futures):
+            if future.exception() is not None:
+                break  # the first failure stops what has not started
     finally:
+        # also on Ctrl-C: nothing new starts, what is under way ends whole, the manifest names it
+        pool.shutdown(wait=True, cancel_futures=True)
+        for future in futures:
+            if future.cancelled():
+                continue
+            exc = future.exception()
+            if exc is not None:
+                failure = failure or exc
+                continue
+            done = future.result()
+            known[done.record.key] = done.record
+            report.fetched += done.fetched
+            report.skipped += done.skipped
+            report.bytes += done.bytes
+        complete = failure is None and not any(f.cancelled() for f in futures)
         field_set.records = list(known.values())
         field_set.pulls.append(
-            {**query.to_dict(), "at": pulled_at, "records": len(records), "complete": finished}
+            {**query.to_dict(), "at": pulled_at, "records": len(records), "complete": complete}
         )
         field_set.save()
+    if failure is not None:
+        raise failure
     report.records = len(known)
     return report

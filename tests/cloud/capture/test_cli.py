@@ -182,7 +182,8 @@ def test_a_pull_cut_off_says_so_in_one_line_and_the_next_finishes(
     register(parser.add_subparsers())
     out = tmp_path / "field"
     query = ["--group", "cams", "--model", "tiny", "--version", "1.0.0", "--quiet", "-o", str(out)]
-    args = parser.parse_args(["capture", "pull", *query, "--bucket", BUCKET, "--s3-endpoint", fleet.endpoint])
+    where = ["--bucket", BUCKET, "--s3-endpoint", fleet.endpoint, "--jobs", "1"]
+    args = parser.parse_args(["capture", "pull", *query, *where])
     with pytest.raises(EdgeinferError, match=r"^pull stopped: Read timeout .*: run the same pull to finish$"):
         args.func(args, lambda profile, region: _CutOff(5))  # two records whole, the third's image
     field_set = FieldSet.load(out)

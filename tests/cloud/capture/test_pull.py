@@ -89,7 +89,7 @@ def test_a_failed_pull_leaves_whole_files_only_and_a_manifest_of_them(cloud: Clo
     records, _ = list_records(s3, QUERY)
     out = tmp_path / "field"
     with pytest.raises(ConnectionError):
-        pull(_Failing(s3, 3), QUERY, records, out)  # the second record's document never comes
+        pull(_Failing(s3, 3), QUERY, records, out, jobs=1)  # the second record's document never comes
     field_set = FieldSet.load(out)
     assert field_set is not None
     assert [r.key for r in field_set.records] == [records[0].key]
@@ -113,3 +113,41 @@ def test_a_folder_with_other_files_is_refused(cloud: Cloud, tmp_path: Path) -> N
     (tmp_path / "file").write_text("x")
     with pytest.raises(EdgeinferError, match="is a file, not a folder"):
         pull(s3, QUERY, records, tmp_path / "file")
+
+
+class _FailingTogether(_Failing):
+    """`_Failing` for several threads at once."""
+
+    def __init__(self, s3: Any, left: int) -> None:
+        import threading
+
+        super().__init__(s3, left)
+        self.lock = threading.Lock()
+
+    def get_object(self, **kw: Any) -> Any:
+        with self.lock:
+            if self.left == 0:
+                raise ConnectionError("the network went away")
+            self.left -= 1
+        return self.s3.get_object(**kw)
+
+
+def test_a_parallel_pull_that_fails_names_only_whole_records(cloud: Cloud, tmp_path: Path) -> None:
+    made = {r.key: r for r in (cloud.capture("cam-a", "lite0", "1.0.0", DAY + i, seed=i) for i in range(12))}
+    s3 = cloud.client("s3")
+    records, _ = list_records(s3, QUERY)
+    out = tmp_path / "field"
+    with pytest.raises(ConnectionError):
+        pull(_FailingTogether(s3, 9), QUERY, records, out, jobs=4)
+    field_set = FieldSet.load(out)
+    assert field_set is not None
+    assert field_set.pulls[-1]["complete"] is False
+    assert 1 <= len(field_set.records) <= 4
+    for r in field_set.records:
+        assert (out / r.image).read_bytes() == made[r.key].image
+        assert json.loads((out / r.document).read_bytes()) == made[r.key].doc
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+    report = pull(s3, QUERY, records, out, jobs=4)
+    assert report.records == 12
+    assert report.fetched + report.skipped == 24
+    assert report.skipped >= 2 * len(field_set.records)
