@@ -3,6 +3,7 @@ CPU lanes, IO binding and fixed GPU batches, and one real CPU engine."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from collections.abc import Callable
@@ -564,3 +565,76 @@ def test_a_cpu_only_host_makes_one_session_and_runs_nothing_to_look(tiny_store: 
     assert engine.provider == CPU
     assert [(s.providers, s.first_runs) for s in sessions] == [([CPU], [])]
     assert not (tmp_path / "trt-cache").exists()
+
+
+# ------------------------------------------------------------------------------- background loads
+
+
+def _recording_runs(engine: Engine) -> list[tuple[int, int, float, float]]:
+    """Each run of `engine` from now on: (thread, its niceness, start, end) on time.monotonic."""
+    import os
+    import threading
+    import time
+
+    runs: list[tuple[int, int, float, float]] = []
+    run = engine.run
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        tid = threading.get_native_id()
+        start = time.monotonic()
+        out = run(*args, **kwargs)
+        runs.append((tid, os.getpriority(os.PRIO_PROCESS, tid), start, time.monotonic()))
+        return out
+
+    engine.run = recorded  # type: ignore[method-assign]
+    return runs
+
+
+def test_a_background_warm_up_is_paced_and_runs_at_a_lower_priority(
+    make_engine: Callable[..., Engine],
+) -> None:
+    import os
+    import threading
+
+    from edgeinfer.runtime.engine import BackgroundLoad, background_load, loading_settings
+
+    engine = make_engine(RuntimeConfig(max_batch_size=3, lanes=1), warm=False)
+    runs = _recording_runs(engine)
+    mine = threading.get_native_id()
+    nice = os.getpriority(os.PRIO_PROCESS, mine)
+    settings = BackgroundLoad(pace=2.0, nice=5)
+    with background_load(settings):
+        assert loading_settings() is settings
+        warm = engine.warm_up()
+    assert loading_settings() is None
+    assert sorted(warm) == [1, 2, 3]
+    assert len(runs) == 5  # batch 1 and 3 twice, 2 once: as at start
+    assert {tid for tid, *_ in runs} != {mine}
+    assert {n for _, n, *_ in runs} == {min(19, nice + 5)}
+    assert os.getpriority(os.PRIO_PROCESS, mine) == nice  # the caller's own priority is untouched
+    for (_, _, start, end), (_, _, next_start, _) in itertools.pairwise(runs):
+        assert next_start - end >= 2.0 * (end - start)  # idle twice as long as the run took
+
+
+def test_a_warm_up_outside_a_background_load_runs_here_unpaced(make_engine: Callable[..., Engine]) -> None:
+    import threading
+
+    engine = make_engine(RuntimeConfig(max_batch_size=2), warm=False)
+    runs = _recording_runs(engine)
+    engine.warm_up()
+    assert {tid for tid, *_ in runs} == {threading.get_native_id()}
+
+
+def test_a_background_warm_up_that_fails_raises_on_the_callers_thread(
+    make_engine: Callable[..., Engine],
+) -> None:
+    from edgeinfer.runtime.engine import BackgroundLoad, background_load
+
+    engine = make_engine(RuntimeConfig(max_batch_size=2), warm=False)
+
+    def broken(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError("the session broke")
+
+    engine.run = broken  # type: ignore[method-assign]
+    with background_load(BackgroundLoad()), pytest.raises(RuntimeError, match="the session broke"):
+        engine.warm_up()

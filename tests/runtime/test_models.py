@@ -19,7 +19,7 @@ from edgeinfer.model.manifest import Manifest
 from edgeinfer.runtime.answer import Job
 from edgeinfer.runtime.component import Component
 from edgeinfer.runtime.config import ModelEntry, RuntimeConfig, default_recipe_configuration
-from edgeinfer.runtime.engine import Engine
+from edgeinfer.runtime.engine import BackgroundLoad, Engine, loading_settings
 from edgeinfer.runtime.inbound import ReplyTarget
 from edgeinfer.runtime.models import (
     LOAD_WAIT_S,
@@ -562,3 +562,28 @@ def test_a_default_model_that_cannot_be_read_stops_the_start(tmp_path: Path) -> 
     comp, _bus = component(tmp_path, [{"component": "com.example.Missing"}])
     with pytest.raises(ConfigError, match=r"models\[0\]: model component com.example.Missing: no store"):
         comp.start()
+
+
+@pytest.mark.parametrize("background", [BackgroundLoad(), BackgroundLoad(pace=0.5, nice=3), None])
+def test_a_load_builds_its_engine_under_the_repositorys_background_settings(
+    stores: dict[str, Path], two_engines: dict[str, Engine], background: BackgroundLoad | None
+) -> None:
+    seen: list[tuple[BackgroundLoad | None, str]] = []
+
+    def build(slot: ModelSlot) -> Engine:
+        seen.append((loading_settings(), threading.current_thread().name))
+        return two_engines["beta"]
+
+    slots = [
+        ModelSlot(ModelSource("alpha", str(stores["alpha"])), two_engines["alpha"]),
+        ModelSlot(ModelSource("beta", str(stores["beta"]))),
+    ]
+    repo = ModelRepository(slots, build=build, background=background)
+    repo.start(RepositoryHooks())
+    try:
+        repo.load(slots[1])
+        eventually(lambda: slots[1].engine is not None, 30, "beta loaded")
+    finally:
+        repo.stop()
+    assert seen == [(background, "edgeinfer-load-beta")]
+    assert loading_settings() is None  # only the load's own thread

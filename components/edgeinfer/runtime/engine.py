@@ -82,12 +82,18 @@ _loading = threading.local()  # .settings: the BackgroundLoad of the load on thi
 def background_load(settings: BackgroundLoad | None) -> Iterator[None]:
     """Engines built and warmed up on this thread inside the block follow `settings` (None: as at
     start). The model repository's loader wraps every load in it."""
-    previous = getattr(_loading, "settings", None)
+    previous = loading_settings()
     _loading.settings = settings
     try:
         yield
     finally:
         _loading.settings = previous
+
+
+def loading_settings() -> BackgroundLoad | None:
+    """The settings of the `background_load` block this thread is in, if any."""
+    settings: BackgroundLoad | None = getattr(_loading, "settings", None)
+    return settings
 
 
 class EngineError(Exception):
@@ -311,7 +317,7 @@ class Engine:
         """Run every batch size so the first real request meets a warm engine: batch 1 and the largest
         `runs` times (the first run of a shape is the slow one), the sizes between once. Inside
         `background_load`, paced and from a thread of lower priority (see `BackgroundLoad`)."""
-        settings: BackgroundLoad | None = getattr(_loading, "settings", None)
+        settings = loading_settings()
         if settings is None or settings.nice <= 0:
             return self._warm_up(max_batch, runs, settings)
         out: dict[int, float] = {}
