@@ -14,6 +14,7 @@ from edgeinfer.runtime.providers import (
     CUDA,
     TRT,
     PlatformInfo,
+    ProviderPlan,
     engine_files,
     first_line,
     loaded_provider,
@@ -32,6 +33,28 @@ from tests.helpers import PROJECT
 GPU = PlatformInfo("1.20.0", "10.4.0", "NVIDIA H100", (TRT, CUDA, CPU))
 
 
+def gpu_plan(
+    provider: str,
+    cfg: RuntimeConfig,
+    work_dir: Path | str,
+    *,
+    model_sha256: str = "ab" * 32,
+    quantized: bool = True,
+    input_size: int = 224,
+) -> ProviderPlan:
+    """`plan_for` on the GPU platform, for a model whose input is named `input`."""
+    return plan_for(
+        provider,
+        cfg,
+        platform=GPU,
+        model_sha256=model_sha256,
+        quantized=quantized,
+        input_name="input",
+        input_size=input_size,
+        work_dir=str(work_dir),
+    )
+
+
 def test_attempt_order_filters_and_ends_with_cpu() -> None:
     order, skipped = provider_attempts(["tensorrt", "cuda"], (CUDA, CPU))
     assert order == [CUDA, CPU]
@@ -41,16 +64,7 @@ def test_attempt_order_filters_and_ends_with_cpu() -> None:
 
 def test_trt_plan_options_and_cache_dir(tmp_path: Path) -> None:
     cfg = RuntimeConfig(max_batch_size=8)
-    plan = plan_for(
-        TRT,
-        cfg,
-        platform=GPU,
-        model_sha256="ab" * 32,
-        quantized=True,
-        input_name="input",
-        input_size=256,
-        work_dir=str(tmp_path),
-    )
+    plan = gpu_plan(TRT, cfg, tmp_path, input_size=256)
     assert plan.providers == [TRT, CUDA, CPU]
     trt = plan.provider_options[0]
     assert trt["trt_fp16_enable"]
@@ -63,16 +77,7 @@ def test_trt_plan_options_and_cache_dir(tmp_path: Path) -> None:
     assert trt["trt_profile_min_shapes"] == "input:1x256x256x3"
     assert trt["trt_profile_opt_shapes"] == trt["trt_profile_max_shapes"] == "input:8x256x256x3"
     assert plan.provider_options[1]["cudnn_conv_algo_search"] == "HEURISTIC"
-    fp32 = plan_for(
-        TRT,
-        cfg,
-        platform=GPU,
-        model_sha256="cd" * 32,
-        quantized=False,
-        input_name="input",
-        input_size=256,
-        work_dir=str(tmp_path),
-    )
+    fp32 = gpu_plan(TRT, cfg, tmp_path, model_sha256="cd" * 32, quantized=False, input_size=256)
     assert fp32.provider_options[0]["trt_int8_enable"] is False  # no calibration table for FP32
     assert fp32.cache_dir != plan.cache_dir
 
@@ -106,16 +111,7 @@ def test_a_builder_setting_changed_in_the_configuration_builds_a_new_engine(tmp_
     # ORT names an engine file by its subgraph, precision and GPU architecture only: without the
     # setting in the folder's key, the engine built under the old one would be loaded.
     def cache_dir(cfg: RuntimeConfig) -> str | None:
-        return plan_for(
-            TRT,
-            cfg,
-            platform=GPU,
-            model_sha256="ab" * 32,
-            quantized=True,
-            input_name="input",
-            input_size=224,
-            work_dir=str(tmp_path),
-        ).cache_dir
+        return gpu_plan(TRT, cfg, tmp_path).cache_dir
 
     cfg = RuntimeConfig()
     first = cache_dir(cfg)
@@ -132,29 +128,11 @@ def test_a_builder_setting_changed_in_the_configuration_builds_a_new_engine(tmp_
 
 def test_cuda_and_cpu_plans() -> None:
     cfg = RuntimeConfig()
-    cuda = plan_for(
-        CUDA,
-        cfg,
-        platform=GPU,
-        model_sha256="x",
-        quantized=True,
-        input_name="input",
-        input_size=224,
-        work_dir="/w",
-    )
+    cuda = gpu_plan(CUDA, cfg, "/w", model_sha256="x")
     assert cuda.providers == [CUDA, CPU]
     assert cuda.io_binding
     assert cuda.cache_dir is None
-    cpu = plan_for(
-        CPU,
-        cfg,
-        platform=GPU,
-        model_sha256="x",
-        quantized=True,
-        input_name="input",
-        input_size=224,
-        work_dir="/w",
-    )
+    cpu = gpu_plan(CPU, cfg, "/w", model_sha256="x")
     assert cpu.providers == [CPU]
     assert not cpu.io_binding
 
