@@ -1073,6 +1073,13 @@ def _counts(value: Any) -> dict[str, int]:
     return {str(k): v for k, v in value.items() if isinstance(v, int) and not isinstance(v, bool) and v >= 0}
 
 
+def _source_counts(value: Any) -> dict[str, dict[str, int]]:
+    """Named counts per source name (`_counts` each); an older message has none."""
+    if not isinstance(value, dict):
+        return {}
+    return {str(name): _counts(counts) for name, counts in value.items() if isinstance(counts, dict)}
+
+
 @dataclass
 class TimingBatch:
     """What the runtime publishes on `edgeinfer/local/timings`: records plus batch executions.
@@ -1090,6 +1097,8 @@ class TimingBatch:
     # The results outbox's counters as they stand (pending, spooled, sent, dropped; docs/iot-path.md):
     # totals, not increments; absent from a batch that does not change them.
     forward: dict[str, int] = field(default_factory=dict)
+    # Per frame source (docs/sources.md): its counter increments (served, dropped, reconnects, outage_ms).
+    sources: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         table = ModelTable()
@@ -1105,6 +1114,8 @@ class TimingBatch:
             doc["capture"] = self.capture
         if self.forward:
             doc["forward"] = self.forward
+        if self.sources:
+            doc["sources"] = self.sources
         return _dumps(doc)
 
     @classmethod
@@ -1124,6 +1135,7 @@ class TimingBatch:
                 timestamp=str(doc.get("timestamp", "")),
                 capture=_counts(doc.get("capture")),
                 forward=_counts(doc.get("forward")),
+                sources=_source_counts(doc.get("sources")),
             )
         except _MALFORMED as exc:
             raise _malformed("timing batch", exc) from None
@@ -1218,6 +1230,7 @@ class TelemetryWindow:
     cascaded: int = 0
     models: list[ModelQuality] = field(default_factory=list)  # empty: an older window, or no answers
     capture: dict[str, int] = field(default_factory=dict)  # capture's counters in the window (none: off)
+    sources: dict[str, dict[str, int]] = field(default_factory=dict)  # per frame source, in the window
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -1241,6 +1254,8 @@ class TelemetryWindow:
             out["models"] = [m.to_dict() for m in self.models]
         if self.capture:
             out["capture"] = dict(self.capture)
+        if self.sources:
+            out["sources"] = {name: dict(counts) for name, counts in self.sources.items()}
         return out
 
     def to_json(self) -> bytes:
@@ -1269,6 +1284,7 @@ class TelemetryWindow:
                 # what another writer left out of an entry reads as empty (older readers take the document)
                 models=[ModelQuality.from_dict(m) for m in doc.get("models") or [] if isinstance(m, dict)],
                 capture=_counts(doc.get("capture")),
+                sources=_source_counts(doc.get("sources")),
             )
         except _MALFORMED as exc:
             raise _malformed("telemetry window", exc) from None

@@ -320,6 +320,7 @@ class Component:
             self.thing,
             record_drop=self.server.timings.record,
             batch_window_s=cfg.source_batch_window_ms / 1000,
+            counts=self.server.timings.add_source,
         )
         self.sources = sources  # recorded before the first frame is served
         sources.apply(cfg.frame_sources())

@@ -50,6 +50,7 @@ class TimingPublisher:
         self._records: list[TimingRecord] = []
         self._executions: list[int] = []
         self._capture: Counter[str] = Counter()  # capture's counters since the last batch
+        self._sources: dict[str, Counter[str]] = {}  # each frame source's, likewise
         self._first: float | None = None
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -88,6 +89,16 @@ class TimingPublisher:
                 self._first = self.clock()
                 self._cond.notify()
 
+    def add_source(self, name: str, counts: Mapping[str, int]) -> None:
+        """A frame source's counter increments (`runtime.sources`), carried by the next batch."""
+        if not self.enabled:
+            return
+        with self._cond:
+            self._sources.setdefault(name, Counter()).update(counts)
+            if self._first is None:
+                self._first = self.clock()
+                self._cond.notify()
+
     def due(self, now: float) -> bool:
         with self._cond:
             return self._due(now)
@@ -103,14 +114,23 @@ class TimingPublisher:
             records, executions, capture = self._records, self._executions, dict(self._capture)
             self._records, self._executions, self._first = [], [], None
             self._capture.clear()
-        if not records and not executions and not capture:
+            sources = {name: dict(c) for name, c in self._sources.items()}
+            self._sources.clear()
+        if not records and not executions and not capture and not sources:
             return 0
         stamp = iso_utc(self.wall())
         for start in range(0, max(1, len(records)), self.max_records):
             chunk = records[start : start + self.max_records]
             first = start == 0
             self._publish(
-                TimingBatch(self.thing, chunk, executions if first else [], stamp, capture if first else {})
+                TimingBatch(
+                    self.thing,
+                    chunk,
+                    executions if first else [],
+                    stamp,
+                    capture if first else {},
+                    sources=sources if first else {},
+                )
             )
         return len(records)
 
@@ -120,7 +140,14 @@ class TimingPublisher:
         if len(payload) > BATCH_MAX_BYTES and (len(records) > 1 or len(executions) > 1):
             r, e = len(records) // 2, len(executions) // 2
             self._publish(
-                TimingBatch(batch.thing, records[:r], executions[:e], batch.timestamp, batch.capture)
+                TimingBatch(
+                    batch.thing,
+                    records[:r],
+                    executions[:e],
+                    batch.timestamp,
+                    batch.capture,
+                    sources=batch.sources,
+                )
             )
             self._publish(TimingBatch(batch.thing, records[r:], executions[e:], batch.timestamp))
             return

@@ -17,6 +17,8 @@ What a window counts (the wire shape is `edgeinfer.messages.TelemetryWindow`):
   window is empty);
 - `capture`: capture's counters (`edgeinfer.capture.counts`: chosen, spooled, uploaded, dropped by
   size or age, upload failures...) as the runtime counted them in the window; absent when capture is off;
+- `sources`: per frame source (docs/sources.md), by name: frames served and dropped, reconnects and
+  milliseconds without frames (`outage_ms`; an outage under way is counted as its attempts fail);
 - `system.forward`: the runtime's results outbox (pending, spooled, sent, dropped: totals, the latest
   the runtime reported; absent until it reports; docs/iot-path.md);
 - `models`: per model that answered (name, version, variant and the provider that ran it), its `ok`
@@ -137,6 +139,7 @@ class _Accumulator:
         self.providers: Counter[str] = Counter()
         self.models: dict[tuple[ModelRef, str | None], _ModelAccumulator] = {}
         self.capture: Counter[str] = Counter()
+        self.sources: dict[str, Counter[str]] = {}
 
     def add(self, rec: TimingRecord, low_confidence: float = DEFAULT_LOW_CONFIDENCE) -> None:
         if rec.dropped:
@@ -230,6 +233,8 @@ class WindowAggregator:
                 acc.add(rec, low)
             acc.add_executions(batch.executions)
             acc.capture.update(batch.capture)
+            for name, counts in batch.sources.items():
+                acc.sources.setdefault(name, Counter()).update(counts)
             if batch.forward:
                 self._forward = dict(batch.forward)
 
@@ -330,4 +335,5 @@ class WindowAggregator:
             timestamp=iso_utc(self._wall()),
             models=acc.model_qualities(),
             capture=dict(sorted(acc.capture.items())),
+            sources={name: dict(sorted(c.items())) for name, c in sorted(acc.sources.items())},
         )

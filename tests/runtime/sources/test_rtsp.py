@@ -13,10 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edgeinfer.messages import TIMINGS_TOPIC
 from edgeinfer.runtime.component import Component
 from edgeinfer.runtime.config import SourceConfig, default_recipe_configuration
 from edgeinfer.runtime.sources import SourceRunner
 from edgeinfer.stats import quantile
+from edgeinfer.telemetry.window import WindowAggregator
 from edgeinfer.transport import MemoryBus
 from tests.helpers.rtsp import RtspServer, rtsp_server  # noqa: F401  (the fixture)
 from tests.helpers.wait import eventually
@@ -110,8 +112,22 @@ def test_four_streams_batched_across_and_back_after_the_server_returns(
         for counters in comp.sources.counters():  # type: ignore[union-attr]
             assert counters.reconnects == 1
             assert counters.outage_s > 0
+        # and in telemetry: the timing batches the runtime published, folded into a window
+        eventually(lambda: all(n == 1 for n in windowed(bus, "reconnects").values()), what="telemetry")
+        window = windowed(bus, "outage_ms")
+        print("telemetry outage per stream:", window)
+        assert sorted(window) == [f"cam{i}" for i in range(4)]
+        assert all(ms > 0 for ms in window.values())
     finally:
         comp.stop()
+
+
+def windowed(bus: MemoryBus, counter: str) -> dict[str, int]:
+    """One counter per source in a telemetry window of every timing batch published so far."""
+    aggregator = WindowAggregator(THING)
+    for message in bus.messages_on(TIMINGS_TOPIC):
+        aggregator.add_payload(message.payload)
+    return {name: counts.get(counter, 0) for name, counts in aggregator.flush().sources.items()}
 
 
 class Sink:

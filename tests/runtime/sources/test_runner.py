@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
@@ -71,7 +72,7 @@ def refused(clock: Clock, after_s: float) -> Callable[[], FrameReader]:
 
 
 def test_a_lost_stream_is_reopened_with_backoff_and_its_outage_counted() -> None:
-    clock, sink = Clock(), Sink()
+    clock, sink, counted = Clock(), Sink(), Counter[str]()
     runner = Scripted(
         [
             lambda: Frames(3, clock),
@@ -85,9 +86,12 @@ def test_a_lost_stream_is_reopened_with_backoff_and_its_outage_counted() -> None
         size=8,
         clock=clock,
         backoff=Backoff(0.004, initial_s=0.001, uniform=lambda lo, hi: 1.0),
+        counts=lambda name, counts: counted.update({f"{name}.{k}": v for k, v in counts.items()}),
     )
     runner._run(None)
     assert runner.finished.is_set()
+    # telemetry's share: the outage reached it as the attempts failed (1 s, 2 s) and at the return
+    assert counted == {"gate.served": 5, "gate.reconnects": 1, "gate.outage_ms": 4000}
     stats = runner.stats
     assert sink.ids == [f"gate-{i}" for i in range(1, 6)]
     # lost at t=3; two refused opens (1 s, 2 s); back with its first frame at t=7 (the open

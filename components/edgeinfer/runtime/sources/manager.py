@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from edgeinfer.messages import TimingRecord
 from edgeinfer.runtime.config import SourceConfig
 from edgeinfer.runtime.sources.mux import FrameMux
-from edgeinfer.runtime.sources.runner import FrameFormat, SourceRunner
+from edgeinfer.runtime.sources.runner import CountSink, FrameFormat, SourceRunner
 
 if TYPE_CHECKING:
     from edgeinfer.runtime.server import InferenceServer
@@ -68,11 +68,13 @@ class SourceManager:
         *,
         record_drop: Callable[[TimingRecord], None] | None = None,
         batch_window_s: float = 0.0,
+        counts: CountSink | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.sink = sink
         self.thing = thing
         self.record_drop = record_drop
+        self.counts = counts  # each source's counter increments, to telemetry
         self.clock = clock
         self.runners: dict[str, SourceRunner] = {}
         self._lock = threading.Lock()
@@ -106,6 +108,7 @@ class SourceManager:
             record_drop=self.record_drop,
             clock=self.clock,
             frame_format=lambda: self.sink.frame_format(cfg.model),
+            counts=self.counts,
         )
         try:
             runner.start()

@@ -16,7 +16,7 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -36,6 +36,9 @@ LATENCIES_KEPT = 1000  # the most recent frame → result latencies a source kee
 # A model's input: its side and whether its frames are letterboxed (a detector's). None: the model is
 # not loaded now (its frames wait for it).
 FrameFormat = tuple[int, bool]
+# Where a source's counter increments go, by its name (the timing publisher's `add_source`, which
+# brings them to the telemetry window): served, dropped, reconnects, outage_ms.
+CountSink = Callable[[str, Mapping[str, int]], None]
 
 
 class FrameSink(Protocol):
@@ -102,6 +105,7 @@ class SourceRunner:
         letterboxed: bool = False,
         frame_format: Callable[[], FrameFormat | None] | None = None,
         backoff: Backoff | None = None,
+        counts: CountSink | None = None,
     ) -> None:
         self.letterboxed = letterboxed  # the engine is a detector: frames letterboxed, boxes mapped back
         self.cfg = cfg
@@ -113,6 +117,8 @@ class SourceRunner:
         # `size` and `letterboxed`.
         self.frame_format = frame_format
         self.record_drop = record_drop
+        self.counts = counts
+        self._outage_counted = 0.0  # how far the outage under way has reached telemetry
         self.clock = clock
         self.sleep = sleep
         self.backoff = backoff or Backoff(cfg.reconnect_max_s)
@@ -207,9 +213,20 @@ class SourceRunner:
             self.stats.answered += 1
             self.stats.latencies_ms.append(latency_ms)
         self._busy.clear()
+        self._count(served=1)
+
+    def _count(self, **counts: int) -> None:
+        if self.counts is not None:
+            self.counts(self.name, counts)
+
+    def _count_outage(self, now: float, **more: int) -> None:
+        """What the outage under way adds since it was last counted (a long outage reaches each window)."""
+        self._count(outage_ms=round((now - self._outage_counted) * 1000), **more)
+        self._outage_counted = now
 
     def _drop(self) -> None:
         self.stats.dropped += 1
+        self._count(dropped=1)
         if self.record_drop is not None:
             self.record_drop(TimingRecord(id=None, status="ok", latency_ms=Latency(), dropped=True))
 
@@ -259,9 +276,13 @@ class SourceRunner:
                 return self.open()
             except Exception as exc:  # OSError, or what a capture backend raises: tried again
                 delay = self.backoff.next()
+                now = self.clock()
                 with self.stats.lock:
                     self.stats.attempts += 1
-                    self.stats.attempt_times.append(self.clock())
+                    self.stats.attempt_times.append(now)
+                    lost = self.stats.lost_at is not None
+                if lost:
+                    self._count_outage(now)
                 log.info("source %s: not open (%s); next attempt in %.1f s", self.name, exc, delay)
             self._stop.wait(delay)
         return None
@@ -271,7 +292,7 @@ class SourceRunner:
             was = self.stats.connected
             self.stats.connected = False
             if self.stats.lost_at is None:
-                self.stats.lost_at = self.clock()
+                self.stats.lost_at = self._outage_counted = self.clock()
         if was:
             log.warning("source %s: lost after %d frames; reconnecting", self.name, self.stats.read)
 
@@ -288,4 +309,5 @@ class SourceRunner:
                 self.stats.reconnects += 1
         self.backoff.reset()
         if lost_at is not None:
+            self._count_outage(self.clock(), reconnects=1)
             log.info("source %s: back after %.1f s", self.name, self.clock() - lost_at)
