@@ -40,11 +40,17 @@ PIPELINE = "objects"
 CLASSES = ["motorbike", "cup"]
 
 
+def read(path: Path) -> np.ndarray:
+    frame = cv2.imread(str(path))
+    assert frame is not None, path
+    return frame
+
+
 def two_photos(folder: Path) -> Path:
     """The motorcycle and the coffee samples side by side on white: the detector finds a motorbike
     and cups, so one frame has several crops."""
     samples = cat_image().parent
-    left, right = (cv2.imread(str(samples / name)) for name in ("motorcycle.jpg", "coffee.jpg"))
+    left, right = (read(samples / name) for name in ("motorcycle.jpg", "coffee.jpg"))
     height = max(left.shape[0], right.shape[0])
     canvas = np.full((height, left.shape[1] + right.shape[1], 3), 255, np.uint8)
     canvas[: left.shape[0], : left.shape[1]] = left
@@ -138,7 +144,7 @@ def by_hand(store: Path, variant: str, photo: Path, box: tuple[int, int, int, in
     image for it, run in a session of this test's."""
     manifest = Manifest.load(store)
     sess, _, _ = infer.open_session(manifest, "CPUExecutionProvider", variant)
-    frame = cv2.imread(str(photo))
+    frame = read(photo)
     x0, y0, x1, y1 = box
     image = to_model_input(frame[y0:y1, x0:x1], size, bgr=True)[None]
     (logits,) = sess.run(None, {sess.get_inputs()[0].name: image})

@@ -122,6 +122,12 @@ def squares_png() -> bytes:
     return bytes(buf)
 
 
+def decoded(image: bytes) -> np.ndarray:
+    frame = cv2.imdecode(np.frombuffer(image, np.uint8), cv2.IMREAD_COLOR)
+    assert frame is not None
+    return frame
+
+
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from tests.helpers.tiny_detector import build_tiny_detector_store
@@ -202,7 +208,7 @@ def test_a_pipeline_answers_once_each_chosen_detection_classified_as_the_classif
     # each crop classified as the classifier alone classifies it: cut by hand from the same box
     engine = device.component.server.models.default.engine
     assert engine is not None
-    frame = cv2.imdecode(np.frombuffer(image, np.uint8), cv2.IMREAD_COLOR)
+    frame = decoded(image)
     for d in squares:
         assert d.classification is not None
         assert len(d.classification) == 3
@@ -230,8 +236,9 @@ def test_crops_of_concurrent_frames_batch_together_on_the_classifier(
     for i in range(3):
         device.send(f"f{i}", squares_png(), model="shapes")
     for i in range(3):
-        eventually(lambda i=i: bool(device.answers(f"f{i}")), 30, f"the answer to f{i}")
-        (res,) = device.answers(f"f{i}")
+        rid = f"f{i}"
+        eventually(lambda: bool(device.answers(rid)), 30, f"the answer to {rid}")  # noqa: B023
+        (res,) = device.answers(rid)
         assert res.status == "ok", res.error
         assert res.detections is not None
         assert all(d.classification for d in res.detections)
@@ -335,7 +342,7 @@ def test_a_sources_frame_for_a_pipeline_is_served_on_its_detector_and_cropped_fr
     assert slot is not None
     assert slot.name == detector  # a source makes its frames for the pipeline's detector
     assert slot.engine is not None
-    frame = cv2.imdecode(np.frombuffer(squares_png(), np.uint8), cv2.IMREAD_COLOR)
+    frame = decoded(squares_png())
     canvas, geometry = letterbox(frame, slot.engine.input_size, bgr=True)
     done = threading.Event()
     ok = server.submit_frame(
@@ -358,3 +365,28 @@ def test_a_sources_frame_for_a_pipeline_is_served_on_its_detector_and_cropped_fr
     assert sorted(d.classification[0].label for d in squares if d.classification) == ["blue", "red"]
     assert done.is_set()
     eventually(lambda: server.models.default.leases == 0, what="the classifier's lease given back")
+
+
+@pytest.mark.devtool
+def test_the_deadline_covers_the_classifier_stage_too(
+    tmp_path: Path, stores: dict[str, Path], devices: list[Device]
+) -> None:
+    import time
+
+    detector = Manifest.load(stores["detector"]).name
+    device = Device(tmp_path, stores, **pipelines(detector))
+    devices.append(device)
+    classifier = device.component.server.models.default
+    with classifier.engine_lock:  # the classifier's batches wait here: its crops cannot run yet
+        sent = time.monotonic()
+        device.send("late", squares_png(), model="shapes", deadline_ms=1000)
+        eventually(lambda: not classifier.batcher.idle, what="the crops on the classifier")
+        eventually(lambda: time.monotonic() - sent > 1.5, 10, "the deadline passed")
+        assert not device.answers("late")  # the detector's answer alone is not the pipeline's
+    eventually(lambda: bool(device.answers("late")), 30, "the answer")
+    (res,) = device.answers("late")
+    assert res.error is not None
+    assert res.error.code == ErrorCode.DEADLINE_EXCEEDED
+    assert res.model is not None
+    assert res.model.name == "shapes"
+    assert device.ask("next", squares_png(), model="shapes").status == "ok"

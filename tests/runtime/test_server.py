@@ -1088,7 +1088,6 @@ def test_an_offload_given_up_keeps_its_deadline_and_a_late_cloud_answer_is_not_o
 def test_a_model_whose_start_after_its_load_fails_is_not_left_loaded_and_is_loaded_again_later(
     make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from edgeinfer.runtime import server as server_module
     from edgeinfer.runtime.models import ModelRepository, ModelSlot, ModelSource
 
     cfg = RuntimeConfig(max_batch_size=4, lanes=1, execution_providers=["CPUExecutionProvider"])
@@ -1104,7 +1103,7 @@ def test_a_model_whose_start_after_its_load_fails_is_not_left_loaded_and_is_load
     server = InferenceServer(bus, slots[0].engine, cfg, THING, models=repo)  # type: ignore[arg-type]
     server.start()
     broken = [True]
-    warm_up = server_module.warm_up_decoder
+    from edgeinfer.runtime.decode import warm_up_decoder as warm_up
 
     def warm_up_once_broken(*args: Any) -> None:
         if broken[0]:
