@@ -76,6 +76,9 @@ def _warm_up(bus: Any, spec: LocalSpec) -> None:
 
 
 def _send(conn: Connection, bus: Any, spec: LocalSpec) -> None:
+    from edgeinfer import procfs
+
+    me = os.getpid()
     room = threading.Semaphore(spec.max_inflight)
     lock = threading.Lock()
     acked = [0, 0]  # answered, of which refused
@@ -106,7 +109,7 @@ def _send(conn: Connection, bus: Any, spec: LocalSpec) -> None:
         bus.publish_nowait(spec.topic, body, on_done=on_done)
         sent.append(i)
         if i % 200 == 0:
-            rss_peak = max(rss_peak, _rss())
+            rss_peak = max(rss_peak, procfs.process_rss_bytes(me) or 0)
     end_wall = time.time()
     conn.send(("ended", end_wall))
     limit = time.monotonic() + ACK_TIMEOUT_S
@@ -125,16 +128,10 @@ def _send(conn: Connection, bus: Any, spec: LocalSpec) -> None:
             "publish_refused": acked[1],
             "publish_unanswered": len(sent) - acked[0],
             "cpu_s": time.process_time(),
-            "rss_peak_mb": max(rss_peak, _rss()) / 2**20,
+            "rss_peak_mb": max(rss_peak, procfs.process_rss_bytes(me) or 0) / 2**20,
             "rss_maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         }
     conn.send(("done", report))
-
-
-def _rss() -> int:
-    from edgeinfer import procfs
-
-    return procfs.process_rss_bytes(os.getpid()) or 0
 
 
 class LocalFlood(SpawnedSender):
