@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -249,7 +250,7 @@ def test_crops_of_concurrent_frames_batch_together_on_the_classifier(
 
 @pytest.mark.devtool
 def test_errors_in_a_pipeline_are_one_answer_each_with_a_stable_code(
-    tmp_path: Path, stores: dict[str, Path], devices: list[Device]
+    tmp_path: Path, stores: dict[str, Path], devices: list[Device], caplog: pytest.LogCaptureFixture
 ) -> None:
     detector = Manifest.load(stores["detector"]).name
     config = {
@@ -261,8 +262,11 @@ def test_errors_in_a_pipeline_are_one_answer_each_with_a_stable_code(
             "backwards": {"detector": "colours", "classifier": detector},
         },
     }
-    device = Device(tmp_path, stores, **config)
+    with caplog.at_level(logging.WARNING, logger="edgeinfer.runtime.server"):
+        device = Device(tmp_path, stores, **config)
     devices.append(device)
+    # said at the start, not only to each request
+    assert "pipeline 'nowhere': its classifier 'missing' is not served here" in caplog.text
     image = squares_png()
     cases = {
         "full": (ErrorCode.OVERLOADED, "pipeline 'full': a crop on model 'colours': the queue is full"),

@@ -67,6 +67,7 @@ from edgeinfer.runtime.models import ModelRepository, ModelSlot, ModelSource, Re
 from edgeinfer.runtime.pipeline import (
     Assembly,
     CropJob,
+    Pipeline,
     PipelineJob,
     Route,
     prepare_frame,
@@ -136,7 +137,7 @@ class InferenceServer:
         elif models.default.engine is not engine:
             raise ValueError("`engine` is the default model's")
         self.models = models
-        self.pipelines = read_pipelines(cfg.pipelines)
+        self.pipelines = self._read_pipelines(cfg)
         for slot in models.slots:  # each model queues and batches on its own
             slot.batcher = self._new_batcher(cfg, slot.engine)
         self.timings = TimingPublisher(
@@ -342,12 +343,25 @@ class InferenceServer:
                 lane_batch_size=cfg.lane_max_batch_size,
             )
         self.models.max_waiting = cfg.max_queue_size
-        self.pipelines = read_pipelines(cfg.pipelines)
+        if cfg.pipelines != old.pipelines:
+            self.pipelines = self._read_pipelines(cfg)
         self.timings.max_records = cfg.timings.max_records
         self.timings.flush_interval_ms = cfg.timings.flush_interval_ms
         self.timings.enabled = cfg.timings.enabled
         self.answers.result_format = cfg.result_format
         self.answers.max_ipc_bytes = cfg.max_ipc_message_bytes
+
+    def _read_pipelines(self, cfg: RuntimeConfig) -> dict[str, Pipeline]:
+        """The configured pipelines; one that cannot run on the models served now is said so in the
+        log (its requests are answered INTERNAL with the reason until it can)."""
+        pipelines = read_pipelines(cfg.pipelines)
+        for pipeline in pipelines.values():
+            path = route(pipeline, self.models)
+            if isinstance(path, str):
+                log.warning("%s: its requests are refused until it is", path)
+            if self.models.get(pipeline.name) is not None:
+                log.warning("pipeline %r: a model has its name, and serves requests for it", pipeline.name)
+        return pipelines
 
     def add_model(self, source: ModelSource) -> ModelSlot:
         """Serve a model found after the start (a model component deployed later), loaded when first
