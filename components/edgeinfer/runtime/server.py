@@ -664,10 +664,14 @@ class InferenceServer:
         the queue is full or the model is not loaded now. `geometry`: a detector's letterboxed frame,
         so its boxes come back in the frame's pixels. For a pipeline, the frame is its detector's
         (`frame_slot`), letterboxed."""
-        if model and self.models.get(model) is None and model in self.pipelines:
+        pipeline = self.pipelines.get(model) if model and self.models.get(model) is None else None
+        if pipeline is not None:
             req = Request(id=frame_id, top_k=top_k, model=model)
             reply = ReplyTarget(topic, target)
-            return self._submit_pipeline_frame(req, image, geometry, reply, source=source, on_done=on_done)
+            path = route(pipeline, self.models)
+            return self._submit_pipeline_frame(
+                req, image, geometry, reply, path, source=source, on_done=on_done
+            )
         slot = self.models.get(model or None)
         if slot is None or not self.models.lease_loaded(slot):
             return False
@@ -707,6 +711,7 @@ class InferenceServer:
         image: np.ndarray,
         geometry: Letterbox | None,
         reply: ReplyTarget,
+        path: Route | str,
         *,
         source: str,
         on_done: Callable[[], None] | None,
@@ -715,7 +720,6 @@ class InferenceServer:
         is answered. False (the source counts the frame dropped) when either model is not loaded now
         (its load is asked for), the queue is full, or the pipeline cannot run here (logged). Its
         crops are cut from the letterboxed frame: a source keeps no larger copy."""
-        path = route(self.pipelines[req.model or ""], self.models)
         if isinstance(path, str) or geometry is None:
             log.warning("source %s: %s", source, path if isinstance(path, str) else "frame not letterboxed")
             return False
