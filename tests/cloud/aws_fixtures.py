@@ -114,6 +114,31 @@ def expect_create(stub: Stubber, arn: str, name: str, version: str, recipe: Capt
     )
 
 
+def expect_create_deployment(
+    stub: Stubber, target: str, components: Any, deployment_id: str, job: Any = None
+) -> Any:
+    """CreateDeployment to `target` with `components` (and `job`, the iotJobConfiguration, when given),
+    answered with `deployment_id`; returns what is matched against the job (a Capture when not given)."""
+    job = Capture() if job is None else job
+    stub.add_response(
+        "create_deployment",
+        {
+            "deploymentId": deployment_id,
+            "iotJobId": "job-1",
+            "iotJobArn": "arn:aws:iot:eu-central-1:111122223333:job/job-1",
+        },
+        expected_params={
+            "targetArn": target,
+            "deploymentName": Capture(),
+            "components": components,
+            "iotJobConfiguration": job,
+            "deploymentPolicies": Capture(),
+            "clientToken": Capture(),
+        },
+    )
+    return job
+
+
 def expect_core_devices(stub: Stubber, group_arn: str, names: list[str], status: str = "HEALTHY") -> None:
     """ListCoreDevices of a thing group: `names`, each in `status`."""
     devices = [{"coreDeviceThingName": n, "status": status, "lastStatusUpdateTimestamp": NOW} for n in names]

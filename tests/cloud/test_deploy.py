@@ -24,7 +24,14 @@ from edgeinfer_cloud.deploy import (
     parse_config_merge,
     parse_target,
 )
-from tests.cloud.aws_fixtures import NOW, ROOT, Capture, expect_core_devices, expect_effective
+from tests.cloud.aws_fixtures import (
+    NOW,
+    ROOT,
+    Capture,
+    expect_core_devices,
+    expect_create_deployment,
+    expect_effective,
+)
 
 THING_ARN = "arn:aws:iot:eu-central-1:111122223333:thing/line-7-camera"
 GROUP_ARN = "arn:aws:iot:eu-central-1:111122223333:thinggroup/factory-a"
@@ -50,30 +57,6 @@ def no_sleep(seconds: float) -> None:
     """Following's poll interval, spent at once."""
 
 
-def expect_create(
-    stub: Stubber,
-    target: str,
-    components: Capture | dict[str, Any],
-    job: Capture | dict[str, Any] | None = None,
-) -> None:
-    stub.add_response(
-        "create_deployment",
-        {
-            "deploymentId": DEPLOYMENT,
-            "iotJobId": "job-1",
-            "iotJobArn": "arn:aws:iot:eu-central-1:111122223333:job/job-1",
-        },
-        expected_params={
-            "targetArn": target,
-            "deploymentName": Capture(),
-            "components": components,
-            "iotJobConfiguration": job if job is not None else Capture(),
-            "deploymentPolicies": Capture(),
-            "clientToken": Capture(),
-        },
-    )
-
-
 def effective(stub: Stubber, device: str, status: str, reason: str = "") -> None:
     expect_effective(stub, device, status, deployment=(DEPLOYMENT, "edgeinfer", THING_ARN), reason=reason)
 
@@ -85,7 +68,7 @@ def test_deploy_sends_versions_and_config_merges(gg: tuple[Any, Stubber]) -> Non
         name: {"componentVersion": version} for name, version in COMPONENTS.items()
     }
     expected["com.edgeinfer.InferenceRuntime"]["configurationUpdate"] = {"merge": '{"maxBatchSize":4}'}
-    expect_create(stub, THING_ARN, expected)
+    expect_create_deployment(stub, THING_ARN, expected, DEPLOYMENT)
     report = deploy(client, bundle(THING_ARN, merges))
     assert report.deployment_id == DEPLOYMENT
     assert report.statuses == {}
@@ -93,7 +76,7 @@ def test_deploy_sends_versions_and_config_merges(gg: tuple[Any, Stubber]) -> Non
 
 def test_wait_follows_a_thing_until_it_succeeds(gg: tuple[Any, Stubber]) -> None:
     client, stub = gg
-    expect_create(stub, THING_ARN, Capture())
+    expect_create_deployment(stub, THING_ARN, Capture(), DEPLOYMENT)
     effective(stub, "line-7-camera", "QUEUED")
     effective(stub, "line-7-camera", "IN_PROGRESS")
     effective(stub, "line-7-camera", "SUCCEEDED")
@@ -111,7 +94,7 @@ def test_wait_follows_a_thing_until_it_succeeds(gg: tuple[Any, Stubber]) -> None
 
 def test_wait_on_a_group_reports_the_failed_device(gg: tuple[Any, Stubber]) -> None:
     client, stub = gg
-    expect_create(stub, GROUP_ARN, Capture())
+    expect_create_deployment(stub, GROUP_ARN, Capture(), DEPLOYMENT)
     expect_core_devices(stub, GROUP_ARN, ["cam-1", "cam-2"])
     effective(stub, "cam-1", "SUCCEEDED")
     effective(stub, "cam-2", "FAILED", "com.edgeinfer.RuntimeInstaller errored during install")
@@ -122,7 +105,7 @@ def test_wait_on_a_group_reports_the_failed_device(gg: tuple[Any, Stubber]) -> N
 
 def test_wait_follows_every_page_of_devices_and_deployments(gg: tuple[Any, Stubber]) -> None:
     client, stub = gg
-    expect_create(stub, GROUP_ARN, Capture())
+    expect_create_deployment(stub, GROUP_ARN, Capture(), DEPLOYMENT)
     for page, (name, token) in enumerate((("cam-1", "p2"), ("cam-2", None))):
         response: dict[str, Any] = {
             "coreDevices": [
@@ -161,7 +144,7 @@ def test_wait_follows_every_page_of_devices_and_deployments(gg: tuple[Any, Stubb
 
 def test_wait_times_out_with_the_last_state(gg: tuple[Any, Stubber]) -> None:
     client, stub = gg
-    expect_create(stub, THING_ARN, Capture())
+    expect_create_deployment(stub, THING_ARN, Capture(), DEPLOYMENT)
     effective(stub, "line-7-camera", "IN_PROGRESS")
     ticks = iter([0.0, 10.0])
     with pytest.raises(DeployError, match=r"not finished after 5 s \(line-7-camera: IN_PROGRESS\)"):
@@ -200,7 +183,7 @@ def test_cli_deploys_the_bundle_versions(
     recipes = load_recipes(ROOT)
     versions = {name: recipes[name].version for name in dependency_order(recipes)}
     captured = Capture()
-    expect_create(stub, THING_ARN, captured)
+    expect_create_deployment(stub, THING_ARN, captured, DEPLOYMENT)
 
     class Session:
         def client(self, name: str) -> Any:
@@ -326,10 +309,11 @@ def test_deploy_sends_a_job_configuration_as_given(gg: tuple[Any, Stubber]) -> N
         timeout_minutes=10080,
     )
     job.check()
-    expect_create(
+    expect_create_deployment(
         stub,
         GROUP_ARN,
         Capture(),
+        DEPLOYMENT,
         {
             "jobExecutionsRolloutConfig": {
                 "maximumPerMinute": 200,
@@ -365,7 +349,7 @@ def test_no_abort_leaves_the_abort_config_out(gg: tuple[Any, Stubber]) -> None:
     client, stub = gg
     job = JobConfig(abort=parse_abort(["none"], 5))
     expected = {k: v for k, v in DEFAULT_JOB.items() if k != "abortConfig"}
-    expect_create(stub, THING_ARN, Capture(), expected)
+    expect_create_deployment(stub, THING_ARN, Capture(), DEPLOYMENT, expected)
     deploy(client, bundle(THING_ARN, job=job))
 
 
@@ -402,7 +386,7 @@ def test_bad_abort_is_refused(item: str) -> None:
 def test_cli_takes_the_rollout_options(gg: tuple[Any, Stubber], monkeypatch: pytest.MonkeyPatch) -> None:
     client, stub = gg
     job = Capture()
-    expect_create(stub, GROUP_ARN, Capture(), job)
+    expect_create_deployment(stub, GROUP_ARN, Capture(), DEPLOYMENT, job)
 
     class Session:
         def client(self, name: str) -> Any:

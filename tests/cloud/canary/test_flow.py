@@ -19,7 +19,14 @@ from edgeinfer_cloud import aws_cli
 from edgeinfer_cloud.canary.flow import CanaryPlan, resolve_canary, run_canary
 from edgeinfer_cloud.canary.windows import RecordedWindows
 from edgeinfer_cloud.deploy import DeployError, component_spec, parse_target
-from tests.cloud.aws_fixtures import NOW, ROOT, Capture, expect_core_devices, expect_effective
+from tests.cloud.aws_fixtures import (
+    NOW,
+    ROOT,
+    Capture,
+    expect_core_devices,
+    expect_create_deployment,
+    expect_effective,
+)
 from tests.helpers.canary import fleet_windows
 
 TARGET_ARN = "arn:aws:iot:eu-central-1:111122223333:thinggroup/factory-a"
@@ -67,25 +74,8 @@ def expect_previous(stub: Stubber, previous: dict[str, Any] | None = PREVIOUS) -
         )
 
 
-def expect_create(stub: Stubber, target: str, components: Any, deployment_id: str) -> Capture:
-    job = Capture()
-    stub.add_response(
-        "create_deployment",
-        {"deploymentId": deployment_id},
-        expected_params={
-            "targetArn": target,
-            "deploymentName": Capture(),
-            "components": components,
-            "iotJobConfiguration": job,
-            "deploymentPolicies": Capture(),
-            "clientToken": Capture(),
-        },
-    )
-    return job
-
-
 def expect_canary_succeeds(stub: Stubber, components: Any) -> Capture:
-    job = expect_create(stub, CANARY_ARN, components, CANARY_DEPLOYMENT)
+    job = expect_create_deployment(stub, CANARY_ARN, components, CANARY_DEPLOYMENT)
     expect_core_devices(stub, CANARY_ARN, CANARIES)
     for name in CANARIES:
         expect_effective(stub, name, "SUCCEEDED", deployment=CANARY)
@@ -115,7 +105,7 @@ def test_a_healthy_canary_is_promoted_to_the_target(gg: tuple[Any, Stubber]) -> 
     bundle = component_spec(COMPONENTS)
     expect_previous(stub)
     canary_job = expect_canary_succeeds(stub, bundle)
-    expect_create(stub, TARGET_ARN, bundle, "promoted-1")
+    expect_create_deployment(stub, TARGET_ARN, bundle, "promoted-1")
     lines: list[str] = []
     outcome = run_canary(
         client, RecordedWindows(healthy()), parse_target(TARGET_ARN), plan(), COMPONENTS, say=lines.append
@@ -138,7 +128,7 @@ def test_a_slow_canary_is_rolled_back_to_what_it_ran(gg: tuple[Any, Stubber]) ->
     client, stub = gg
     expect_previous(stub)
     expect_canary_succeeds(stub, component_spec(COMPONENTS))
-    expect_create(stub, CANARY_ARN, PREVIOUS, "rollback-1")  # merges and all, as it was
+    expect_create_deployment(stub, CANARY_ARN, PREVIOUS, "rollback-1")  # merges and all, as it was
     lines: list[str] = []
     outcome = run_canary(
         client, RecordedWindows(slow()), parse_target(TARGET_ARN), plan(), COMPONENTS, say=lines.append
@@ -153,7 +143,7 @@ def test_a_canary_group_that_ran_nothing_is_rolled_back_to_nothing(gg: tuple[Any
     client, stub = gg
     expect_previous(stub, None)
     expect_canary_succeeds(stub, component_spec(COMPONENTS))
-    expect_create(stub, CANARY_ARN, {}, "rollback-2")
+    expect_create_deployment(stub, CANARY_ARN, {}, "rollback-2")
     outcome = run_canary(client, RecordedWindows(failing()), parse_target(TARGET_ARN), plan(), COMPONENTS)
     assert not outcome.promoted
     assert outcome.verdict.reasons == ("error share 15.0% is above the fleet's 0.0%",)
@@ -163,7 +153,7 @@ def test_silent_canaries_are_not_promoted(gg: tuple[Any, Stubber]) -> None:
     client, stub = gg
     expect_previous(stub)
     expect_canary_succeeds(stub, component_spec(COMPONENTS))
-    expect_create(stub, CANARY_ARN, PREVIOUS, "rollback-3")
+    expect_create_deployment(stub, CANARY_ARN, PREVIOUS, "rollback-3")
     quiet = CanaryPlan(parse_target(CANARY_ARN), minutes=0.001)
     outcome = run_canary(
         client, RecordedWindows(fleet_windows(FLEET)), parse_target(TARGET_ARN), quiet, COMPONENTS
@@ -174,9 +164,9 @@ def test_silent_canaries_are_not_promoted(gg: tuple[Any, Stubber]) -> None:
 def test_a_canary_that_fails_to_install_is_not_promoted(gg: tuple[Any, Stubber]) -> None:
     client, stub = gg
     expect_previous(stub)
-    expect_create(stub, CANARY_ARN, Capture(), CANARY_DEPLOYMENT)
+    expect_create_deployment(stub, CANARY_ARN, Capture(), CANARY_DEPLOYMENT)
     stub.add_response("list_core_devices", {"coreDevices": []}, expected_params={"thingGroupArn": CANARY_ARN})
-    expect_create(stub, CANARY_ARN, PREVIOUS, "rollback-4")
+    expect_create_deployment(stub, CANARY_ARN, PREVIOUS, "rollback-4")
     with pytest.raises(DeployError, match=r"^canary: thing group factory-a-canary has no .*; not promoted$"):
         run_canary(client, RecordedWindows([]), parse_target(TARGET_ARN), plan(), COMPONENTS)
 
@@ -186,10 +176,10 @@ def test_a_canary_that_fails_on_a_device_is_rolled_back_before_it_is_reported(
 ) -> None:
     client, stub = gg
     expect_previous(stub)
-    expect_create(stub, CANARY_ARN, component_spec(COMPONENTS), CANARY_DEPLOYMENT)
+    expect_create_deployment(stub, CANARY_ARN, component_spec(COMPONENTS), CANARY_DEPLOYMENT)
     expect_core_devices(stub, CANARY_ARN, ["cam-c1"], "UNHEALTHY")
     expect_effective(stub, "cam-c1", "FAILED", deployment=CANARY, reason="the runtime did not start")
-    expect_create(stub, CANARY_ARN, PREVIOUS, "rollback-5")  # what the group ran, merges and all
+    expect_create_deployment(stub, CANARY_ARN, PREVIOUS, "rollback-5")  # what the group ran, merges and all
     lines: list[str] = []
     with pytest.raises(DeployError, match=r"did not succeed.*; rolled back \(rollback-5\); not promoted$"):
         run_canary(
@@ -280,7 +270,7 @@ def test_cli_promotes_a_healthy_canary_on_windows_from_the_broker(
     _, stub = cli_gg
     expect_previous(stub)
     expect_canary_succeeds(stub, bundle_spec())
-    expect_create(stub, TARGET_ARN, bundle_spec(), "promoted-1")
+    expect_create_deployment(stub, TARGET_ARN, bundle_spec(), "promoted-1")
     assert play_on_broker(sim_broker, monkeypatch, healthy(), ARGV) == 0
     captured = capsys.readouterr()
     assert "6 canary and 9 fleet windows" in captured.err
@@ -306,7 +296,7 @@ def test_cli_rolls_back_a_degraded_canary_saying_why(
     _, stub = cli_gg
     expect_previous(stub)
     expect_canary_succeeds(stub, bundle_spec())
-    expect_create(stub, CANARY_ARN, PREVIOUS, "rollback-1")
+    expect_create_deployment(stub, CANARY_ARN, PREVIOUS, "rollback-1")
     assert play_on_broker(sim_broker, monkeypatch, windows(), ARGV) == 1
     captured = capsys.readouterr()
     assert "6 canary and 9 fleet windows" in captured.err
