@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 PYTHON = sys.executable
+BOTH_NUCLEI = {"os": "linux", "runtime": "*"}  # a Platform both nuclei read (lite needs the runtime)
 ALLOW_ALL = {
     "aws.greengrass.ipc.pubsub": {"all": {"operations": ["*"], "resources": ["*"]}},
     "aws.greengrass.ipc.mqttproxy": {"all": {"operations": ["*"], "resources": ["*"]}},
@@ -18,9 +19,11 @@ ALLOW_ALL = {
 
 
 class Device:
-    """A recipes/ + artifacts/ pair under tmp_path."""
+    """A recipes/ + artifacts/ pair under tmp_path. `platform` is the manifests' Platform where `add`
+    names none (default: `{"os": "linux"}`, which nucleus lite does not read)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, platform: dict[str, str] | None = None) -> None:
+        self.platform = platform or {"os": "linux"}
         self.recipes = root / "recipes"
         self.artifacts = root / "artifacts"
         self.recipes.mkdir(parents=True)
@@ -56,7 +59,7 @@ class Device:
             "ComponentConfiguration": {"DefaultConfiguration": default},
             "Manifests": [
                 {
-                    "Platform": platform or {"os": "linux"},
+                    "Platform": platform or self.platform,
                     "Lifecycle": lifecycle or {},
                     "Artifacts": artifacts
                     if artifacts is not None

@@ -1,4 +1,7 @@
-"""Fixtures for the simulated-core tests (`device`: a tmp recipes/artifacts pair; `ipc_clients`)."""
+"""Fixtures for the simulated-core tests (`device`: a tmp recipes/artifacts pair whose manifests both
+nuclei read; `ipc_clients`) and the `classic_only(why)` marker: a test of a behaviour only the classic
+nucleus has is skipped under `--sim-nucleus lite`, saying why (lite's own behaviour there is tested in
+test_nucleus_lite.py / test_lite_limits.py)."""
 
 from __future__ import annotations
 
@@ -11,12 +14,26 @@ from awsiot.greengrasscoreipc import connect
 from awsiot.greengrasscoreipc.clientv2 import GreengrassCoreIPCClientV2
 
 from edgeinfer.sim import Simulator
-from tests.helpers.sim import Device
+from tests.helpers.sim import BOTH_NUCLEI, Device
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "classic_only(why): tests a classic-nucleus behaviour that lite does not have; skipped on lite",
+    )
+
+
+@pytest.fixture(autouse=True)
+def _classic_only(request: pytest.FixtureRequest, sim_nucleus: str) -> None:
+    marker = request.node.get_closest_marker("classic_only")
+    if marker is not None and sim_nucleus != "classic":
+        pytest.skip(f"classic nucleus only: {marker.args[0]}")
 
 
 @pytest.fixture
 def device(tmp_path: Path) -> Device:
-    return Device(tmp_path / "device")
+    return Device(tmp_path / "device", platform=BOTH_NUCLEI)
 
 
 @pytest.fixture

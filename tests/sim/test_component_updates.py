@@ -14,6 +14,10 @@ from awsiot.greengrasscoreipc.model import InvalidArgumentsError, Metric, Servic
 from edgeinfer.sim import Simulator
 from tests.helpers.sim import Device
 
+pytestmark = pytest.mark.classic_only(
+    "nucleus lite serves none of these but ValidateAuthorizationToken (test_nucleus_lite.py)"
+)
+
 APP = "com.example.App"
 WORKER = "com.example.Worker"
 
@@ -32,7 +36,7 @@ def sim(simulator: Callable[..., Simulator], device: Device) -> Simulator:
             }
         },
     )
-    device.add(WORKER, lifecycle={"Run": "echo started; sleep 60"})
+    device.add(WORKER, lifecycle={"run": "echo started; sleep 60"})
     sim = simulator(device.recipes, device.artifacts)
     sim.wait_for_state(WORKER, "RUNNING")
     return sim

@@ -42,7 +42,7 @@ while True:
 def add_hello(device: Device) -> None:
     device.add(
         "com.example.Hello",
-        lifecycle={"Run": f"{PYTHON} -u {{artifacts:path}}/hello.py"},
+        lifecycle={"run": f"{PYTHON} -u {{artifacts:path}}/hello.py"},
         config={"greeting": "hi"},
         access={
             "aws.greengrass.ipc.pubsub": {

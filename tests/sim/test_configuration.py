@@ -72,6 +72,7 @@ def test_a_merge_of_several_values(
     assert sim.configuration(A)["new"] == {"x": 1, "y": 2}
 
 
+@pytest.mark.classic_only("nucleus lite replaces a leaf UpdateConfiguration names (test_nucleus_lite.py)")
 def test_update_of_a_leaf_keypath(
     simulator: Callable[..., Simulator], device: Device, ipc_clients: Any
 ) -> None:

@@ -28,6 +28,7 @@ def broker(tmp_path: Path) -> Iterator[MosquittoBroker]:
         yield b
 
 
+@pytest.mark.classic_only("nucleus lite closes the IPC connection instead (test_lite_limits.py)")
 def test_publish_to_iot_core_of_140000_bytes_is_refused_before_the_network(
     simulator: Callable[..., Simulator], device: Device, ipc_clients: Any
 ) -> None:
@@ -71,6 +72,7 @@ def test_at_most_five_in_flight_the_rest_spooled_in_order(broker: MosquittoBroke
     assert cloud == list(range(20))
 
 
+@pytest.mark.classic_only("nucleus lite has no spooler")
 def test_publish_to_iot_core_is_answered_once_spooled_without_waiting_for_the_puback(
     simulator: Callable[..., Simulator], device: Device, ipc_clients: Any, broker: MosquittoBroker
 ) -> None:
@@ -169,6 +171,7 @@ def test_offline_qos1_waits_and_qos0_is_refused(broker: MosquittoBroker) -> None
         bridge.close()
 
 
+@pytest.mark.classic_only("nucleus lite drops MQTT 5 properties (test_lite_limits.py)")
 def test_mqtt5_properties_pass_through_both_ways(
     simulator: Callable[..., Simulator], device: Device, ipc_clients: Any
 ) -> None:

@@ -112,6 +112,7 @@ def test_pubsub_wildcards_receive_modes_and_binary_json(sim: Simulator, ipc_clie
     assert len(plus.items) == 1
 
 
+@pytest.mark.classic_only("nucleus lite sends UnauthorizedError without a message (test_nucleus_lite.py)")
 def test_every_authorization_refusal(sim: Simulator, ipc_clients: Any) -> None:
     a, nobody = ipc_clients(sim, A), ipc_clients(sim, NOBODY)
     bin_msg = PublishMessage(binary_message=BinaryMessage(message=b"x"))
@@ -151,6 +152,7 @@ def test_bad_token_is_refused_at_connect(sim: Simulator) -> None:
     client.close()
 
 
+@pytest.mark.classic_only("nucleus lite's ServiceError has no message (test_lite_limits.py)")
 def test_operations_without_a_handler_get_the_nucleus_service_error(sim: Simulator, ipc_clients: Any) -> None:
     a = ipc_clients(sim, A)
     with pytest.raises(ServiceError) as secret:
@@ -162,6 +164,7 @@ def test_operations_without_a_handler_get_the_nucleus_service_error(sim: Simulat
     assert a.get_configuration(key_path=["flag"]).value == {"flag": True}  # connection still fine
 
 
+@pytest.mark.classic_only("nucleus lite stores YAML defaults as strings (test_nucleus_lite.py)")
 def test_configuration_operations(sim: Simulator, ipc_clients: Any) -> None:
     a, b = ipc_clients(sim, A), ipc_clients(sim, B)
     assert a.get_configuration(key_path=["limits", "max"]).value == {"max": 4}
@@ -194,6 +197,7 @@ def test_configuration_operations(sim: Simulator, ipc_clients: Any) -> None:
     assert len(filtered.items) == 1
 
 
+@pytest.mark.classic_only("nucleus lite refuses the validation operations (test_nucleus_lite.py)")
 def test_validity_report_without_a_pending_validation(sim: Simulator, ipc_clients: Any) -> None:
     from awsiot.greengrasscoreipc.model import ConfigurationValidityReport
 
@@ -205,6 +209,7 @@ def test_validity_report_without_a_pending_validation(sim: Simulator, ipc_client
     assert "never made" in info.value.message
 
 
+@pytest.mark.classic_only("nucleus lite refuses the validation operations (test_nucleus_lite.py)")
 def test_validation_rejects_then_accepts_a_deployment(sim: Simulator, ipc_clients: Any) -> None:
     from awsiot.greengrasscoreipc.model import ConfigurationValidityReport
 

@@ -24,7 +24,7 @@ def _lite(device: Device, name: str, lifecycle: dict[str, Any], **kwargs: Any) -
 def test_a_manifest_without_a_runtime_is_not_seen(
     simulator: Callable[..., Simulator], device: Device
 ) -> None:
-    device.add("com.example.Old", lifecycle={"run": "sleep 30"})  # Platform: {os: linux}
+    device.add("com.example.Old", lifecycle={"run": "sleep 30"}, platform={"os": "linux"})  # no runtime
     with pytest.raises(RecipeError, match=r"Old-1\.0\.0\.yaml: Manifests: No lifecycle was found for linux"):
         simulator(device.recipes, device.artifacts, nucleus="lite")
     sim = simulator(device.recipes, device.artifacts, nucleus="classic")  # classic ignores the key

@@ -90,7 +90,7 @@ def test_file_uris_name_the_file_not_a_file_called_file_colon(
         "com.example.Files",
         files={"local.txt": "from the artifact folder\n"},
         artifacts=[{"URI": "file:local.txt"}, {"URI": f"file://{elsewhere}"}],
-        lifecycle={"Run": "cat {artifacts:path}/local.txt {artifacts:path}/elsewhere.txt"},
+        lifecycle={"run": "cat {artifacts:path}/local.txt {artifacts:path}/elsewhere.txt"},
     )
     sim = simulator(device.recipes, device.artifacts)
     assert sim.wait_for_state("com.example.Files", "FINISHED") == "FINISHED"
@@ -103,7 +103,7 @@ def test_a_recipe_folder_as_gdk_builds_it_runs_its_recipe_once(
     simulator: Callable[..., Simulator], device: Device
 ) -> None:
     # greengrass-build/recipes after `gdk component build`: the recipe beside GDK's Name-Version copy
-    written = device.add("com.example.App", lifecycle={"Run": "echo ran-$((6*7))"})
+    written = device.add("com.example.App", lifecycle={"run": "echo ran-$((6*7))"})
     (device.recipes / "com.example.App.yaml").write_bytes(written.read_bytes())
     sim = simulator(device.recipes, device.artifacts)
     assert sim.wait_for_state("com.example.App", "FINISHED") == "FINISHED"
@@ -111,7 +111,7 @@ def test_a_recipe_folder_as_gdk_builds_it_runs_its_recipe_once(
 
 
 def test_two_different_recipes_of_one_version_stop_the_simulator_naming_both(device: Device) -> None:
-    device.add("com.example.App", lifecycle={"Run": "echo one"})
+    device.add("com.example.App", lifecycle={"run": "echo one"})
     (device.recipes / "com.example.App.yaml").write_text(
         (device.recipes / "com.example.App-1.0.0.yaml").read_text().replace("echo one", "echo two")
     )

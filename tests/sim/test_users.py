@@ -14,7 +14,7 @@ import pytest
 from edgeinfer.errors import EdgeinferError
 from edgeinfer.sim import Simulator
 from edgeinfer.sim.users import RunAs, blocked, interpreter_of
-from tests.helpers.sim import PYTHON, Device
+from tests.helpers.sim import BOTH_NUCLEI, PYTHON, Device
 from tests.helpers.wait import eventually
 
 AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="only a core started as root switches users")
@@ -57,10 +57,11 @@ def _owner(path: Path) -> str:
 
 
 @AS_ROOT
+@pytest.mark.classic_only("nucleus lite runs components as gg_component, not ggc_user")
 def test_components_run_as_the_component_user_and_privileged_steps_as_root(
     open_dir: Path, simulator: Callable[..., Simulator]
 ) -> None:
-    device = Device(open_dir / "device")
+    device = Device(open_dir / "device", platform=BOTH_NUCLEI)
     for folder in (device.recipes.parent, device.recipes, device.artifacts):
         folder.chmod(0o755)
     device.add(
