@@ -23,7 +23,7 @@ from edgeinfer.model.images import DARKNET_DATA
 from edgeinfer.model.manifest import Manifest
 from edgeinfer.sim import MosquittoBroker, Simulator
 from edgeinfer.sim.testing import RUNTIME as COMPONENT
-from edgeinfer.sim.testing import prepare_device, wait_ready
+from tests.e2e.conftest import running_device
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -50,23 +50,9 @@ def device(
     detector_store: Path, sim_broker: MosquittoBroker, tmp_path_factory: pytest.TempPathFactory, nucleus: str
 ) -> Iterator[Simulator]:
     root = tmp_path_factory.mktemp("det-device")
-    recipes, artifacts = prepare_device(root / "device", detector_store)
-    sim = Simulator(
-        recipes,
-        artifacts,
-        thing=THING,
-        work_dir=root / "core",
-        broker=sim_broker.address,
-        restart_delay=0.1,
-        nucleus=nucleus,
-        config_merge={COMPONENT: {"maxBatchSize": 4, "maxQueueDelayUs": 5000}},
-    )
-    sim.start()
-    try:
-        wait_ready(sim, timeout=240)
+    config = {COMPONENT: {"maxBatchSize": 4, "maxQueueDelayUs": 5000}}
+    with running_device(root, detector_store, sim_broker, THING, config, nucleus=nucleus, timeout=240) as sim:
         yield sim
-    finally:
-        sim.stop()
 
 
 def request(rid: str, image: bytes, **kw: Any) -> dict[str, Any]:

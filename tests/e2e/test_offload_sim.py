@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,10 +19,11 @@ import pytest
 from edgeinfer.messages import Result, TelemetryWindow
 from edgeinfer.model.samples import cat_image
 from edgeinfer.sim import MosquittoBroker, Simulator
-from edgeinfer.sim.testing import RUNTIME, prepare_device, recipes_dir, wait_ready
+from edgeinfer.sim.testing import RUNTIME
 from edgeinfer.transport.mqtt import MqttPubSub
 from edgeinfer_cloud.router.backends import OnnxBackend
 from edgeinfer_cloud.router.router import Router, RouterConfig
+from tests.e2e.conftest import running_device
 
 pytestmark = pytest.mark.e2e
 
@@ -53,37 +53,22 @@ def device(
     sim_broker: MosquittoBroker, store: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Simulator]:
     root = tmp_path_factory.mktemp("offload-e2e")
-    recipes, artifacts = prepare_device(root / "device", store)
-    shutil.copy(recipes_dir() / f"{TELEMETRY}.yaml", recipes)
-    sim = Simulator(
-        recipes,
-        artifacts,
-        thing=THING,
-        work_dir=root / "core",
-        broker=sim_broker.address,
-        restart_delay=0.1,
-        config_merge={
-            RUNTIME: {
-                "placement": {
-                    "enabled": True,
-                    "cloudTimeoutMs": 500,
-                    "breakerFailures": 2,
-                    "breakerCooldownS": 0.5,
-                    "breakerMaxCooldownS": 1.0,
-                    # the bursts below are 6 at once; the nucleus's window of 5 has its own tests
-                    "maxInflightPublishes": 8,
-                }
-            },
-            TELEMETRY: {"windowSeconds": 2.0},
+    config = {
+        RUNTIME: {
+            "placement": {
+                "enabled": True,
+                "cloudTimeoutMs": 500,
+                "breakerFailures": 2,
+                "breakerCooldownS": 0.5,
+                "breakerMaxCooldownS": 1.0,
+                # the bursts below are 6 at once; the nucleus's window of 5 has its own tests
+                "maxInflightPublishes": 8,
+            }
         },
-    )
-    sim.start()
-    try:
-        wait_ready(sim, timeout=180)
-        sim.wait_for_state(TELEMETRY, "RUNNING", timeout=60)
+        TELEMETRY: {"windowSeconds": 2.0},
+    }
+    with running_device(root, store, sim_broker, THING, config, telemetry=True) as sim:
         yield sim
-    finally:
-        sim.stop()
 
 
 def test_offload_router_stop_and_back_with_telemetry(

@@ -20,7 +20,7 @@ from edgeinfer.model.manifest import Manifest
 from edgeinfer.model.samples import cat_image
 from edgeinfer.sim import MosquittoBroker, SimError, Simulator
 from edgeinfer.sim.testing import RUNTIME as COMPONENT
-from edgeinfer.sim.testing import prepare_device, wait_ready
+from tests.e2e.conftest import running_device
 from tests.helpers.wait import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -42,23 +42,9 @@ def device(
     store: Path, sim_broker: MosquittoBroker, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Simulator]:
     root = tmp_path_factory.mktemp("rt-device")
-    recipes, artifacts = prepare_device(root / "device", store)
     config = {"maxBatchSize": 8, "maxQueueDelayUs": 5000, "imageFolders": [str(root)]}
-    sim = Simulator(
-        recipes,
-        artifacts,
-        thing=THING,
-        work_dir=root / "core",
-        broker=sim_broker.address,
-        restart_delay=0.1,
-        config_merge={COMPONENT: config},
-    )
-    sim.start()
-    try:
-        wait_ready(sim, timeout=180)
+    with running_device(root, store, sim_broker, THING, {COMPONENT: config}) as sim:
         yield sim
-    finally:
-        sim.stop()
 
 
 def request(rid: str, image: bytes, **kw: Any) -> dict[str, Any]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import json
 import math
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,9 @@ import pytest
 from edgeinfer.messages import ErrorCode, Result, TelemetryWindow
 from edgeinfer.model.samples import cat_image
 from edgeinfer.sim import MosquittoBroker, Simulator
-from edgeinfer.sim.testing import RUNTIME, prepare_device, recipes_dir, wait_ready
+from edgeinfer.sim.testing import RUNTIME
 from edgeinfer.telemetry.histogram import RELATIVE_PRECISION
+from tests.e2e.conftest import running_device
 from tests.helpers.wait import eventually
 
 pytestmark = pytest.mark.e2e
@@ -41,27 +41,9 @@ def device(
 ) -> Iterator[Simulator]:
     root = tmp_path_factory.mktemp("tele-rt")
     store = write_tiny_store(root / "store")
-    recipes, artifacts = prepare_device(root / "device", store)
-    shutil.copy(recipes_dir() / f"{TELEMETRY}.yaml", recipes)
-    sim = Simulator(
-        recipes,
-        artifacts,
-        thing=THING,
-        work_dir=root / "core",
-        broker=sim_broker.address,
-        restart_delay=0.1,
-        config_merge={
-            RUNTIME: {"maxBatchSize": 8, "maxQueueDelayUs": 5000},
-            TELEMETRY: {"windowSeconds": WINDOW_S},
-        },
-    )
-    sim.start()
-    try:
-        wait_ready(sim, timeout=180)
-        sim.wait_for_state(TELEMETRY, "RUNNING", timeout=60)
+    config = {RUNTIME: {"maxBatchSize": 8, "maxQueueDelayUs": 5000}, TELEMETRY: {"windowSeconds": WINDOW_S}}
+    with running_device(root, store, sim_broker, THING, config, telemetry=True) as sim:
         yield sim
-    finally:
-        sim.stop()
 
 
 def windows(inbox: Any) -> list[TelemetryWindow]:
