@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import shutil
 from collections.abc import Callable, Iterator, Mapping
@@ -10,8 +11,11 @@ from typing import Any
 
 import pytest
 
+from edgeinfer.runtime.component import Component
+from edgeinfer.runtime.config import default_recipe_configuration
 from edgeinfer.sim import MosquittoBroker, Simulator
-from edgeinfer.sim.testing import prepare_device, recipes_dir, wait_ready
+from edgeinfer.sim.testing import RUNTIME, prepare_device, recipes_dir, wait_ready
+from edgeinfer.transport.ipc import GreengrassIpcBus
 from tests.helpers import PROJECT
 
 ROOT = PROJECT
@@ -63,3 +67,61 @@ def running_device(
         yield sim
     finally:
         sim.stop()
+
+
+def recipe(name: str, lifecycle: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """A component recipe of version 1.0.0 with `lifecycle` and `config` as its DefaultConfiguration."""
+    return {
+        "RecipeFormatVersion": "2020-01-25",
+        "ComponentName": name,
+        "ComponentVersion": "1.0.0",
+        "ComponentConfiguration": {"DefaultConfiguration": config},
+        "Manifests": [{"Platform": {"os": "linux", "runtime": "*"}, "Lifecycle": lifecycle}],
+    }
+
+
+def model_component(name: str, folder: Path) -> dict[str, Any]:
+    """A model component as the ModelStore is one: its install step writes its folder to
+    `artifacts-path` (the folder from its configuration, so that a deployment can move it)."""
+    pointer = "'{work:path}/artifacts-path'"
+    write = f"printf '%s\\n' '{{configuration:/folder}}' > {pointer}.tmp"
+    return recipe(name, {"install": f"{write} && mv -f {pointer}.tmp {pointer}"}, {"folder": str(folder)})
+
+
+def runtime_config(thing: str, **keys: Any) -> dict[str, Any]:
+    """The runtime's recipe configuration for a runtime this test runs in its own process
+    (`runtime_in_process`): on the CPU, batches of 4, local pub/sub only, `keys` over that."""
+    access = {
+        "aws.greengrass.ipc.pubsub": {
+            "p": {"operations": ["*"], "resources": [f"edgeinfer/{thing}/*", "edgeinfer/local/*"]}
+        }
+    }
+    config = default_recipe_configuration()
+    config.update(
+        {
+            "executionProviders": ["CPUExecutionProvider"],
+            "maxBatchSize": 4,
+            "subscribeIot": False,
+            "accessControl": access,
+            **keys,
+        }
+    )
+    return config
+
+
+@contextlib.contextmanager
+def runtime_in_process(sim: Simulator, thing: str, model_dir: str = "") -> Iterator[Component]:
+    """The runtime component deployed on `sim` (its recipe's install only), run in this process over
+    the real IPC client with the component's own socket and token; stopped after."""
+    env = sim.ipc_env(RUNTIME)
+    bus = GreengrassIpcBus.connect(env["AWS_GG_NUCLEUS_DOMAIN_SOCKET_FILEPATH_FOR_COMPONENT"], env["SVCUID"])
+    args = argparse.Namespace(
+        model_dir=model_dir, work_dir=str(sim.root / "work" / RUNTIME), thing=thing, option=[]
+    )
+    component = Component(bus, args)
+    component.start()
+    try:
+        yield component
+    finally:
+        component.stop()
+        bus.close()

@@ -14,7 +14,6 @@ point it at another store), and `Simulator.update_component` running the nucleus
 
 from __future__ import annotations
 
-import argparse
 import base64
 import json
 import threading
@@ -28,10 +27,9 @@ import yaml
 
 from edgeinfer.messages import Result
 from edgeinfer.runtime.component import Component
-from edgeinfer.runtime.config import default_recipe_configuration
 from edgeinfer.sim import Simulator
 from edgeinfer.sim.testing import RUNTIME, STORE
-from edgeinfer.transport.ipc import GreengrassIpcBus
+from tests.e2e.conftest import model_component, recipe, runtime_config, runtime_in_process
 from tests.helpers.images import solid_jpeg
 from tests.helpers.wait import eventually
 
@@ -40,16 +38,6 @@ pytestmark = pytest.mark.e2e
 THING = "model-update-e2e"
 INFER = f"edgeinfer/{THING}/infer"
 RESULT = f"edgeinfer/{THING}/result"
-
-
-def recipe(name: str, lifecycle: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "RecipeFormatVersion": "2020-01-25",
-        "ComponentName": name,
-        "ComponentVersion": "1.0.0",
-        "ComponentConfiguration": {"DefaultConfiguration": config},
-        "Manifests": [{"Platform": {"os": "linux", "runtime": "*"}, "Lifecycle": lifecycle}],
-    }
 
 
 def tiny(folder: Path, write_tiny_store: Callable[[Path], Path], version: str) -> Path:
@@ -103,23 +91,8 @@ def device(
     v1 = tiny(tmp_path / "store-v1", write_tiny_store, "0.0.1")
     recipes = tmp_path / "recipes"
     recipes.mkdir()
-    pointer = "'{work:path}/artifacts-path'"
-    write = f"printf '%s\\n' '{{configuration:/folder}}' > {pointer}.tmp"
-    store = recipe(STORE, {"install": f"{write} && mv -f {pointer}.tmp {pointer}"}, {"folder": str(v1)})
-    access = {
-        "aws.greengrass.ipc.pubsub": {
-            "p": {"operations": ["*"], "resources": [f"edgeinfer/{THING}/*", "edgeinfer/local/*"]}
-        }
-    }
-    config = default_recipe_configuration()
-    config.update(
-        {
-            "executionProviders": ["CPUExecutionProvider"],
-            "maxBatchSize": 4,
-            "subscribeIot": False,
-            "accessControl": access,
-        }
-    )
+    store = model_component(STORE, v1)
+    config = runtime_config(THING)
     if queued:
         config["runInlineWhenIdle"] = False
     runtime = recipe(RUNTIME, {"install": "true"}, config)  # the process is this test's
@@ -127,21 +100,11 @@ def device(
         (recipes / f"{doc['ComponentName']}.yaml").write_text(yaml.safe_dump(doc))
     sim = simulator(recipes, thing=THING, nucleus=nucleus)
     sim.wait_for_state(STORE, "FINISHED")
-    env = sim.ipc_env(RUNTIME)
-    bus = GreengrassIpcBus.connect(env["AWS_GG_NUCLEUS_DOMAIN_SOCKET_FILEPATH_FOR_COMPONENT"], env["SVCUID"])
-    args = argparse.Namespace(
-        model_dir=str(v1), work_dir=str(sim.root / "work" / RUNTIME), thing=THING, option=[]
-    )
-    component = Component(bus, args)
-    component.start()
-    try:
+    with runtime_in_process(sim, THING, model_dir=str(v1)) as component:
         assert component.store_watcher is not None  # started on the folder the pointer names
         # the classic nucleus serves component updates, lite does not
         assert (component.updates is not None) == (nucleus == "classic")
         yield Device(sim, component, v1)
-    finally:
-        component.stop()
-        bus.close()
 
 
 @pytest.mark.parametrize("queued", [True, False], ids=["queued", "default"])

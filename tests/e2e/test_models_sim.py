@@ -7,7 +7,6 @@ on the real awsiotsdk IPC client."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,10 +21,9 @@ from edgeinfer.model import infer
 from edgeinfer.model.manifest import Manifest
 from edgeinfer.model.samples import cat_image
 from edgeinfer.runtime.component import Component
-from edgeinfer.runtime.config import default_recipe_configuration
 from edgeinfer.sim import Simulator
 from edgeinfer.sim.testing import RUNTIME, STORE
-from edgeinfer.transport.ipc import GreengrassIpcBus
+from tests.e2e.conftest import model_component, recipe, runtime_config, runtime_in_process
 from tests.helpers.wait import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -35,24 +33,6 @@ INFER = f"edgeinfer/{THING}/infer"
 RESULT = f"edgeinfer/{THING}/result"
 DETECTOR = "com.example.Detector"
 PHOTO = cat_image().parent / "motorcycle.jpg"
-
-
-def recipe(name: str, lifecycle: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "RecipeFormatVersion": "2020-01-25",
-        "ComponentName": name,
-        "ComponentVersion": "1.0.0",
-        "ComponentConfiguration": {"DefaultConfiguration": config},
-        "Manifests": [{"Platform": {"os": "linux", "runtime": "*"}, "Lifecycle": lifecycle}],
-    }
-
-
-def model_component(name: str, folder: Path) -> dict[str, Any]:
-    """A model component as the ModelStore is one: its install step writes its folder to
-    `artifacts-path` (the folder from its configuration, so that a deployment can move it)."""
-    pointer = "'{work:path}/artifacts-path'"
-    write = f"printf '%s\\n' '{{configuration:/folder}}' > {pointer}.tmp"
-    return recipe(name, {"install": f"{write} && mv -f {pointer}.tmp {pointer}"}, {"folder": str(folder)})
 
 
 def new_version(store: Path, folder: Path, version: str) -> Path:
@@ -94,21 +74,10 @@ def device(
 ) -> Iterator[Device]:
     recipes = tmp_path / "recipes"
     recipes.mkdir()
-    access = {
-        "aws.greengrass.ipc.pubsub": {
-            "p": {"operations": ["*"], "resources": [f"edgeinfer/{THING}/*", "edgeinfer/local/*"]}
-        }
-    }
-    config = default_recipe_configuration()
-    config.update(
-        {
-            "executionProviders": ["CPUExecutionProvider"],
-            "maxBatchSize": 4,
-            "subscribeIot": False,
-            "imageFolders": [str(PHOTO.parent)],
-            "accessControl": access,
-            "models": [{"component": STORE}, {"component": DETECTOR, "preload": True}],
-        }
+    config = runtime_config(
+        THING,
+        imageFolders=[str(PHOTO.parent)],
+        models=[{"component": STORE}, {"component": DETECTOR, "preload": True}],
     )
     docs = [
         model_component(STORE, model_store),
@@ -120,16 +89,8 @@ def device(
     sim = simulator(recipes, thing=THING, nucleus=request.param)
     sim.wait_for_state(STORE, "FINISHED")
     sim.wait_for_state(DETECTOR, "FINISHED")
-    env = sim.ipc_env(RUNTIME)
-    bus = GreengrassIpcBus.connect(env["AWS_GG_NUCLEUS_DOMAIN_SOCKET_FILEPATH_FOR_COMPONENT"], env["SVCUID"])
-    args = argparse.Namespace(model_dir="", work_dir=str(sim.root / "work" / RUNTIME), thing=THING, option=[])
-    component = Component(bus, args)
-    component.start()
-    try:
+    with runtime_in_process(sim, THING) as component:
         yield Device(sim, component)
-    finally:
-        component.stop()
-        bus.close()
 
 
 def by_hand_top5(store: Path, variant: str, size: int, detail: int) -> list[int]:
