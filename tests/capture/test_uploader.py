@@ -141,3 +141,23 @@ def test_uploads_drops_and_failures_are_counted_once_each(tmp_path: Path, chain:
         down.stop()
     assert spool.counts["uploaded"] == 0
     assert len(spool) == 1
+
+
+def test_records_age_out_during_an_outage_and_are_counted(tmp_path: Path, chain: CredentialChain) -> None:
+    now = [1_700_000_000.0]
+    spool = Spool(tmp_path / "spool", max_bytes=10**7, max_age_s=3600, wall=lambda: now[0])
+    _fill(spool, 3)  # captured at 1_700_000_000 + i
+    down = S3Client(BUCKET, "us-east-1", chain, endpoint="http://127.0.0.1:9")
+    uploader = Uploader(spool, down, bytes_per_s=10**7)
+    with pytest.raises(S3Error):
+        uploader.drain()  # within the age cap: kept, and tried
+    assert len(spool) == 3
+    now[0] += 3600 + 1.5  # no record is added meanwhile: the next pass applies the cap itself
+    with pytest.raises(S3Error):
+        uploader.drain()  # two aged out, the third still tried
+    assert len(spool) == 1
+    assert spool.counts["dropped_age"] == 2
+    now[0] += 10
+    assert uploader.drain() == 0  # all aged out: nothing left to try
+    assert spool.counts["dropped_age"] == 3
+    assert Spool(tmp_path / "spool", max_bytes=10**7, max_age_s=3600).dropped["age"] == 3  # kept on disk
