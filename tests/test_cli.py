@@ -89,7 +89,8 @@ def test_the_packages_register_every_command_in_the_order_help_lists_them() -> N
     ]
     children = dict(parsers(parser))
     assert _choices(children["edgeinfer bench"]) == [
-        *("model", "sim", "runtime", "compare", "telemetry", "offload", "iot", "router")
+        *("model", "sim", "runtime", "compare", "telemetry", "offload", "iot", "router", "capture"),
+        *("models", "streams"),
     ]
     assert _choices(children["edgeinfer cloud"]) == ["router", "policy", "fleet-template"]
 

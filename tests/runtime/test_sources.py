@@ -46,7 +46,7 @@ def frame() -> np.ndarray:
 def test_latest_frame_wins_and_stale_frames_are_counted() -> None:
     sink, clock, drops = Sink(), Clock(), list[TimingRecord]()
     runner = SourceRunner(
-        SourceConfig(kind="video", uri="x", rate_hz=2.0),
+        SourceConfig(kind="video", uri="x", rate_hz=2.0, max_in_flight=1),
         sink,
         "t",
         32,
@@ -141,3 +141,22 @@ def test_a_reader_without_a_letterbox_says_so() -> None:
     runner = SourceRunner(SourceConfig(kind="folder", uri="x"), sink, "t", 32)
     assert runner.offer(frame())
     assert sink.geometries == [None]
+
+
+def test_two_in_flight_overlap_and_a_slightly_early_frame_is_taken() -> None:
+    sink, clock = Sink(), Clock()
+    runner = SourceRunner(SourceConfig(kind="stream", uri="rtsp://c/1", rate_hz=10.0), sink, "t", 32)
+    runner.clock = clock
+    assert runner.offer(frame())  # t=0, next tick 0.1
+    clock.t = 0.09  # 10 ms early: jitter, taken though the first is still in flight
+    assert runner.offer(frame())
+    clock.t = 0.2
+    assert not runner.offer(frame())  # two in flight already
+    sink.frames[0][1]()  # type: ignore[misc]
+    clock.t = 0.21
+    assert runner.offer(frame())
+    clock.t = 0.22
+    sink.frames[1][1]()  # type: ignore[misc]
+    assert not runner.offer(frame())  # free, but its tick is 0.3
+    assert runner.stats.answered == 2
+    assert runner.stats.dropped == 2

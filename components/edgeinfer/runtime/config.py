@@ -154,6 +154,10 @@ class SourceConfig:
     name: str = ""
     model: str = ""
     reconnect_max_s: float = 3.0
+    # Frames of this source served at once: with one, a source's rate is capped at one frame per
+    # frame → result latency; a second frame overlaps the first's answer (never a stale one: a frame
+    # is only taken at its tick).
+    max_in_flight: int = 2
 
     def check(self) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
@@ -165,6 +169,8 @@ class SourceConfig:
             out.append(("rateHz", "must be above 0 and at most 1000"))
         if not 0.1 <= self.reconnect_max_s <= 3600:
             out.append(("reconnectMaxS", "must be from 0.1 to 3600"))
+        if not 1 <= self.max_in_flight <= 16:
+            out.append(("maxInFlight", "must be from 1 to 16"))
         return out
 
 

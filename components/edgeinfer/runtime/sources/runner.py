@@ -3,16 +3,17 @@
 What users of AWS's DLR component set with `UseCamera`, `ImageDirectory` and `InferenceInterval`, and
 what DeepStream and roboflow's `InferencePipeline` do for many streams. One thread reads frames at the
 source's own pace and offers them to the server at most `rate_hz` times a second. The latest frame
-wins: a frame that arrives while the previous one is still being served, or between two ticks, is
-dropped and counted (and recorded as a `dropped` timing event, so telemetry shows it). A camera or a
-stream that is lost (or not there yet) is opened again with exponential backoff, capped and jittered
-(`Backoff`); the reconnects and the seconds without frames are counted. A lost source never ends the
-runtime; a video file or folder ends at its end (unless it loops).
+wins: a frame that arrives while `max_in_flight` of the source's frames are still being served, or
+between two ticks, is dropped and counted (and recorded as a `dropped` timing event, so telemetry
+shows it). A camera or a stream that is lost (or not there yet) is opened again with exponential
+backoff, capped and jittered (`Backoff`); the reconnects and the seconds without frames are counted.
+A lost source never ends the runtime; a video file or folder ends at its end (unless it loops).
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 import time
@@ -32,6 +33,7 @@ from edgeinfer.transport import Target
 log = logging.getLogger(__name__)
 
 LATENCIES_KEPT = 1000  # the most recent frame → result latencies a source keeps
+EARLY = 0.25  # of a period: how early for its tick a frame may come and still be taken
 
 # A model's input: its side and whether its frames are letterboxed (a detector's). None: the model is
 # not loaded now (its frames wait for it).
@@ -125,12 +127,11 @@ class SourceRunner:
         # Lost, it is opened again: a camera, a stream; a file or folder ends at its end.
         self.live = cfg.kind in ("camera", "stream") or (cfg.kind == "video" and is_stream(cfg.uri))
         self.stats = SourceStats()
-        self._busy = threading.Event()
+        self._in_flight = 0  # frames submitted and not answered yet (under stats.lock)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._seq = 0
         self._next_tick = 0.0
-        self._sent_at = 0.0
         self._format: FrameFormat = (size, letterboxed)
         self.finished = threading.Event()
 
@@ -181,12 +182,17 @@ class SourceRunner:
         `geometry`: how a detector's frame was letterboxed (its boxes come back in the frame's pixels)."""
         self.stats.read += 1
         now = self.clock()
-        if self._busy.is_set() or now < self._next_tick:
+        period = 1.0 / self.cfg.rate_hz
+        # A frame a little early for its tick is taken: a stream whose rate is `rate_hz` sends with
+        # jitter, and a frame dropped for a few milliseconds would cost a whole period.
+        with self.stats.lock:
+            taken = self._in_flight < self.cfg.max_in_flight and now >= self._next_tick - period * EARLY
+            if taken:
+                self._in_flight += 1
+        if not taken:
             self._drop()
             return False
         self._seq += 1
-        self._busy.set()
-        self._sent_at = now
         topic = self.cfg.result_topic or result_topic(self.thing)
         ok = self.sink.submit_frame(
             f"{self.name}-{self._seq}",
@@ -195,24 +201,27 @@ class SourceRunner:
             topic=topic,
             target="iot" if self.cfg.publish_to_iot else "local",
             top_k=self.cfg.top_k,
-            on_done=self._done,
+            on_done=functools.partial(self._done, now),
             geometry=geometry,
             model=self.cfg.model,
         )
         if not ok:
-            self._busy.clear()
+            with self.stats.lock:
+                self._in_flight -= 1
             self._drop()
             return False
         self.stats.submitted += 1
-        self._next_tick = max(self._next_tick + 1.0 / self.cfg.rate_hz, now)
+        # The ticks keep their grid (a late frame does not push the next one back), and a source
+        # more than a period late catches up by one frame at most.
+        self._next_tick = max(self._next_tick + period, now - period)
         return True
 
-    def _done(self) -> None:
-        latency_ms = (self.clock() - self._sent_at) * 1000
+    def _done(self, sent: float) -> None:
+        latency_ms = (self.clock() - sent) * 1000
         with self.stats.lock:
             self.stats.answered += 1
             self.stats.latencies_ms.append(latency_ms)
-        self._busy.clear()
+            self._in_flight -= 1
         self._count(served=1)
 
     def _count(self, **counts: int) -> None:
