@@ -15,6 +15,7 @@ import subprocess
 import sys
 import termios
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -115,6 +116,17 @@ def fleet_windows(things: int) -> list[dict[str, Any]]:
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
+def _exit_code(proc: subprocess.Popen[bytes], text: Callable[[], str], timeout_s: float = 60) -> int:
+    """The process's exit code; one that does not exit is made to print every thread's stack
+    (PYTHONFAULTHANDLER, SIGABRT) and the test fails with what it printed."""
+    try:
+        return proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        proc.wait(30)
+        raise AssertionError(f"still running {timeout_s:g} s after Ctrl-C:\n{text()[-6000:]}") from None
+
+
 def test_watch_fleet_in_a_terminal_shows_one_row_per_thing_worst_first(sim_broker: Any) -> None:
     """`watch --fleet` as a user runs it: in a pseudo-terminal (so `rich` draws its live view), against
     the real broker, with 20 things' windows published to it; the last frame it drew is read back."""
@@ -126,7 +138,11 @@ def test_watch_fleet_in_a_terminal_shows_one_row_per_thing_worst_first(sim_broke
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "NO_COLOR", "TERM")}
     command = [sys.executable, "-m", "edgeinfer", "watch", "--fleet", "--broker", f"{host}:{port}"]
     proc = subprocess.Popen(
-        command, stdin=slave, stdout=slave, stderr=slave, env={**env, "TERM": "xterm-256color"}
+        command,
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env={**env, "TERM": "xterm-256color", "PYTHONFAULTHANDLER": "1"},
     )
     os.close(slave)
     screen = bytearray()
@@ -155,7 +171,7 @@ def test_watch_fleet_in_a_terminal_shows_one_row_per_thing_worst_first(sim_broke
                 pub.publish(telemetry_topic(doc["thing"]), json.dumps(doc).encode(), qos=1)
         eventually(lambda: "20 thing(s)" in text(), what="20 things on screen", detail=text)
         proc.send_signal(signal.SIGINT)  # Ctrl-C: the live view draws its last frame and stops
-        assert proc.wait(30) == 130
+        assert _exit_code(proc, text) == 130
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -201,28 +204,53 @@ def _subscribe(client: Any, args: argparse.Namespace, where: str, record: IO[str
     return watcher
 
 
+@contextlib.contextmanager
+def _ctrl_c() -> Iterator[threading.Event]:
+    """Ctrl-C sets the event the views wait on, and is raised as KeyboardInterrupt only once the view
+    has drawn its last frame: raised wherever the main thread happened to be (inside the dashboard's
+    lock, inside rich's), it could leave that lock held and the final frame waiting on it forever."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield stop
+        return
+    previous = signal.signal(signal.SIGINT, lambda _signum, _frame: stop.set())
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if stop.is_set():
+        raise KeyboardInterrupt
+
+
 def _show(dashboard: Any, args: argparse.Namespace) -> None:
+    with _ctrl_c() as stop:
+        _draw(dashboard, args, stop)
+
+
+def _draw(dashboard: Any, args: argparse.Namespace, stop: threading.Event) -> None:
     from rich.console import Console
     from rich.live import Live
 
     deadline = None if args.duration is None else time.monotonic() + args.duration
+
+    def running(every_s: float) -> bool:
+        return not stop.wait(every_s) and (deadline is None or time.monotonic() < deadline)
+
     console = Console(stderr=False)
     if args.once:
-        time.sleep(args.duration)
+        stop.wait(args.duration)
         console.print(dashboard.render())
         return
     if not console.is_terminal:
         # no live screen (a pipe, a log file): print a frame whenever a new window arrived
         printed = 0
-        while deadline is None or time.monotonic() < deadline:
-            time.sleep(0.2)
+        while running(0.2):
             if dashboard.windows_received != printed:
                 printed = dashboard.windows_received
                 console.print(dashboard.render())
         return
     with Live(dashboard.render(), console=console, refresh_per_second=4, screen=False) as live:
-        while deadline is None or time.monotonic() < deadline:
-            time.sleep(0.25)
+        while running(0.25):
             live.update(dashboard.render())
 
 
