@@ -33,6 +33,7 @@ class ServerSink:
     def __init__(self, server: InferenceServer) -> None:
         self.server = server
         self.submit_frame = server.submit_frame
+        self._unserved: set[str] = set()
 
     def frame_format(self, model: str) -> FrameFormat | None:
         """`model`'s input side and letterboxing (a pipeline's: its detector's), or None when it is
@@ -40,6 +41,9 @@ class ServerSink:
         models = self.server.models
         slot = self.server.frame_slot(model)
         if slot is None:
+            if model not in self._unserved:  # said once; a model deployed later is found then
+                self._unserved.add(model)
+                log.warning("a source's model %r is not served here (models: %s)", model, models.names())
             return None
         engine = slot.engine
         if engine is None:
