@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,12 @@ def register_bench(subparsers: Any) -> None:
         "--background",
         default="default",
         help="how a load spends the CPU: default, plain, or BackgroundLoad's fields as JSON",
+    )
+    p.add_argument(
+        "--against",
+        metavar="BACKGROUND",
+        help="a second --background measured in the same run: the two take turns, two rounds each "
+        "(one load of each other model), and --rounds counts each one's",
     )
     p.set_defaults(func=run)
 
@@ -128,6 +135,36 @@ class Pinned:
             return [1000 * self.took[r] for r, t in self.sent.items() if t0 <= t < t1 and r in self.took]
 
 
+@dataclass(frozen=True)
+class Round:
+    """One load segment and the steady segment after it, under `--background` (0) or `--against`."""
+
+    mode: int
+    loading: tuple[float, float]
+    steady: tuple[float, float]
+    load_s: float
+
+
+def _summary(pinned: Pinned, rounds: list[Round], setting: Any) -> dict[str, Any]:
+    """One background setting's figures over its rounds."""
+    steady_ms = [x for r in rounds for x in pinned.between(*r.steady)]
+    loading_ms = [x for r in rounds for x in pinned.between(*r.loading)]
+    return {
+        "background": dataclasses.asdict(setting) if setting is not None else "plain",
+        "load_s": [r.load_s for r in rounds],
+        "segments": {
+            "steady": [_figures(pinned.between(*r.steady)) for r in rounds],
+            "loading": [_figures(pinned.between(*r.loading)) for r in rounds],
+        },
+        "result": {
+            "steady": _figures(steady_ms),
+            "loading": _figures(loading_ms),
+            "p99_ratio": round(percentile(loading_ms, 99) / percentile(steady_ms, 99), 2),
+            "p50_ratio": round(percentile(loading_ms, 50) / percentile(steady_ms, 50), 2),
+        },
+    }
+
+
 def _figures(values: list[float]) -> dict[str, float]:
     return {
         "n": len(values),
@@ -170,12 +207,14 @@ def run(args: argparse.Namespace) -> int:
     from edgeinfer.files import write_output
 
     out = measure(args)
-    r = out["result"]
-    print(
-        f"pinned {out['pinned']}: steady p50 {r['steady']['p50_ms']} ms p99 {r['steady']['p99_ms']} ms; "
-        f"while loading p50 {r['loading']['p50_ms']} ms p99 {r['loading']['p99_ms']} ms: "
-        f"p99 ratio {r['p99_ratio']} (target ≤ {TARGET_RATIO}); loads {out['load_s']} s"
-    )
+    for name, mode in (out["modes"] or {args.background: out}).items():
+        r = mode["result"]
+        print(
+            f"pinned {out['pinned']}, background {name}: steady p50 {r['steady']['p50_ms']} ms "
+            f"p99 {r['steady']['p99_ms']} ms; while loading p50 {r['loading']['p50_ms']} ms "
+            f"p99 {r['loading']['p99_ms']} ms: p99 ratio {r['p99_ratio']} (target ≤ {TARGET_RATIO}); "
+            f"loads {mode['load_s']} s"
+        )
     if args.json:
         write_output(args.json, (json.dumps(out, indent=2) + "\n").encode())
     return 0
@@ -193,7 +232,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.rounds < 2 or not args.rate > 0 or not args.steady_s > 0:
         raise EdgeinferError("--rounds at least 2, --rate and --steady-s positive")
-    background = background_settings(args.background)
+    modes = [args.background, *([args.against] if args.against else [])]
+    settings = [background_settings(mode) for mode in modes]
     store = Path(args.store) if args.store else default_store_dir()
     detector = Path(args.detector) if args.detector else BuildOptions(task="detection").output_dir()
     try:
@@ -226,7 +266,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             ModelSlot(ModelSource(f"{manifests[0].name}-copy", str(copy))),
         ]
         repo = ModelRepository(
-            slots, build=build, max_loaded=2, max_waiting=cfg.max_queue_size, background=background
+            slots, build=build, max_loaded=2, max_waiting=cfg.max_queue_size, background=settings[0]
         )
         bus = MemoryBus()
         server = InferenceServer(bus, first, cfg, THING, models=repo)
@@ -252,35 +292,32 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         server.start()
         print(
             f"bench models: {manifests[0].name} pinned at {args.rate:g} req/s; loads of "
-            f"{manifests[1].name} and a copy of {manifests[0].name} take turns; background {args.background}",
+            f"{manifests[1].name} and a copy of {manifests[0].name} take turns; "
+            f"background {' against '.join(modes)}",
             file=sys.stderr,
         )
         pinned.start()
         time.sleep(2.0)  # the sender's and the server's first requests are nobody's figures
-        steady: list[tuple[float, float]] = []
-        loading: list[tuple[float, float]] = []
-        load_s: list[float] = []
-        for r in range(args.rounds):
+        rounds: list[Round] = []
+        for r in range(args.rounds * len(modes)):
+            mode = (r // 2) % len(modes)
+            repo.background = settings[mode]
             loaded = _load_segment(
                 bus, slots[1 + r % 2], f"load-{r}", images[0], answered=answered, lock=lock
             )
-            loading.append(loaded)
-            load_s.append(round(slots[1 + r % 2].load_s or 0.0, 2))
+            load_s = round(slots[1 + r % 2].load_s or 0.0, 2)
             time.sleep(1.0)  # the evicted model's engine threads end
             # As long as the load took (at least --steady-s): both sides see as much of the machine.
             t0 = time.monotonic()
             time.sleep(max(args.steady_s, loaded[1] - loaded[0]))
-            steady.append((t0, time.monotonic()))
+            rounds.append(Round(mode, loaded, (t0, time.monotonic()), load_s))
         pinned.stop()
         time.sleep(1.0)
-        steady_ms = [x for t0, t1 in steady for x in pinned.between(t0, t1)]
-        loading_ms = [x for t0, t1 in loading for x in pinned.between(t0, t1)]
-        result: dict[str, Any] = {
-            "steady": _figures(steady_ms),
-            "loading": _figures(loading_ms),
-            "p99_ratio": round(percentile(loading_ms, 99) / percentile(steady_ms, 99), 2),
-            "p50_ratio": round(percentile(loading_ms, 50) / percentile(steady_ms, 50), 2),
+        per_mode = {
+            name: _summary(pinned, [r for r in rounds if r.mode == i], settings[i])
+            for i, name in enumerate(modes)
         }
+        measured = per_mode[modes[0]]
         return {
             "scenario": "models",
             "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -289,14 +326,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "others": [manifests[1].name, f"{manifests[0].name}-copy"],
             "rate": args.rate,
             "max_batch_size": args.max_batch_size,
-            "background": dataclasses.asdict(background) if background is not None else "plain",
-            "load_s": load_s,
-            "segments": {
-                "steady": [_figures(pinned.between(a, b)) for a, b in steady],
-                "loading": [_figures(pinned.between(a, b)) for a, b in loading],
-            },
-            "result": result,
-            "target": {"p99_ratio": TARGET_RATIO, "met": result["p99_ratio"] <= TARGET_RATIO},
+            **measured,
+            "modes": per_mode if len(modes) > 1 else None,
+            "target": {"p99_ratio": TARGET_RATIO, "met": measured["result"]["p99_ratio"] <= TARGET_RATIO},
         }
     finally:
         if pinned is not None:

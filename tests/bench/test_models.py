@@ -40,8 +40,30 @@ def test_a_short_run_measures_both_sides_and_loads_every_round(tmp_path: Path) -
     assert all(s > 0 for s in out["load_s"])
     assert out["result"]["steady"]["n"] > 0
     assert out["result"]["loading"]["n"] > 0
-    assert out["background"] == {"pace": 1.0, "nice": 19}
+    assert out["background"] == {"pace": 2.0, "nice": 19, "every_size": True}
     assert isinstance(out["target"]["met"], bool)
+
+
+def test_against_measures_two_settings_in_turns_in_one_run(tmp_path: Path) -> None:
+    pytest.importorskip("onnx")
+    store = write_tiny_store(tmp_path / "pinned")
+    other = write_tiny_store(tmp_path / "other")
+    manifest = Manifest.load(other)
+    manifest.name = "other"
+    manifest.save(other)
+    out_file = tmp_path / "models.json"
+    args = parse(
+        "--store", str(store), "--detector", str(other), "--rounds", "2", "--rate", "40",
+        "--steady-s", "0.3", "--max-batch-size", "2", "--against", "plain", "--json", str(out_file),
+    )  # fmt: skip
+    assert args.func(args) == 0
+    out = json.loads(out_file.read_text())
+    assert sorted(out["modes"]) == ["default", "plain"]
+    assert out["modes"]["plain"]["background"] == "plain"
+    assert out["result"] == out["modes"]["default"]["result"]
+    for mode in out["modes"].values():
+        assert len(mode["load_s"]) == 2  # one load of each other model
+        assert mode["result"]["loading"]["n"] > 0
 
 
 @pytest.mark.parametrize("text", ["fast", '{"speed": 2}', "[1]"])

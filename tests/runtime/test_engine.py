@@ -602,7 +602,7 @@ def test_a_background_warm_up_is_paced_and_runs_at_a_lower_priority(
     runs = _recording_runs(engine)
     mine = threading.get_native_id()
     nice = os.getpriority(os.PRIO_PROCESS, mine)
-    settings = BackgroundLoad(pace=2.0, nice=5)
+    settings = BackgroundLoad(pace=2.0, nice=5, every_size=True)
     with background_load(settings):
         assert loading_settings() is settings
         warm = engine.warm_up()
@@ -638,3 +638,24 @@ def test_a_background_warm_up_that_fails_raises_on_the_callers_thread(
     engine.run = broken  # type: ignore[method-assign]
     with background_load(BackgroundLoad()), pytest.raises(RuntimeError, match="the session broke"):
         engine.warm_up()
+
+
+def test_a_background_warm_up_on_the_cpu_can_run_batch_1_only(make_engine: Callable[..., Engine]) -> None:
+    from edgeinfer.runtime.engine import BackgroundLoad, background_load
+
+    engine = make_engine(RuntimeConfig(max_batch_size=4, lanes=1), warm=False)
+    shapes: list[int] = []
+    run = engine.run
+
+    def recorded(batch: Any, **kwargs: Any) -> Any:
+        shapes.append(batch.shape[0])
+        return run(batch, **kwargs)
+
+    engine.run = recorded  # type: ignore[method-assign]
+    with background_load(BackgroundLoad(pace=0.0, every_size=False)):
+        assert sorted(engine.warm_up()) == [1]
+    assert shapes == [1, 1]
+    shapes.clear()
+    with background_load(BackgroundLoad(pace=0.0, every_size=True)):
+        assert sorted(engine.warm_up()) == [1, 2, 3, 4]
+    assert shapes == [1, 1, 2, 3, 4, 4]

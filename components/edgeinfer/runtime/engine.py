@@ -69,10 +69,18 @@ class BackgroundLoad:
     engines' batches find the cores free most of the time. `nice`: the warm-up's runs are made from a
     thread of their own at this much higher niceness, so that the scheduler prefers the serving
     engines' threads while both want a core (raising it needs no privilege; the thread ends with the
-    warm-up, and the session's own pool threads, made before, keep the runtime's priority)."""
+    warm-up, and the session's own pool threads, made before, keep the runtime's priority).
+    `every_size`: warm up every batch size as at start; without it, on the CPU provider, batch 1
+    only: ORT's CPU kernels pay their one-time cost on a session's very first run, and the first run
+    of a larger batch measured no slower than its next ones (the GPU providers pay per shape: they
+    warm up every size regardless). That load is far shorter and costs the serving models far less
+    in all, but what is left of it is mostly the session's creation, at the runtime's priority, so
+    the pinned model's p99 over the load's own span is worse (bench/results/README.md, `bench
+    models`): the default keeps every size."""
 
-    pace: float = 1.0
+    pace: float = 2.0
     nice: int = 19
+    every_size: bool = True
 
 
 _loading = threading.local()  # .settings: the BackgroundLoad of the load on this thread, if any
@@ -340,6 +348,8 @@ class Engine:
     def _warm_up(self, max_batch: int | None, runs: int, settings: BackgroundLoad | None) -> dict[int, float]:
         pace = settings.pace if settings is not None else 0.0
         top = max_batch or self.max_batch_size
+        if settings is not None and not settings.every_size and self.provider == CPU:
+            top = 1
         rng = np.random.default_rng(0)
         image = rng.integers(0, 256, (self.input_size, self.input_size, 3), dtype=np.uint8)
         if self.fixed_batch:  # every size is one shape: its first run is nobody's, or batch 1 looks slow
