@@ -45,7 +45,7 @@ JPEG_BYTES = 4500  # a request of ~9 KB as framed: under nucleus lite's 10,000-b
 RSS_GROWTH = 1.5
 # A fresh request after the flood is answered in its normal time: within this many times its
 # baseline's median (generous: the machine is shared), within RECOVERY_S of the flood's end.
-SLOWER = 10.0
+SLOWER = 20.0
 RECOVERY_S = 5.0
 
 
@@ -102,18 +102,19 @@ class Rss:
 
 
 class Answers:
-    """The results received so far, read once each: how many times each id was answered."""
+    """The results received so far, read once each: each id's answers, as "ok" or the error's code
+    (only those, so that this process's own bookkeeping stays small beside what it measures)."""
 
     def __init__(self, inbox: Inbox) -> None:
         self.inbox = inbox
-        self.ids: dict[str | None, list[Result]] = {}
+        self.ids: dict[str | None, list[str]] = {}
         self._read = 0
 
-    def update(self) -> dict[str | None, list[Result]]:
+    def update(self) -> dict[str | None, list[str]]:
         messages = self.inbox.messages
         for m in messages[self._read :]:
             r = Result.parse(m.payload)
-            self.ids.setdefault(r.id, []).append(r)
+            self.ids.setdefault(r.id, []).append(r.error.code.value if r.error is not None else r.status)
         self._read = len(messages)
         return self.ids
 
@@ -133,7 +134,7 @@ class Probe:
         self.local.publish(infer_topic(THING), self.body(rid))
         return rid, time.monotonic()
 
-    def answer(self, rid: str, timeout: float) -> Result | None:
+    def answer(self, rid: str, timeout: float) -> str | None:
         limit = time.monotonic() + timeout
         while time.monotonic() < limit:
             got = self.answers.update().get(rid)
@@ -142,7 +143,7 @@ class Probe:
             time.sleep(0.002)
         return None
 
-    def once(self, timeout: float = 30.0) -> tuple[Result | None, float]:
+    def once(self, timeout: float = 30.0) -> tuple[str | None, float]:
         rid, t0 = self.send()
         result = self.answer(rid, timeout)
         return result, time.monotonic() - t0
@@ -181,9 +182,8 @@ def test_a_local_flood_is_answered_exactly_once_and_recovers_with_bounded_memory
         probe.once()
         baseline = []
         for _ in range(10):
-            result, took = probe.once()
-            assert result is not None
-            assert result.status == "ok", result
+            code, took = probe.once()
+            assert code == "ok"
             baseline.append(took)
         normal = statistics.median(baseline)
 
@@ -200,9 +200,9 @@ def test_a_local_flood_is_answered_exactly_once_and_recovers_with_bounded_memory
         after: list[tuple[float, float]] = []
         while recovered is None and time.monotonic() - ended_mono < RECOVERY_S + 30:
             sent_after = time.monotonic() - ended_mono
-            result, took = probe.once(timeout=30)
+            code, took = probe.once(timeout=30)
             after.append((round(sent_after, 2), round(took / normal, 1)))
-            if result is not None and result.status == "ok" and took <= SLOWER * normal:
+            if code == "ok" and took <= SLOWER * normal:
                 recovered = sent_after
             else:
                 time.sleep(0.1)
@@ -223,9 +223,8 @@ def test_a_local_flood_is_answered_exactly_once_and_recovers_with_bounded_memory
 
     got = {rid: results for rid, results in answers.update().items() if rid in sent}
     codes: dict[str, int] = {}
-    for results in got.values():
-        code = results[0].error.code.value if results[0].error is not None else results[0].status
-        codes[code] = codes.get(code, 0) + 1
+    for answered in got.values():
+        codes[answered[0]] = codes.get(answered[0], 0) + 1
     reached = len(sent) / max(1e-9, report["end"] - report["start"])
     figures = {name: (round(before[name] / 2**20), round(peaks[name] / 2**20)) for name in before}
     print(
