@@ -565,7 +565,7 @@ def test_a_default_model_that_cannot_be_read_stops_the_start(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("background", [BackgroundLoad(), BackgroundLoad(pace=0.5, nice=3), None])
-def test_a_load_builds_its_engine_under_the_repositorys_background_settings(
+def test_a_load_a_request_asks_for_builds_under_the_repositorys_background_settings(
     stores: dict[str, Path], two_engines: dict[str, Engine], background: BackgroundLoad | None
 ) -> None:
     seen: list[tuple[BackgroundLoad | None, str]] = []
@@ -578,12 +578,34 @@ def test_a_load_builds_its_engine_under_the_repositorys_background_settings(
         ModelSlot(ModelSource("alpha", str(stores["alpha"])), two_engines["alpha"]),
         ModelSlot(ModelSource("beta", str(stores["beta"]))),
     ]
+    cfg = RuntimeConfig(max_batch_size=4, lanes=1)
+    bus = MemoryBus()
     repo = ModelRepository(slots, build=build, background=background)
-    repo.start(RepositoryHooks())
+    server = InferenceServer(bus, two_engines["alpha"], cfg, THING, models=repo)
+    server.start()
     try:
-        repo.load(slots[1])
-        eventually(lambda: slots[1].engine is not None, 30, "beta loaded")
+        assert ask(bus, "beta", model="beta", deadline_ms=30_000).status == "ok"
     finally:
-        repo.stop()
+        server.stop()
     assert seen == [(background, "edgeinfer-load-beta")]
     assert loading_settings() is None  # only the load's own thread
+
+
+def test_a_preload_builds_as_at_start(stores: dict[str, Path], two_engines: dict[str, Engine]) -> None:
+    seen: list[BackgroundLoad | None] = []
+
+    def build(slot: ModelSlot) -> Engine:
+        seen.append(loading_settings())
+        return two_engines["beta"]
+
+    slots = [
+        ModelSlot(ModelSource("alpha", str(stores["alpha"])), two_engines["alpha"]),
+        ModelSlot(ModelSource("beta", str(stores["beta"]), preload=True)),
+    ]
+    repo = ModelRepository(slots, build=build, background=BackgroundLoad())
+    repo.start(RepositoryHooks())
+    try:
+        eventually(lambda: slots[1].engine is not None, 30, "beta preloaded")
+    finally:
+        repo.stop()
+    assert seen == [None]

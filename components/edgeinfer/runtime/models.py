@@ -175,12 +175,14 @@ class ModelRepository:
         self.build = build
         self.max_loaded = max_loaded
         self.max_waiting = max_waiting
-        # How a load spends the CPU while the loaded models serve (None: as the first model's at start).
+        # How a load a request asked for spends the CPU while the loaded models serve (None: as the
+        # first model's at start, as a preload always does).
         self.background = background
         self.clock = clock
         self.hooks = RepositoryHooks()
         self._cond = threading.Condition()
         self._pending: deque[ModelSlot] = deque()
+        self._preloads: set[str] = set()  # queued by `load`: built at full speed, as at start
         self._stopped = False
         self._thread: threading.Thread | None = None
         self._loading: threading.Thread | None = None  # the load under way
@@ -279,9 +281,12 @@ class ModelRepository:
             self._cond.notify_all()
 
     def load(self, slot: ModelSlot) -> None:
-        """Load `slot` on the loader thread (a preload), unless it is loaded or loading."""
+        """Load `slot` on the loader thread (a preload), unless it is loaded or loading. A preload is
+        part of the start (asked to be ready as soon as it can), so `background` does not apply."""
         with self._cond:
             if slot.engine is None:
+                if slot.loading_since is None:
+                    self._preloads.add(slot.name)
                 self._queue_load(slot, self.clock())
 
     def configure(self, max_loaded: int) -> None:
@@ -365,12 +370,14 @@ class ModelRepository:
         start = self.clock()
         with self._cond:
             folder = slot.source.folder
+            background = None if slot.name in self._preloads else self.background
+            self._preloads.discard(slot.name)
         try:
             # In here, so that a failure to make room still ends the load and answers what waited.
             self._enforce_budget(slot)
             if self.build is None:
                 raise RuntimeError("this runtime loads no model after its start")
-            with background_load(self.background):
+            with background_load(background):
                 engine = self.build(slot)
         except Exception as exc:
             log.error("model %s at %s not loaded: %s", slot.name, slot.source.folder, exc)
