@@ -82,6 +82,7 @@ bench: setup model
 	$(BIN)/edgeinfer bench telemetry --json bench/results/telemetry.json
 	$(BIN)/edgeinfer bench offload --json bench/results/offload.json
 	$(BIN)/edgeinfer bench iot --json bench/results/iot.json
+	$(BIN)/edgeinfer bench models --rounds 6 --against plain --json bench/results/models.json
 
 clean:
 	rm -rf build artifacts greengrass-build .edgeinfer .pytest_cache .mypy_cache .ruff_cache
