@@ -113,8 +113,8 @@ def test_results_published_during_an_outage_arrive_after_it_in_order(
 
     def counted() -> dict[str, int]:
         docs = [TelemetryWindow.from_dict(json.loads(m.payload)) for m in windows.messages]
-        latest = [w.system.get("forward") for w in docs if w.system.get("forward")]
-        return latest[-1] if latest else {}
+        latest = [w.system["forward"] for w in docs if isinstance(w.system.get("forward"), dict)]
+        return dict(latest[-1]) if latest else {}
 
     def settled() -> bool:
         now = counted()
