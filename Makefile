@@ -83,6 +83,8 @@ bench: setup model
 	$(BIN)/edgeinfer bench offload --json bench/results/offload.json
 	$(BIN)/edgeinfer bench iot --json bench/results/iot.json
 	$(BIN)/edgeinfer bench models --rounds 6 --against plain --json bench/results/models.json
+	$(BIN)/edgeinfer bench capture --json bench/results/capture.json
+	$(BIN)/edgeinfer bench streams --json bench/results/streams.json
 
 clean:
 	rm -rf build artifacts greengrass-build .edgeinfer .pytest_cache .mypy_cache .ruff_cache
