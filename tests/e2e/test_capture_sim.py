@@ -236,13 +236,16 @@ def test_runtime_killed_mid_upload_and_restarted_nothing_lost_nothing_twice(
     assert pids
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
-    (half,) = half_sent()  # the record the kill cut short
+    # What the kill cut short: the record seen half sent, unless its document landed in the moment
+    # between the look and the kill (then nothing was cut, and the checks below hold all the same).
+    cut = half_sent()
     eventually(lambda: len(records(s3)) == n, 240, "every record uploaded after the restart")
     assert set(records(s3)) == {f"k{i}" for i in range(n)}
     assert len(s3.keys(BUCKET)) == 2 * n  # nothing duplicated: the retry wrote the same keys
     versions = s3.versions(BUCKET)
-    assert versions[half] == 2  # the half-sent record's image was written again, over itself
-    assert sum(versions.values()) == 2 * n + 1
+    assert all(versions[key] == 2 for key in cut)  # a half-sent image written again, over itself
+    # at most the one record in flight at the kill sent again (both its files), always to its own keys
+    assert 2 * n <= sum(versions.values()) <= 2 * n + 2
     assert not set(pids) & set(runtime_pids())  # a new runtime did it
     eventually(lambda: spooled(spool) == 0, 60, "the spool emptied")
 
