@@ -182,8 +182,8 @@ def _record(
     rel = key[len(base) : -len(".json")]
     parts = rel.split("/")
     match = _ID.match(parts[-1])
-    if len(parts) != _KEY_PARTS or match is None:
-        return None
+    if len(parts) != _KEY_PARTS or match is None or any(part in ("", ".", "..") for part in parts):
+        return None  # not a key a device writes; `..` would also land above the pulled folder
     wall = int(match.group(1)) / 1000
     if not query.admits(wall):
         return None

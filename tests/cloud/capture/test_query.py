@@ -115,3 +115,16 @@ def test_the_listing_reads_only_the_days_asked_for_and_the_edges_are_exact(cloud
     assert {k.rsplit(".", 1)[0] for k in listed} == {made[1].key, made[2].key, at_until.key}
     exclusive = Query(BUCKET, PREFIX, ("cam-a",), "lite0", until=parse_time("2026-01-02T00:00Z", "--until"))
     assert [r.key for r in list_records(cloud.client("s3"), exclusive)[0]] == [made[0].key]
+
+
+def test_a_key_that_would_climb_out_of_the_pulled_folder_is_not_a_record(cloud: Cloud) -> None:
+    whole = cloud.capture("cam-a", "lite0", "1.0.0", DAY, seed=1)
+    s3 = cloud.client("s3")
+    for version in ("..", "."):
+        # a bucket anyone else may write to: `..` as the version would put the record above the folder
+        climbing = whole.key.replace("/lite0/1.0.0/", f"/lite0/{version}/")
+        for ext in (".json", ".jpg"):
+            s3.put_object(Bucket=BUCKET, Key=climbing + ext, Body=b"{}")
+    records, orphans = list_records(s3, Query(BUCKET, PREFIX, ("cam-a",), "lite0"))
+    assert [r.key for r in records] == [whole.key]
+    assert orphans == 0
