@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,8 +99,6 @@ class _CountersToTelemetry:
         self.thing = thing
 
     def __call__(self, counters: dict[str, int]) -> None:
-        import time
-
         batch = TimingBatch(self.thing, [], [], iso_utc(time.time()), forward=dict(counters))
         try:
             self.bus.publish(TIMINGS_TOPIC, batch.to_json(), target="local")
