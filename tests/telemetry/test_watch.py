@@ -194,3 +194,13 @@ def test_watch_fleet_takes_no_thing(capsys: pytest.CaptureFixture[str]) -> None:
     assert "leave out --thing" in capsys.readouterr().err
     assert main(["watch", "--fleet", "--stale", "0", "--broker", "127.0.0.1:1"]) == 2
     assert "--stale must be a positive" in capsys.readouterr().err
+
+
+def test_ctrl_c_ends_a_views_wait_without_taking_a_lock() -> None:
+    from edgeinfer.telemetry.cli import _Interrupt
+
+    quiet = _Interrupt()
+    assert quiet.wait(0.01) is False
+    stop = _Interrupt()
+    stop.came = True  # what the SIGINT handler does: a plain attribute, nothing it could wait on
+    assert stop.wait(3600) is True  # returns at once

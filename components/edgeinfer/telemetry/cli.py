@@ -204,21 +204,41 @@ def _subscribe(client: Any, args: argparse.Namespace, where: str, record: IO[str
     return watcher
 
 
+class _Interrupt:
+    """Whether Ctrl-C came. A plain attribute the handler sets: the handler runs in the main thread
+    between any two of its bytecodes, so one that took a lock (an Event's) could find the main
+    thread holding it already and wait on itself forever."""
+
+    def __init__(self) -> None:
+        self.came = False
+
+    def wait(self, seconds: float, step_s: float = 0.05) -> bool:
+        """Sleep up to `seconds`, in short steps; True as soon as Ctrl-C came."""
+        until = time.monotonic() + seconds
+        while not self.came and time.monotonic() < until:
+            time.sleep(min(step_s, max(0.0, until - time.monotonic())))
+        return self.came
+
+
 @contextlib.contextmanager
-def _ctrl_c() -> Iterator[threading.Event]:
-    """Ctrl-C sets the event the views wait on, and is raised as KeyboardInterrupt only once the view
-    has drawn its last frame: raised wherever the main thread happened to be (inside the dashboard's
-    lock, inside rich's), it could leave that lock held and the final frame waiting on it forever."""
-    stop = threading.Event()
+def _ctrl_c() -> Iterator[_Interrupt]:
+    """Ctrl-C ends the views' waits, and is raised as KeyboardInterrupt only once the view has drawn
+    its last frame: raised wherever the main thread happened to be (inside the dashboard's lock,
+    inside rich's), it could leave that lock held and the final frame waiting on it forever."""
+    stop = _Interrupt()
     if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
         yield stop
         return
-    previous = signal.signal(signal.SIGINT, lambda _signum, _frame: stop.set())
+
+    def handler(_signum: int, _frame: object) -> None:
+        stop.came = True
+
+    previous = signal.signal(signal.SIGINT, handler)
     try:
         yield stop
     finally:
         signal.signal(signal.SIGINT, previous)
-    if stop.is_set():
+    if stop.came:
         raise KeyboardInterrupt
 
 
@@ -227,7 +247,7 @@ def _show(dashboard: Any, args: argparse.Namespace) -> None:
         _draw(dashboard, args, stop)
 
 
-def _draw(dashboard: Any, args: argparse.Namespace, stop: threading.Event) -> None:
+def _draw(dashboard: Any, args: argparse.Namespace, stop: _Interrupt) -> None:
     from rich.console import Console
     from rich.live import Live
 
