@@ -211,3 +211,20 @@ def test_frame_shows_captures_counters_and_what_was_lost(clock: FakeClock) -> No
     clock.advance(10)
     dashboard.add_window(agg.poll()[0])
     assert "capture" not in frame(dashboard)  # capture off: no line
+
+
+def test_frame_shows_each_sources_frames_and_outages(clock: FakeClock) -> None:
+    agg = WindowAggregator("cam-1", window_s=10, clock=clock)
+    dashboard = Dashboard(clock=clock)
+    agg.add(TimingBatch("cam-1", [], sources={"gate": {"served": 95, "dropped": 5}}))
+    agg.add(TimingBatch("cam-1", [], sources={"dock": {"served": 40, "reconnects": 2, "outage_ms": 10400}}))
+    clock.advance(10)
+    dashboard.add_window(agg.poll()[0])
+    text = frame(dashboard)
+    assert "source dock  served 40  dropped 0  reconnects 2  outage 10.4 s" in text
+    assert "source gate  served 95  dropped 5" in text
+    assert "source gate  served 95  dropped 5  reconnects" not in text  # no outage: not shown
+    agg.add(TimingBatch("cam-1", []))
+    clock.advance(10)
+    dashboard.add_window(agg.poll()[0])
+    assert "source " not in frame(dashboard)  # no frame source in the window: no line

@@ -64,3 +64,18 @@ def test_capture_counters_add_up_over_windows_by_event() -> None:
     assert 'edgeinfer_capture_total{event="uploaded"} 2' in lines
     assert 'edgeinfer_capture_total{event="dropped_size"} 2' in lines
     assert 'edgeinfer_capture_total{event="upload_failures"} 1' in lines
+
+
+def test_source_counters_add_up_over_windows_per_source() -> None:
+    state = MetricsState()
+    assert "edgeinfer_source" not in state.render()  # no frame source: no family
+    first, second = window(0), window(1)
+    first.sources = {"gate": {"served": 90, "dropped": 10}, "dock": {"served": 50}}
+    second.sources = {"gate": {"served": 80, "reconnects": 1, "outage_ms": 10400}}
+    state.update(first)
+    state.update(second)
+    lines = state.render().splitlines()
+    assert "# TYPE edgeinfer_source_total counter" in lines
+    assert 'edgeinfer_source_total{source="gate",event="served"} 170' in lines
+    assert 'edgeinfer_source_total{source="gate",event="outage_ms"} 10400' in lines
+    assert 'edgeinfer_source_total{source="dock",event="served"} 50' in lines

@@ -165,6 +165,8 @@ class Dashboard:
             rows.append(self._window_summary(dev, window, now))
             if window.models:
                 rows.append(_models_summary(window))
+            if window.sources:
+                rows.append(_sources_summary(window))
             if window.capture:
                 rows.append(_capture_summary(window))
         rows.append(self._results_summary(dev, now))
@@ -271,6 +273,22 @@ def _models_summary(window: TelemetryWindow) -> Text:
             text.append("  top " + ", ".join(f"{label} {n}" for label, n in top), style="dim")
         if m.counts and sum(m.counts):
             text.append(f"  scores {sparkline([float(n) for n in m.counts])}")
+    return text
+
+
+def _sources_summary(window: TelemetryWindow) -> Text:
+    """One line per frame source in the window: frames served and dropped, and its outages."""
+    text = Text()
+    for i, (name, c) in enumerate(sorted(window.sources.items())):
+        if i:
+            text.append("\n")
+        text.append(f"source {name}", style="bold")
+        text.append(f"  served {c.get('served', 0)}  dropped {c.get('dropped', 0)}")
+        if c.get("reconnects", 0) or c.get("outage_ms", 0):
+            text.append(
+                f"  reconnects {c.get('reconnects', 0)}  outage {c.get('outage_ms', 0) / 1000:.1f} s",
+                style="yellow",
+            )
     return text
 
 

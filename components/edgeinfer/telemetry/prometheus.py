@@ -46,6 +46,7 @@ class MetricsState:
         self.errors: Counter[str] = Counter()
         self.models = ModelTotals()
         self.capture: Counter[str] = Counter()
+        self.sources: Counter[tuple[str, str]] = Counter()  # (source, counter)
         self._lock = threading.Lock()
 
     def update(self, window: TelemetryWindow) -> None:
@@ -59,6 +60,8 @@ class MetricsState:
             self.totals["inferences"] += int(window.batch.get("inferences", 0))
             self.errors.update(window.errors)
             self.capture.update(window.capture)
+            for name, counts in window.sources.items():
+                self.sources.update({(name, key): n for key, n in counts.items()})
             for model in window.models:
                 key = (model.name, model.version)
                 self.models.requests[key] += model.count
@@ -66,7 +69,9 @@ class MetricsState:
 
     def render(self) -> str:
         with self._lock:
-            return render_metrics(self.last, self.totals, self.errors, self.models, self.capture)
+            return render_metrics(
+                self.last, self.totals, self.errors, self.models, capture=self.capture, sources=self.sources
+            )
 
 
 @dataclass
@@ -124,12 +129,27 @@ def _capture_lines(capture: Counter[str]) -> list[str]:
     return lines
 
 
+def _source_lines(sources: Counter[tuple[str, str]]) -> list[str]:
+    if not sources:  # no frame source: no family at all
+        return []
+    lines = [
+        "# HELP edgeinfer_source_total Each frame source's counters: frames served and dropped, "
+        "reconnects, milliseconds of outage (docs/sources.md).",
+        "# TYPE edgeinfer_source_total counter",
+    ]
+    for (name, event), n in sorted(sources.items()):
+        lines.append(f'edgeinfer_source_total{{source="{_label(name)}",event="{_label(event)}"}} {n}')
+    return lines
+
+
 def render_metrics(
     window: TelemetryWindow | None,
     totals: Counter[str],
     errors: Counter[str],
     models: ModelTotals | None = None,
+    *,
     capture: Counter[str] | None = None,
+    sources: Counter[tuple[str, str]] | None = None,
 ) -> str:
     lines: list[str] = []
 
@@ -153,6 +173,7 @@ def render_metrics(
         lines.append(f'edgeinfer_errors_total{{code="{_label(code)}"}} {n}')
     lines += _model_lines(window, models or ModelTotals())
     lines += _capture_lines(capture or Counter())
+    lines += _source_lines(sources or Counter())
     if window is None:
         return "\n".join(lines) + "\n"
     thing = _label(window.thing)
