@@ -7,6 +7,7 @@ import threading
 import numpy as np
 
 from edgeinfer.runtime.sources import FrameMux
+from tests.helpers.wait import eventually
 
 
 class Sink:
@@ -28,7 +29,7 @@ def submit(mux: FrameMux, frame_id: str, model: str, out: dict[str, bool]) -> th
     def run() -> None:
         out[frame_id] = mux.submit_frame(frame_id, np.zeros((2, 2, 3), np.uint8), model=model, source="s")
 
-    thread = threading.Thread(target=run)
+    thread = threading.Thread(target=run, daemon=True)  # a round never ended leaves it spinning
     thread.start()
     return thread
 
@@ -58,3 +59,24 @@ def test_a_lone_source_or_a_zero_window_goes_straight_on() -> None:
     FrameMux(sink, lambda model: 4, window_s=0.0).submit_frame("b", np.zeros(1), model="m")
     assert sink.batches == [["m:a", "m:b"]]
     assert not out
+
+
+def test_a_frame_the_server_raises_on_is_not_taken_and_its_round_still_ends() -> None:
+    class Raising(Sink):
+        def submit_frame(self, frame_id: str, image: np.ndarray, **kw: object) -> bool:
+            if frame_id == "boom":
+                raise RuntimeError("the server failed")
+            return super().submit_frame(frame_id, image, **kw)
+
+    sink, out = Raising(), dict[str, bool]()
+    mux = FrameMux(sink, lambda model: 3, window_s=60.0)  # only a full round ends this test
+    threads = [submit(mux, "boom", "m", out)]
+    # the failing frame first in its round: the frames after it must still be answered
+    eventually(lambda: "m" in mux._open and len(mux._open["m"].frames) == 1, what="the first frame held")
+    threads += [submit(mux, i, "m", out) for i in ("b", "c")]
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    assert out == {"boom": False, "b": True, "c": True}
+    assert sorted(sink.batches[0]) == ["m:b", "m:c"]
+    assert (mux.rounds, mux.gathered) == (1, 3)

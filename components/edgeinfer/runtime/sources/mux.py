@@ -11,6 +11,7 @@ and the latest frame wins after it as before).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.runtime.sources.runner import FrameSink
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -83,8 +86,12 @@ class FrameMux:
             return
         del self._open[model]
         for frame in current.frames:
-            frame.ok = self.sink.submit_frame(frame.frame_id, frame.image, **frame.kw)
-            frame.done = True
+            try:
+                frame.ok = self.sink.submit_frame(frame.frame_id, frame.image, **frame.kw)
+            except Exception:  # not taken; and the frames after it still go on, each answered
+                log.exception("frame %s: not submitted", frame.frame_id)
+            finally:
+                frame.done = True
         self.rounds += 1
         self.gathered += len(current.frames)
         self._cond.notify_all()
