@@ -25,11 +25,13 @@ from typing import Any
 import pytest
 import yaml
 
-from edgeinfer.messages import Result
+from edgeinfer.messages import TIMINGS_TOPIC, Result, TimingBatch, TimingRecord
 from edgeinfer.runtime.component import Component
 from edgeinfer.sim import Simulator
 from edgeinfer.sim.testing import RUNTIME, STORE
+from edgeinfer.telemetry.window import WindowAggregator
 from tests.e2e.conftest import model_component, recipe, runtime_config, runtime_in_process
+from tests.helpers.clock import FakeClock
 from tests.helpers.images import solid_jpeg
 from tests.helpers.wait import eventually
 
@@ -46,6 +48,19 @@ def tiny(folder: Path, write_tiny_store: Callable[[Path], Path], version: str) -
     manifest["version"] = version
     (folder / "manifest.json").write_text(json.dumps(manifest))
     return folder
+
+
+def window_versions(batches: list[TimingBatch], ids: set[str]) -> list[str]:
+    """The model versions a telemetry window names, folded (by the Telemetry component's own
+    aggregator) from the records of these requests alone."""
+    clock = FakeClock()
+    agg = WindowAggregator(THING, window_s=10, clock=clock)
+    for batch in batches:
+        records: list[TimingRecord] = [r for r in batch.records if r.id in ids]
+        agg.add(TimingBatch(batch.thing, records))
+    clock.advance(10)
+    (window,) = agg.poll()
+    return [m.version for m in window.models]
 
 
 class Device:
@@ -176,6 +191,7 @@ def test_a_new_store_version_is_swapped_in_without_a_restart(
     """Classic looks at the pointer on its PostComponentUpdateEvent; lite sends none, so the pointer's
     poll finds the new folder. The version arrives while the runtime is idle: on the default
     configuration the requests before and after it run inline on the IPC client's thread."""
+    timings = device.sim.local_client().subscribe(TIMINGS_TOPIC)  # what the Telemetry component folds
     assert device.ask("v1").model.version == "0.0.1"  # type: ignore[union-attr]
     v2 = tiny(tmp_path / "store-v2", write_tiny_store, "0.0.2")
     server, engine = device.component.server, device.component.server.engine
@@ -189,4 +205,14 @@ def test_a_new_store_version_is_swapped_in_without_a_restart(
     )
     versions = [device.ask(f"after-{i}").model.version for i in range(3)]  # type: ignore[union-attr]
     assert versions == ["0.0.2"] * 3
+    # The telemetry window that holds the requests after the swap names the new version alone.
+    after = {f"after-{i}" for i in range(3)}
+
+    def timed(ids: set[str]) -> list[TimingBatch]:
+        batches = [TimingBatch.parse(m.payload) for m in timings.messages]
+        return [b for b in batches if any(r.id in ids for r in b.records)]
+
+    eventually(lambda: {r.id for b in timed(after) for r in b.records} >= after, 30, "the timings after")
+    assert window_versions(timed(after), after) == ["0.0.2"]
+    assert window_versions(timed({"v1"}), {"v1"}) == ["0.0.1"]
     assert device.component.server is server  # the same server, never restarted
