@@ -11,7 +11,7 @@ import numpy as np
 from edgeinfer.messages import Result
 from edgeinfer.runtime.component import Component
 from edgeinfer.runtime.config import SourceConfig, default_recipe_configuration
-from edgeinfer.runtime.sources import FrameFormat, SourceManager
+from edgeinfer.runtime.sources import FrameFormat, FrameReader, SourceManager, SourceRunner
 from edgeinfer.transport import MemoryBus
 from tests.helpers.images import solid_png
 from tests.helpers.wait import eventually
@@ -124,3 +124,58 @@ def test_a_configuration_update_adds_changes_and_removes_sources_without_a_resta
 def _cfgs(comp: Component) -> list[SourceConfig]:
     assert comp.sources is not None
     return [r.cfg for r in comp.sources.runners.values()]
+
+
+class Gate(FrameReader):
+    """A stream whose read waits until the test opens it (`reading`: a read is under way)."""
+
+    def __init__(self) -> None:
+        self.reading = threading.Event()
+        self.open = threading.Event()
+
+    def read(self) -> np.ndarray | None:
+        self.reading.set()
+        self.open.wait(60)
+        return np.zeros((16, 16, 3), dtype=np.uint8)
+
+
+class Gated(SourceRunner):
+    def __init__(self, gate: Gate, **kw: object) -> None:
+        self.gate = gate
+        super().__init__(**kw)  # type: ignore[arg-type]
+
+    def open(self) -> FrameReader:
+        return self.gate
+
+
+def test_a_source_is_stopped_without_holding_what_its_thread_needs_and_offers_nothing_after() -> None:
+    sink = Sink()
+    manager = SourceManager(sink, THING)  # type: ignore[arg-type]
+    gate = Gate()
+    cfg = SourceConfig(kind="stream", uri="rtsp://cam/1", name="gate")
+    runner = Gated(gate, cfg=cfg, sink=manager.mux, thing=THING, size=16)
+    runner.stop_wait_s = 60.0  # only the thread's end ends the stop here
+    runner.start()
+    manager.runners["gate"] = runner
+    applied = threading.Event()
+
+    def apply() -> None:
+        manager.apply([])
+        applied.set()
+
+    try:
+        eventually(gate.reading.is_set, what="the source's first read")
+        threading.Thread(target=apply, daemon=True).start()
+        eventually(runner._stop.is_set, what="the stop asked")
+        # on its way to the server the runner's thread asks who sends to its model: not blocked meanwhile
+        answered = threading.Event()
+        threading.Thread(target=lambda: (manager.sending_to(""), answered.set()), daemon=True).start()
+        eventually(answered.is_set, what="sending_to answered while a stop waits")
+        assert not applied.is_set()  # the stop still waits for the thread, in its read
+    finally:
+        gate.open.set()
+    eventually(applied.is_set, what="the stop done")
+    assert runner.finished.is_set()
+    assert sink.seen("gate") == 0  # the frame read as it was stopped is not offered
+    assert runner.stats.read == 0
+    assert manager.runners == {}

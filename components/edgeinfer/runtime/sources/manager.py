@@ -81,7 +81,8 @@ class SourceManager:
         self.counts = counts  # each source's counter increments, to telemetry
         self.clock = clock
         self.runners: dict[str, SourceRunner] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the runners dict, held briefly (a runner's thread takes it)
+        self._applying = threading.Lock()  # one `apply` at a time, for as long as it takes
         self.mux = FrameMux(sink, self.sending_to, batch_window_s)
 
     def sending_to(self, model: str) -> int:
@@ -93,14 +94,19 @@ class SourceManager:
     def apply(self, configured: Sequence[SourceConfig]) -> None:
         """Run exactly the `configured` sources (each named): start, stop or restart what differs."""
         wanted = {cfg.name: cfg for cfg in configured}
-        with self._lock:
-            for name, runner in list(self.runners.items()):
-                if wanted.get(name) != runner.cfg:
-                    runner.stop()
+        with self._applying:
+            with self._lock:
+                going = [(n, r) for n, r in self.runners.items() if wanted.get(n) != r.cfg]
+                for name, _ in going:
                     del self.runners[name]
-                    log.info("source %s stopped", name)
+            # Stopped with the lock released: a runner's thread takes it (`sending_to`) on its way
+            # to the server, and its stop waits for that thread. Each is stopped before a source of
+            # its name starts again, so the two do not read one camera together.
+            for name, runner in going:
+                runner.stop()
+                log.info("source %s stopped", name)
             for name, cfg in wanted.items():
-                if name not in self.runners:
+                if self.get(name) is None:
                     self._start(cfg)
 
     def _start(self, cfg: SourceConfig) -> None:
@@ -119,7 +125,8 @@ class SourceManager:
         except OSError as exc:
             log.error("source %s not started: %s", cfg.name, exc)
             return
-        self.runners[cfg.name] = runner  # a file or folder that cannot be opened is not kept
+        with self._lock:
+            self.runners[cfg.name] = runner  # a file or folder that cannot be opened is not kept
 
     def get(self, name: str) -> SourceRunner | None:
         with self._lock:

@@ -94,6 +94,10 @@ class SourceStats:
 
 
 class SourceRunner:
+    # How long `stop` waits for the thread: one stuck in a read (a stream that stopped answering)
+    # ends on its own later, offering nothing more and opening nothing again.
+    stop_wait_s = 5.0
+
     def __init__(
         self,
         cfg: SourceConfig,
@@ -174,7 +178,7 @@ class SourceRunner:
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=self.stop_wait_s)
             self._thread = None
 
     def offer(self, frame: np.ndarray, *, geometry: Letterbox | None = None) -> bool:
@@ -257,6 +261,8 @@ class SourceRunner:
                         break
                     self._lost()
                     continue
+                if self._stop.is_set():  # stopped during the read: a stopped source offers nothing
+                    break
                 self._receiving()
                 self.offer(frame, geometry=reader.geometry)
                 if self.frame_format is not None and self.frame_format() not in (None, self._format):
