@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
+import pytest
 
 from edgeinfer.runtime.config import SourceConfig
 from edgeinfer.runtime.sources import Backoff, FrameReader, SourceRunner
@@ -153,3 +155,56 @@ def test_stop_ends_a_backoff_wait_at_once() -> None:
     thread.join(30)
     assert not thread.is_alive()
     assert runner.finished.is_set()
+
+
+def test_an_error_on_a_frames_way_to_the_server_is_a_live_source_lost_not_its_end(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+
+    class Failing(Sink):
+        """Raises on the first two frames, as a bug on the way to the server would."""
+
+        def submit_frame(self, frame_id: str, image: np.ndarray, **kw: object) -> bool:
+            if frame_id in ("gate-1", "gate-2"):
+                raise RuntimeError(f"{frame_id} failed")
+            return super().submit_frame(frame_id, image, **kw)
+
+    sink = Failing()
+    runner = Scripted(
+        [lambda: Frames(2, clock), lambda: Frames(2, clock), lambda: Frames(2, clock)],
+        cfg=SourceConfig(kind="stream", uri="rtsp://cam/1", rate_hz=1000, name="gate"),
+        sink=sink,
+        thing="t",
+        size=8,
+        clock=clock,
+        backoff=Backoff(0.004, initial_s=0.001),
+    )
+    runner.error_backoff = Backoff(0.004, initial_s=0.001)
+    with caplog.at_level(logging.WARNING, logger="edgeinfer.runtime.sources.runner"):
+        runner._run(None)
+    assert sink.ids == ["gate-3", "gate-4"]  # each failure reopened the stream, and it served on
+    assert runner.stats.reconnects == 2
+    assert runner.stats.answered == 2
+    failed = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert [r.exc_info is not None for r in failed] == [True, False]  # the traceback once
+
+
+def test_an_error_ends_a_video_file() -> None:
+    clock = Clock()
+
+    class Failing(Sink):
+        def submit_frame(self, frame_id: str, image: np.ndarray, **kw: object) -> bool:
+            raise RuntimeError("failed")
+
+    runner = Scripted(
+        [],
+        cfg=SourceConfig(kind="video", uri="/data/a.mp4", rate_hz=1000),
+        sink=Failing(),
+        thing="t",
+        size=8,
+        clock=clock,
+    )
+    runner._run(Frames(3, clock))
+    assert runner.finished.is_set()
+    assert runner.stats.read == 1  # not reopened, not read on

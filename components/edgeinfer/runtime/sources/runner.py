@@ -7,7 +7,8 @@ wins: a frame that arrives while `max_in_flight` of the source's frames are stil
 between two ticks, is dropped and counted (and recorded as a `dropped` timing event, so telemetry
 shows it). A camera or a stream that is lost (or not there yet) is opened again with exponential
 backoff, capped and jittered (`Backoff`); the reconnects and the seconds without frames are counted.
-A lost source never ends the runtime; a video file or folder ends at its end (unless it loops).
+A lost source never ends the runtime, nor does an error a live source did not expect (it is taken as
+the source lost); a video file or folder ends at its end (unless it loops), or at an error.
 """
 
 from __future__ import annotations
@@ -128,6 +129,8 @@ class SourceRunner:
         self.clock = clock
         self.sleep = sleep
         self.backoff = backoff or Backoff(cfg.reconnect_max_s)
+        self.error_backoff = Backoff(cfg.reconnect_max_s)  # after an unexpected error (`_failed`)
+        self._error_said = False
         # Lost, it is opened again: a camera, a stream; a file or folder ends at its end.
         self.live = cfg.kind in ("camera", "stream") or (cfg.kind == "video" and is_stream(cfg.uri))
         self.stats = SourceStats()
@@ -198,20 +201,24 @@ class SourceRunner:
             return False
         self._seq += 1
         topic = self.cfg.result_topic or result_topic(self.thing)
-        ok = self.sink.submit_frame(
-            f"{self.name}-{self._seq}",
-            frame,
-            source=self.name,
-            topic=topic,
-            target="iot" if self.cfg.publish_to_iot else "local",
-            top_k=self.cfg.top_k,
-            on_done=functools.partial(self._done, now),
-            geometry=geometry,
-            model=self.cfg.model,
-        )
+        ok = False
+        try:
+            ok = self.sink.submit_frame(
+                f"{self.name}-{self._seq}",
+                frame,
+                source=self.name,
+                topic=topic,
+                target="iot" if self.cfg.publish_to_iot else "local",
+                top_k=self.cfg.top_k,
+                on_done=functools.partial(self._done, now),
+                geometry=geometry,
+                model=self.cfg.model,
+            )
+        finally:
+            if not ok:  # refused, or raised: its place in flight is free again
+                with self.stats.lock:
+                    self._in_flight -= 1
         if not ok:
-            with self.stats.lock:
-                self._in_flight -= 1
             self._drop()
             return False
         self.stats.submitted += 1
@@ -252,21 +259,28 @@ class SourceRunner:
                     reader = self._reopen()
                     if reader is None:
                         break
-                frame = self._read(reader)
-                if frame is None:
-                    reader.close()
-                    reader = None
-                    if not self.live:
-                        log.info("source %s ended after %d frames", self.name, self.stats.read)
+                try:
+                    frame = self._read(reader)
+                    if frame is None:
+                        reader.close()
+                        reader = None
+                        if not self.live:
+                            log.info("source %s ended after %d frames", self.name, self.stats.read)
+                            break
+                        self._lost()
+                        continue
+                    if self._stop.is_set():  # stopped during the read: a stopped source offers nothing
                         break
-                    self._lost()
-                    continue
-                if self._stop.is_set():  # stopped during the read: a stopped source offers nothing
-                    break
-                self._receiving()
-                self.offer(frame, geometry=reader.geometry)
-                if self.frame_format is not None and self.frame_format() not in (None, self._format):
-                    reader.close()  # a new engine with another input: frames made for it from now on
+                    self._receiving()
+                    self.offer(frame, geometry=reader.geometry)
+                    self.error_backoff.reset()
+                    if self.frame_format is not None and self.frame_format() not in (None, self._format):
+                        reader.close()  # a new engine with another input: frames made for it from now on
+                        reader = None
+                except Exception as exc:
+                    if not self.live:
+                        raise
+                    self._failed(reader, exc)
                     reader = None
         except Exception:
             log.exception("source %s failed", self.name)
@@ -274,6 +288,23 @@ class SourceRunner:
             if reader is not None:
                 reader.close()
             self.finished.set()
+
+    def _failed(self, reader: FrameReader | None, exc: Exception) -> None:
+        """An error a live source did not expect (in a frame's way to the server, say): it is lost,
+        as a camera that fails is, and opened again after a wait that grows while the errors go on
+        (a frame through without one resets it), so an error at every frame does not spin."""
+        if not self._error_said:
+            self._error_said = True  # its traceback once; its message each time after
+            log.error("source %s failed; reconnecting", self.name, exc_info=exc)
+        else:
+            log.warning("source %s failed again: %s", self.name, exc)
+        if reader is not None:
+            try:
+                reader.close()
+            except Exception as close_exc:
+                log.warning("source %s: close failed: %s", self.name, close_exc)
+        self._lost()
+        self._stop.wait(self.error_backoff.next())
 
     def _read(self, reader: FrameReader) -> np.ndarray | None:
         try:
