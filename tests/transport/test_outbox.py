@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 from edgeinfer.transport import MemoryBus, UnauthorizedError
-from edgeinfer.transport.outbox import Forwarder, Outbox, OutboxPublisher
+from edgeinfer.transport.outbox import Forwarder, Outbox, OutboxPublisher, Stored
 from tests.helpers.clock import FakeClock
 from tests.helpers.wait import eventually
 
@@ -192,3 +192,80 @@ def test_a_refused_topic_is_dropped_and_counted_never_retried(tmp_path: Path) ->
     assert sent(bus) == [msg(0), msg(2)]
     assert pub.outbox.dropped_by["refused"] == 2
     assert len(pub.outbox) == 0
+
+
+class HangingBus(MemoryBus):
+    """A nucleus that does not answer a publish until the test opens `gate`; `entered` tells that one
+    is waiting."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+
+    def publish(self, topic, payload, *, target="local", qos=0, properties=None):  # type: ignore[no-untyped-def]
+        self.entered.set()
+        self.gate.wait(60)
+        return super().publish(topic, payload, target=target, qos=qos, properties=properties)
+
+
+def kept_payloads(folder: Path) -> list[bytes]:
+    box = Outbox(folder)
+    kept = []
+    while (item := box.peek()) is not None:
+        kept.append(item.payload)
+        box.remove(item.seq)
+    return kept
+
+
+def test_stop_writes_the_queue_while_a_publish_hangs_and_counts_the_one_it_holds(tmp_path: Path) -> None:
+    bus = HangingBus()
+    fwd = Forwarder(OutboxPublisher(bus, TOPIC, Outbox(tmp_path)), tick_s=0.01).start()
+    try:
+        fwd.submit(msg(0))
+        eventually(bus.entered.is_set, 30, "the forwarder's thread publishing the first message")
+        for i in range(1, 6):
+            fwd.submit(msg(i))
+        # the nucleus never answers within the stop's wait: the queue must be on disk all the same
+        assert fwd.stop(timeout=0.01) is False
+        assert kept_payloads(tmp_path) == [msg(i) for i in range(1, 6)]
+        state = json.loads((tmp_path / "state.json").read_text())
+        assert state["dropped_by"]["stopped"] == 1  # the one in the unanswered publish, not on disk
+        assert state["spooled"] == 5
+    finally:
+        bus.gate.set()
+
+
+def test_a_stop_during_a_resend_keeps_the_order(tmp_path: Path) -> None:
+    bus = HangingBus()
+    box = Outbox(tmp_path)
+    box.put(box.take_seq(), msg(0))  # waiting from an earlier outage
+    fwd = Forwarder(OutboxPublisher(bus, TOPIC, box), tick_s=0.01)
+    fwd.submit(msg(1))  # queued before the thread starts, so it is taken before any idle resend
+    fwd.start()
+    stopper = threading.Thread(target=fwd.stop, kwargs={"timeout": 60})
+    try:
+        eventually(bus.entered.is_set, 30, "the forwarder's thread resending the waiting message")
+        fwd.submit(msg(2))
+        fwd.submit(msg(3))
+        stopper.start()
+        eventually(lambda: len(list(tmp_path.glob("0*.json"))) == 3, 30, "the queue written beside the first")
+    finally:
+        bus.gate.set()
+    stopper.join(60)
+    assert sent(bus) == [msg(0), msg(1)]  # what the thread held, after the older one, never after newer
+    assert kept_payloads(tmp_path) == [msg(2), msg(3)]
+
+
+def test_put_many_keeps_a_batch_in_order_across_a_restart(tmp_path: Path) -> None:
+    box = Outbox(tmp_path)
+    box.put(box.take_seq(), b"a")
+    box.put_many([Stored(box.take_seq(), b"b"), Stored(box.take_seq(), b"c", "t/c")])
+    assert not list(tmp_path.glob(".*"))
+    again = Outbox(tmp_path)
+    assert again.spooled == 3
+    items = []
+    while (item := again.peek()) is not None:
+        items.append((item.payload, item.topic))
+        again.remove(item.seq)
+    assert items == [(b"a", None), (b"b", None), (b"c", "t/c")]

@@ -18,24 +18,29 @@ temporary name in the same folder, synced and renamed: a crash never leaves a pa
 spools the message), so IoT Core receives them in `seq` order; `pump()` resends the oldest first,
 backing off between failed attempts, and stops at the first failure. A message leaves the outbox
 only once the nucleus accepted its publish, so a crash between the two sends it again: delivery is
-at least once (QoS 1), never lost for want of a retry.
+at least once (QoS 1), never lost for want of a retry once it is on disk.
 
 `Forwarder`: an `OutboxPublisher` on its own thread behind a bounded queue, for a caller that must
-never wait on the bus or the disk (the runtime's answering thread).
+never wait on the bus or the disk (the runtime's answering thread). What waits in that queue is in
+memory only: `stop()` writes it to the outbox in one batch, with one sync, before it waits on a
+publish under way; a crash loses it (at most `max_queued` messages, and the one being published).
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
+import functools
 import json
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from edgeinfer.files import atomic_write
 from edgeinfer.transport.base import PubSub, TransportError, UnauthorizedError
@@ -50,9 +55,36 @@ _TOPICAL = ".msg"  # a JSON line {"topic": ...}, then the payload
 # Why a message was dropped: the bound on messages or bytes, the bound on age, a file that could not
 # be read back, one that could not be written, a topic the nucleus does not let the component publish
 # to (retrying would never help, and would hold up every later message), or (a Forwarder's) a queue
-# the disk did not keep up with.
-DROP_REASONS = ("full", "age", "unreadable", "unwritable", "refused", "overflow")
+# the disk did not keep up with, or a publish the nucleus had not answered when the Forwarder stopped.
+DROP_REASONS = ("full", "age", "unreadable", "unwritable", "refused", "overflow", "stopped")
 _SENT, _LATER, _REFUSED = "sent", "later", "refused"  # what `OutboxPublisher._send` did
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _locked(method: Callable[Concatenate[Outbox, _P], _R]) -> Callable[Concatenate[Outbox, _P], _R]:
+    def run(self: Outbox, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    functools.update_wrapper(run, method)
+    return run
+
+
+def _sync_filesystem(folder: Path) -> None:
+    """Make everything written under `folder` durable in one call: a batch's files, their data and
+    their names. A folder's own fsync would keep the names but not what the files hold."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        syncfs = getattr(ctypes.CDLL(None, use_errno=True), "syncfs", None)  # Linux; not in `os`
+        if syncfs is None:
+            os.sync()
+        elif syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), str(folder))
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -72,7 +104,8 @@ class _Entry:
 
 
 class Outbox:
-    """A bounded on-disk FIFO of messages, keyed by `seq`. Not thread-safe: one owner drives it."""
+    """A bounded on-disk FIFO of messages, keyed by `seq`. One owner drives it; its methods hold a lock,
+    so that a Forwarder's `stop` can write the queue while its thread waits on a publish."""
 
     def __init__(
         self,
@@ -99,6 +132,7 @@ class Outbox:
         # In `seq` order (kept so by `put`), so the oldest is the first: no search per message.
         self._entries: dict[int, _Entry] = {}
         self._bytes = 0
+        self._lock = threading.RLock()
         self._load()
 
     def _load(self) -> None:
@@ -140,18 +174,22 @@ class Outbox:
 
     # -------------------------------------------------------------------------------------- queries
 
+    @_locked
     def __len__(self) -> int:
         return len(self._entries)
 
     @property
+    @_locked
     def dropped(self) -> int:
         """Messages lost, whatever the reason."""
         return sum(self.dropped_by.values())
 
     @property
+    @_locked
     def size(self) -> int:
         return self._bytes
 
+    @_locked
     def seqs(self) -> list[int]:
         return list(self._entries)
 
@@ -163,6 +201,7 @@ class Outbox:
 
     # ------------------------------------------------------------------------------------ mutations
 
+    @_locked
     def take_seq(self) -> int:
         """The next `seq`, for a caller without an order of its own. Not persisted on its own: a
         restart goes on after the newest file, and an empty outbox may start anywhere."""
@@ -170,24 +209,51 @@ class Outbox:
         self.next_seq += 1
         return seq
 
+    @_locked
     def put(self, seq: int, payload: bytes, topic: str | None = None) -> None:
         """Write a message (raises OSError when the disk will not take it)."""
+        self._write(seq, payload, topic, fsync=True)
+        self._enforce_bounds(keep=seq)
+
+    @_locked
+    def put_many(self, items: Sequence[Stored]) -> int:
+        """Write several messages, then one sync for them all rather than one per file (a stop's
+        queue). How many were written; one the disk will not take is dropped and counted."""
+        written, failed, last = 0, 0, None
+        for item in items:
+            try:
+                self._write(item.seq, item.payload, item.topic, fsync=False)
+                written, last = written + 1, item.seq
+            except OSError as exc:
+                failed += 1
+                log.error("cannot keep message %d in the %s: %s", item.seq, self.name, exc)
+        if written:
+            try:
+                _sync_filesystem(self.dir)
+            except OSError as exc:  # written all the same: only a power cut would lose them now
+                log.warning("cannot sync the %s's batch of %d: %s", self.name, written, exc)
+        if failed:
+            self.drop("unwritable", failed)
+        self._enforce_bounds(keep=last)
+        return written
+
+    def _write(self, seq: int, payload: bytes, topic: str | None, *, fsync: bool) -> None:
         if topic is None:
             data, suffix = payload, _PLAIN
         else:
             data, suffix = json.dumps({"topic": topic}).encode() + b"\n" + payload, _TOPICAL
         self.dir.mkdir(parents=True, exist_ok=True)
-        atomic_write(self._path(seq, suffix), data, mode=None, fsync=True)
+        atomic_write(self._path(seq, suffix), data, mode=None, fsync=fsync)
         self._bytes -= self._entries[seq].size if seq in self._entries else 0
         newest = next(reversed(self._entries)) if self._entries else None
         self._entries[seq] = _Entry(len(data), suffix, self.wall())
         self._bytes += len(data)
-        if newest is not None and seq < newest:  # out of order (not how the callers use it): re-sort
+        if newest is not None and seq < newest:  # out of order (a stop's batch is behind it): re-sort
             self._entries = dict(sorted(self._entries.items()))
         self.spooled += 1
         self.next_seq = max(self.next_seq, seq + 1)
-        self._enforce_bounds(keep=seq)
 
+    @_locked
     def peek(self) -> Stored | None:
         """The oldest message, or None. One too old is dropped, an unreadable one too; both counted."""
         self._expire()
@@ -211,6 +277,7 @@ class Outbox:
             raise ValueError("no topic in its first line")
         return Stored(seq, payload, topic)
 
+    @_locked
     def remove(self, seq: int) -> None:
         entry = self._entries.pop(seq, None)
         if entry is not None:
@@ -218,6 +285,7 @@ class Outbox:
             with contextlib.suppress(FileNotFoundError):
                 self._path(seq, entry.suffix).unlink()
 
+    @_locked
     def sent_one(self, seq: int) -> None:
         """`seq` went out: remove it and count it."""
         self.remove(seq)
@@ -225,17 +293,20 @@ class Outbox:
         if not self._entries or self.sent % 64 == 0:
             self.save_state()
 
+    @_locked
     def drop(self, reason: str, n: int = 1) -> None:
         """Count `n` messages lost for `reason` (one of DROP_REASONS), persisted at once."""
         self.dropped_by[reason] += n
         self.save_state()
 
+    @_locked
     def note_seq(self, next_seq: int) -> None:
         """Remember the next sequence number (persisted with the state)."""
         if next_seq > self.next_seq:
             self.next_seq = next_seq
             self.save_state()
 
+    @_locked
     def save_state(self) -> None:
         doc = {
             "next_seq": self.next_seq,
@@ -310,8 +381,9 @@ class OutboxPublisher:
 
     def offer(self, seq: int, payload: bytes, topic: str | None = None) -> bool:
         """Publish now, or keep in the outbox; True when it (and everything before it) went out."""
-        # Older messages go first; only when none is left waiting may this one skip the outbox.
-        if self.pump() and self._clock() >= self._next_try:
+        # Older messages go first; only when none is left waiting may this one skip the outbox. Newer
+        # ones (a stopping Forwarder's queue, written meanwhile) wait behind it.
+        if self.pump(before=seq) and self._clock() >= self._next_try:
             outcome = self._send(seq, payload, topic)
             if outcome != _LATER:
                 return outcome == _SENT
@@ -327,13 +399,14 @@ class OutboxPublisher:
         log.debug("kept message %d in the %s (%d waiting)", seq, self.outbox.name, len(self.outbox))
         return False
 
-    def pump(self) -> bool:
-        """Resend waiting messages oldest first; False when some are still waiting."""
+    def pump(self, before: int | None = None) -> bool:
+        """Resend waiting messages oldest first (only those before `seq` `before`, if given); False
+        when some of them are still waiting."""
         while len(self.outbox):
             if self._clock() < self._next_try:
                 return False
             item = self.outbox.peek()
-            if item is None:
+            if item is None or (before is not None and item.seq >= before):
                 break
             outcome = self._send(item.seq, item.payload, item.topic)
             if outcome == _LATER:
@@ -401,7 +474,9 @@ class OutboxPublisher:
 class Forwarder:
     """An `OutboxPublisher` on its own thread: `submit` only queues, so its caller never waits on the
     bus or the disk. The queue holds at most `max_queued` messages; beyond that the oldest queued is
-    dropped and counted (`overflow`). `stop()` keeps what is still queued in the outbox."""
+    dropped and counted (`overflow`). The thread takes one message at a time, its `seq` given as it is
+    taken, so what is still queued is always newer than anything it holds. `stop()` writes what is
+    queued to the outbox, then waits for the thread."""
 
     def __init__(
         self,
@@ -416,7 +491,8 @@ class Forwarder:
         self.publisher = publisher
         self.outbox = publisher.outbox
         self.max_queued = max_queued
-        self.on_change = on_change  # called on the forwarder's thread when the counters change
+        # Called on the forwarder's thread when the counters change, and by `stop` at the end.
+        self.on_change = on_change
         self.tick_s = tick_s  # how often an idle forwarder looks at the outbox again
         self.report_s = report_s  # counters go to `on_change` at most this often (and at the end)
         self._clock = clock
@@ -425,8 +501,10 @@ class Forwarder:
         self._cond = threading.Condition()
         self._stopping = False
         self._overflow = 0
+        self._held: Stored | None = None  # taken from the queue, neither published nor on disk yet
         self._thread: threading.Thread | None = None
         self._reported: dict[str, int] | None = None
+        self._report_lock = threading.Lock()
 
     def start(self) -> Forwarder:
         self._thread = threading.Thread(target=self._run, name=f"edgeinfer-{self.outbox.name}", daemon=True)
@@ -435,11 +513,16 @@ class Forwarder:
 
     def submit(self, payload: bytes, topic: str | None = None) -> None:
         with self._cond:
-            if len(self._queue) >= self.max_queued:
-                self._queue.popleft()
-                self._overflow += 1
-            self._queue.append((payload, topic))
-            self._cond.notify()
+            late = self._stopping
+            if not late:
+                if len(self._queue) >= self.max_queued:
+                    self._queue.popleft()
+                    self._overflow += 1
+                self._queue.append((payload, topic))
+                self._cond.notify()
+        if late:  # nothing takes it any more; only a caller that outlives the stop gets here
+            log.warning("%s: a message submitted after the stop dropped", self.outbox.name)
+            self.outbox.drop("stopped")
 
     def queued(self) -> int:
         with self._cond:
@@ -449,64 +532,94 @@ class Forwarder:
         with self._cond:
             return self._stopping
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Write what is queued to the outbox (one batch, one sync: no publish the nucleus is slow to
+        answer holds it up), then wait up to `timeout` for the thread to finish what it holds. False
+        when it did not: the one message it holds, in a publish not yet answered and not on disk, is
+        counted as dropped (`stopped`), even if that publish is answered in the moment after."""
         with self._cond:
             self._stopping = True
+            queued = list(self._queue)
+            self._queue.clear()
+            overflow, self._overflow = self._overflow, 0
             self._cond.notify()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        # The thread takes no more now, so these `seq`s come after whatever it holds.
+        batch = [Stored(self.outbox.take_seq(), payload, topic) for payload, topic in queued]
+        self._count_overflow(overflow)
+        if batch:
+            self.outbox.put_many(batch)
+        ended = self._join(timeout)
+        self.outbox.save_state()
+        self._report(force=True)
+        return ended
+
+    def _join(self, timeout: float) -> bool:
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return True
+        thread.join(timeout)
+        if not thread.is_alive():
+            return True
+        with self._cond:
+            held, self._held = self._held, None
+        log.error(
+            "%s: the forwarder did not stop within %.3g s; %d message in a publish not yet answered dropped",
+            self.outbox.name,
+            timeout,
+            0 if held is None else 1,
+        )
+        if held is not None:
+            self.outbox.drop("stopped")
+        return False
 
     def _run(self) -> None:
         while True:
             with self._cond:
                 if not self._queue and not self._stopping:
                     self._cond.wait(self.tick_s)
-                batch = list(self._queue)
-                self._queue.clear()
+                if self._stopping:  # `stop` wrote what was queued
+                    return
+                item = None
+                if self._queue:
+                    payload, topic = self._queue.popleft()
+                    item = Stored(self.outbox.take_seq(), payload, topic)
+                self._held = item
                 overflow, self._overflow = self._overflow, 0
-                stopping = self._stopping
             try:
-                self._step(batch, overflow, stopping)
+                self._step(item, overflow)
             except Exception:  # the thread must outlive any one failure: the outbox keeps the rest
                 log.exception("the %s's forwarder failed a step", self.outbox.name)
-            if stopping:
-                return
+            with self._cond:
+                self._held = None
 
-    def _step(self, batch: list[tuple[bytes, str | None]], overflow: int, stopping: bool) -> None:
+    def _step(self, item: Stored | None, overflow: int) -> None:
+        self._count_overflow(overflow)
+        if item is not None:
+            self.publisher.offer(item.seq, item.payload, item.topic)
+        else:
+            self.publisher.pump()
+        self._report()
+
+    def _count_overflow(self, overflow: int) -> None:
         if overflow:
             log.warning(
                 "%s: %d message(s) dropped, the queue to the disk was full", self.outbox.name, overflow
             )
             self.outbox.drop("overflow", overflow)
-        pub = self.publisher
-        for payload, topic in batch:
-            seq = self.outbox.take_seq()
-            if stopping:  # no waiting on the bus while the component stops: the outbox keeps it
-                try:
-                    self.outbox.put(seq, payload, topic)
-                except OSError:
-                    self.outbox.drop("unwritable")
-            else:
-                pub.offer(seq, payload, topic)
-        if not stopping:
-            pub.pump()
-        else:
-            self.outbox.save_state()
-        self._report(force=stopping)
 
     def counters(self) -> dict[str, int]:
         return self.publisher.counters()
 
     def _report(self, *, force: bool = False) -> None:
-        if self.on_change is None or (not force and self._clock() - self._last_report < self.report_s):
-            return
-        now = self.counters()
-        if now == self._reported:
-            return
-        self._reported = now
-        self._last_report = self._clock()
-        try:
-            self.on_change(now)
-        except Exception:
-            log.exception("reporting the %s's counters failed", self.outbox.name)
+        with self._report_lock:  # `stop` reports too, maybe while the thread is still in a step
+            if self.on_change is None or (not force and self._clock() - self._last_report < self.report_s):
+                return
+            now = self.counters()
+            if now == self._reported:
+                return
+            self._reported = now
+            self._last_report = self._clock()
+            try:
+                self.on_change(now)
+            except Exception:
+                log.exception("reporting the %s's counters failed", self.outbox.name)
