@@ -1142,3 +1142,83 @@ def test_a_model_whose_start_after_its_load_fails_is_not_left_loaded_and_is_load
         eventually(lambda: server.inflight.count == 0, what="every request counted out")
     finally:
         server.stop()
+
+
+def test_a_request_admitted_before_its_models_start_fails_and_queued_after_is_answered_with_the_reason(
+    make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import os
+
+    from edgeinfer.runtime.models import ModelRepository, ModelSlot, ModelSource
+
+    cfg = RuntimeConfig(
+        max_batch_size=4,
+        lanes=1,
+        decode_threads=1,  # one decode worker, held below: "late" is decoded after the failed start
+        run_inline_when_idle=False,
+        image_folders=[str(tmp_path)],
+        execution_providers=["CPUExecutionProvider"],
+    )
+    slots = [ModelSlot(ModelSource("a", ""), make_engine(cfg)), ModelSlot(ModelSource("b", ""))]
+    repo = ModelRepository(slots, build=lambda slot: make_engine(cfg))
+    bus = MemoryBus()
+    server = InferenceServer(bus, slots[0].engine, cfg, THING, models=repo)  # type: ignore[arg-type]
+    server.start()
+    starting, fail = threading.Event(), threading.Event()
+
+    def warm_up_held_then_broken(*_args: Any) -> None:
+        starting.set()
+        fail.wait(30)
+        raise RuntimeError("no codec")
+
+    monkeypatch.setattr("edgeinfer.runtime.server.warm_up_decoder", warm_up_held_then_broken)
+    held = tmp_path / "held.jpg"
+    os.mkfifo(held)  # its reader (the one decode worker) waits until it is written
+
+    def send(rid: str, **fields: Any) -> None:
+        bus.publish(INFER, json.dumps({"id": rid, **fields}).encode(), target="local")
+
+    def write_held(data: bytes) -> None:
+        """Once the decode worker reads `held` (until then there is no reader: ENXIO)."""
+        fd: list[int] = []
+
+        def opened() -> bool:
+            with contextlib.suppress(OSError):
+                fd.append(os.open(held, os.O_WRONLY | os.O_NONBLOCK))
+            return bool(fd)
+
+        eventually(opened, 30, "the decode worker reading the held image")
+        try:
+            os.write(fd[0], data)
+        finally:
+            os.close(fd[0])
+
+    def answer(rid: str) -> Result:
+        def found() -> list[Result]:
+            return [r for r in (Result.parse(m.payload) for m in bus.messages_on(RESULT)) if r.id == rid]
+
+        eventually(lambda: bool(found()), 30, f"the answer to {rid}")
+        (res,) = found()
+        return res
+
+    try:
+        image = b64(solid_jpeg((5, 5, 250)))
+        send("first", image=image, model="b")  # its load: built, then held in its start
+        assert starting.wait(30)
+        send("blocker", image_path=str(held))  # the default model's: holds the decode worker
+        send("late", image=image, model="b")  # b is loaded now: admitted to its batcher
+        eventually(lambda: slots[1].batcher.outstanding == 1, what="late admitted to b's batcher")
+        fail.set()
+        why = "model b did not load: its start failed: no codec"
+        first = answer("first")
+        assert first.error is not None
+        assert (first.error.code, first.error.message) == (ErrorCode.INTERNAL, why)
+        write_held(base64.b64decode(image))
+        assert answer("blocker").status == "ok"
+        late = answer("late")
+        assert late.error is not None
+        assert (late.error.code, late.error.message) == (ErrorCode.INTERNAL, why)
+        eventually(lambda: slots[1].batcher.idle, what="nothing left counted on b's batcher")
+        eventually(lambda: server.inflight.count == 0, what="every request counted out")
+    finally:
+        server.stop()

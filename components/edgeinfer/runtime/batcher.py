@@ -358,6 +358,17 @@ class DynamicBatcher(Generic[T]):
             self._cond.notify_all()
             return left
 
+    def reopen(self) -> None:
+        """Take work again after `close` (a model whose start failed, loaded again). What holds this
+        batcher from before keeps using it: nothing is queued where no engine thread looks."""
+        with self._cond:
+            self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """`close` was called (and not `reopen`): `admit` and `put` refuse everything."""
+        return self._closed
+
     @property
     def lane_batch_size(self) -> int:
         """The most items a batch on one lane holds: the setting, or 0 → `max_batch_size` shared

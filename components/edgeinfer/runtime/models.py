@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from edgeinfer.messages import ErrorCode, ModelRef
 from edgeinfer.runtime.answer import Job
-from edgeinfer.runtime.batcher import DynamicBatcher
+from edgeinfer.runtime.batcher import DynamicBatcher, Queued
 from edgeinfer.runtime.engine import BackgroundLoad, Engine, background_load
 
 if TYPE_CHECKING:
@@ -266,6 +266,16 @@ class ModelRepository:
                 slot.source.folder = folder
             return False
 
+    def mark_failed(self, slot: ModelSlot, error: str) -> list[Queued[Job]]:
+        """`slot`'s model loaded but its start failed: it is not left loaded with no engine thread to
+        run its batches. Until its retry time has passed its requests are refused as a load that
+        failed (`acquire`); its batcher is closed until it loads again, so that a request admitted
+        before now is refused there (its caller answers it); what was queued is returned, to answer."""
+        with self._cond:
+            slot.engine = None
+            slot.load_error = (self.clock(), error)
+            return slot.batcher.close()
+
     def _expected_end(self, slot: ModelSlot) -> float:
         """When `slot`'s load should end: its last load's duration, else the longest load seen of any
         model (0 before any was timed)."""
@@ -402,6 +412,8 @@ class ModelRepository:
             slot.loading_since = None
             slot.load_error = None
             slot.engine = engine
+            if not self._stopped:  # closed by `mark_failed`: it takes work again (at stop it stays closed)
+                slot.batcher.reopen()
             slot.last_used = self.clock()
             waited, slot.waiting = slot.waiting, []
             slot.leases += 1  # what waited is admitted before the budget may unload it again

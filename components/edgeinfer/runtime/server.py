@@ -383,17 +383,27 @@ class InferenceServer:
         self._engine_ready(slot)
 
     def _start_failed(self, slot: ModelSlot, error: str) -> None:
-        """A model whose start after its load failed is not left loaded with no engine thread to
-        run its batches: it is marked as a load that failed (the repository answers its requests
-        INTERNAL "model X did not load: `error`" at once, and loads it again after its retry time).
-        What reached its batcher in between is answered so too."""
-        models = self.models
-        with models._cond:  # the repository's lock, under which `acquire` reads the slot
-            slot.engine = None
-            slot.load_error = (models.clock(), error)
-        batcher, slot.batcher = slot.batcher, self._new_batcher(self.cfg, None)
-        for item in batcher.close():  # its engine threads, if any started, see the model unloaded
-            self._fail(item.item, ErrorCode.INTERNAL, f"model {slot.name} did not load: {error}", slot)
+        """A model whose start after its load failed is marked as a load that failed (the repository
+        answers its requests INTERNAL "model X did not load: `error`" at once, and loads it again
+        after its retry time). What reached its batcher in between is answered so too."""
+        for item in self.models.mark_failed(slot, error):  # its engine threads see it unloaded
+            self._fail(item.item, ErrorCode.INTERNAL, self._refused_why(slot), slot)
+
+    def _refused_why(self, slot: ModelSlot) -> str:
+        """Why `slot`'s closed batcher refused a request: the runtime is stopping, or its model's
+        start failed (said as the repository says it, see `ModelRepository.mark_failed`)."""
+        error = slot.load_error
+        if not self._running or error is None:
+            return "the runtime is stopping"
+        return f"model {slot.name} did not load: {error[1]}"
+
+    def _not_admitted(self, job: Job, slot: ModelSlot, batcher: DynamicBatcher[Job]) -> None:
+        """`batcher.admit()` refused `job`: its queue is full, or it is closed."""
+        if batcher.closed:
+            self._fail(job, ErrorCode.INTERNAL, self._refused_why(slot), slot)
+        else:
+            why = f"the queue is full ({batcher.max_queue_size} requests)"
+            self._fail(job, ErrorCode.OVERLOADED, why, slot)
 
     def _engine_ready(self, slot: ModelSlot) -> None:
         """`slot.engine` is new: its threads and its batcher's sizes."""
@@ -613,9 +623,9 @@ class InferenceServer:
                 why = f"{1000 * left_s:.0f} ms left, and the batches ahead take at least {ahead_ms:.0f} ms"
                 self._fail(job, ErrorCode.DEADLINE_EXCEEDED, why, slot)
                 return
-        if not slot.batcher.admit():
-            why = f"the queue is full ({self.cfg.max_queue_size} requests)"
-            self._fail(job, ErrorCode.OVERLOADED, why, slot)
+        batcher = slot.batcher
+        if not batcher.admit():
+            self._not_admitted(job, slot, batcher)
             return
         if inline:
             # Decoded here; run here too, unless the provider is bound to the engine threads.
@@ -773,8 +783,8 @@ class InferenceServer:
             elif data is None:
                 data = self._read_path(job.request.image_path or "")
             engine = slot.engine
-            if engine is None:  # admitted to its batcher, it is not unloaded: only a bug gets here
-                raise RuntimeError(f"model {slot.name} is not loaded")
+            if engine is None:  # admitted to its batcher, it is not unloaded: its start failed since
+                raise MessageError(ErrorCode.INTERNAL, self._refused_why(slot))
             limits = {
                 "max_pixels": self.cfg.max_image_pixels,
                 "min_side": self.cfg.min_image_side,
@@ -807,8 +817,8 @@ class InferenceServer:
             self._fail(job, ErrorCode.INTERNAL, f"decode failed: {exc}", slot)
             return
         poll = batcher.put_take(job, job.deadline, alone=alone)
-        if poll is None:
-            self._fail(job, ErrorCode.INTERNAL, "the runtime is stopping", slot)
+        if poll is None:  # closed since its admission
+            self._fail(job, ErrorCode.INTERNAL, self._refused_why(slot), slot)
             return
         # When the batcher handed this thread the batch (`alone` at an idle runtime), it runs and
         # answers it here; otherwise the poll is empty and an engine thread takes it.
