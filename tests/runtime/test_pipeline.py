@@ -399,3 +399,43 @@ def test_the_deadline_covers_the_classifier_stage_too(
     assert res.model is not None
     assert res.model.name == "shapes"
     assert device.ask("next", squares_png(), model="shapes").status == "ok"
+
+
+@pytest.mark.devtool
+def test_crops_that_find_the_classifier_closed_at_stop_are_answered_the_runtime_is_stopping(
+    tmp_path: Path, stores: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    detector = Manifest.load(stores["detector"]).name
+    # Run on the detector's engine thread (not the arrival's), so that stop() waits for its batch.
+    device = Device(tmp_path, stores, runInlineWhenIdle=False, **pipelines(detector))
+    server = device.component.server
+    classifier, detecting = server.models.slots[0], server.models.slots[1]
+    engine = detecting.engine
+    assert engine is not None
+    run, entered, go = engine.run, threading.Event(), threading.Event()
+
+    def held_run(batch: np.ndarray, *, lane: bool = False) -> np.ndarray:
+        entered.set()
+        go.wait(30)
+        return run(batch, lane=lane)
+
+    monkeypatch.setattr(engine, "run", held_run)
+    device.send("last", squares_png(), model="shapes")
+    assert entered.wait(30)
+    stopping = threading.Thread(target=device.component.stop)
+    stopping.start()
+    try:
+        # The classifier's batcher is closed first (it is the first model): then the crops arrive.
+        eventually(lambda: classifier.batcher.closed, 30, "the classifier's batcher closed")
+    finally:
+        go.set()
+        stopping.join(60)
+    assert not stopping.is_alive()
+    (res,) = device.answers("last")
+    assert res.error is not None
+    assert (res.error.code, res.error.message) == (
+        ErrorCode.INTERNAL,
+        "pipeline 'shapes': a crop on model 'colours': the runtime is stopping",
+    )

@@ -971,11 +971,10 @@ class InferenceServer:
                 self._fail(job, ErrorCode.INTERNAL, f"pipeline {job.route.pipeline.name!r}: {exc}")
         rooms = [slot.batcher.admit() for _, slot in crops]
         for (crop, slot), room in zip(crops, rooms, strict=True):
-            if not room:
-                why = f"the queue is full ({slot.batcher.max_queue_size} requests)"
-                self._fail(crop, ErrorCode.OVERLOADED, why, slot)
+            if not room:  # full, or closed (at stop the classifier's may close before the detector's)
+                self._not_admitted(crop, slot, slot.batcher)
             elif slot.batcher.put_take(crop, crop.deadline) is None:
-                self._fail(crop, ErrorCode.INTERNAL, "the runtime is stopping", slot)
+                self._fail(crop, ErrorCode.INTERNAL, self._refused_why(slot), slot)
 
     def _cut_crops(self, job: PipelineJob, detected: Result) -> list[tuple[CropJob, ModelSlot]]:
         """`job`'s crops, each for its classifier's batcher (none: `job` is answered here)."""
