@@ -659,3 +659,26 @@ def test_a_background_warm_up_on_the_cpu_can_run_batch_1_only(make_engine: Calla
     with background_load(BackgroundLoad(pace=0.0, every_size=True)):
         assert sorted(engine.warm_up()) == [1, 2, 3, 4]
     assert shapes == [1, 1, 2, 3, 4, 4]
+
+
+def test_a_background_warm_up_idles_pace_times_each_run_on_the_clock_and_sleep_it_is_given(
+    make_engine: Callable[..., Engine],
+) -> None:
+    from edgeinfer.runtime.engine import BackgroundLoad, background_load
+    from tests.helpers.clock import FakeClock
+
+    engine = make_engine(RuntimeConfig(max_batch_size=3, lanes=1), warm=False)
+    clock = FakeClock()
+    run = engine.run
+
+    def timed(batch: Any, **kwargs: Any) -> Any:
+        out = run(batch, **kwargs)
+        clock.advance(0.25 * batch.shape[0])  # a run takes a quarter of a second an image, on `clock`
+        return out
+
+    engine.run = timed  # type: ignore[method-assign]
+    idled: list[float] = []
+    with background_load(BackgroundLoad(pace=2.0, nice=5, every_size=True)):
+        warm = engine.warm_up(clock=clock, sleep=idled.append)
+    assert warm == {1: 250.0, 2: 500.0, 3: 750.0}
+    assert idled == [0.5, 0.5, 1.0, 1.5, 1.5]  # twice each run's time: batch 1 and 3 twice, 2 once

@@ -321,20 +321,28 @@ class Engine:
             self.apply_softmax = not _looks_like_probabilities(out)
         return postprocess.softmax(out) if self.apply_softmax else out
 
-    def warm_up(self, max_batch: int | None = None, runs: int = 2) -> dict[int, float]:
+    def warm_up(
+        self,
+        max_batch: int | None = None,
+        runs: int = 2,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> dict[int, float]:
         """Run every batch size so the first real request meets a warm engine: batch 1 and the largest
         `runs` times (the first run of a shape is the slow one), the sizes between once. Inside
-        `background_load`, paced and from a thread of lower priority (see `BackgroundLoad`)."""
+        `background_load`, paced (idle by `sleep`, runs timed by `clock`) and from a thread of lower
+        priority (see `BackgroundLoad`)."""
         settings = loading_settings()
         if settings is None or settings.nice <= 0:
-            return self._warm_up(max_batch, runs, settings)
+            return self._warm_up(max_batch, runs, settings, clock, sleep)
         out: dict[int, float] = {}
         failed: list[BaseException] = []
 
         def warm() -> None:
             _raise_niceness(settings.nice)
             try:
-                out.update(self._warm_up(max_batch, runs, settings))
+                out.update(self._warm_up(max_batch, runs, settings, clock, sleep))
             except BaseException as exc:  # handed to the caller's thread
                 failed.append(exc)
 
@@ -345,7 +353,14 @@ class Engine:
             raise failed[0]
         return out
 
-    def _warm_up(self, max_batch: int | None, runs: int, settings: BackgroundLoad | None) -> dict[int, float]:
+    def _warm_up(
+        self,
+        max_batch: int | None,
+        runs: int,
+        settings: BackgroundLoad | None,
+        clock: Callable[[], float],
+        sleep: Callable[[float], None],
+    ) -> dict[int, float]:
         pace = settings.pace if settings is not None else 0.0
         top = max_batch or self.max_batch_size
         if settings is not None and not settings.every_size and self.provider == CPU:
@@ -359,16 +374,17 @@ class Engine:
             k = runs if n in (1, top) else 1
             took = 0.0
             for _ in range(k):
-                start = time.perf_counter()
+                start = clock()
                 self.run(batch)
-                took += time.perf_counter() - start
-                _idle(pace * (time.perf_counter() - start))
+                end = clock()
+                took += end - start
+                _idle(pace * (end - start), sleep)
             self.warmup_ms[n] = took * 1000 / k
             if self.lane_session is not None:
                 for _ in range(k):
-                    start = time.perf_counter()
+                    start = clock()
                     self.run(batch, lane=True)
-                    _idle(pace * (time.perf_counter() - start))
+                    _idle(pace * (clock() - start), sleep)
         self.executions = 0
         return dict(self.warmup_ms)
 
@@ -423,9 +439,9 @@ class Engine:
         }
 
 
-def _idle(seconds: float) -> None:
+def _idle(seconds: float, sleep: Callable[[float], None]) -> None:
     if seconds > 0:
-        time.sleep(seconds)
+        sleep(seconds)
 
 
 def _raise_niceness(nice: int) -> None:
