@@ -32,6 +32,7 @@ from edgeinfer.runtime.models import (
 from edgeinfer.runtime.server import InferenceServer
 from edgeinfer.runtime.updates import store_pointer
 from edgeinfer.transport import MemoryBus
+from tests.helpers.clock import FakeClock
 from tests.helpers.images import solid_jpeg
 from tests.helpers.tiny_store import write_tiny_store
 from tests.helpers.wait import eventually
@@ -609,3 +610,29 @@ def test_a_preload_builds_as_at_start(stores: dict[str, Path], two_engines: dict
     finally:
         repo.stop()
     assert seen == [None]
+
+
+def test_a_sources_frame_marks_its_model_used_and_asks_an_unloaded_one_to_load(
+    stores: dict[str, Path], two_engines: dict[str, Engine]
+) -> None:
+    """A model only a camera keeps busy is not the least recently used one, and one evicted is loaded
+    again by the camera's frames (before, a frame only leased a model already loaded)."""
+    clock = FakeClock()
+    slots = [
+        ModelSlot(ModelSource("alpha", str(stores["alpha"])), two_engines["alpha"]),
+        ModelSlot(ModelSource("beta", str(stores["beta"]))),
+    ]
+    repo = ModelRepository(slots, build=lambda slot: two_engines["beta"], clock=clock)
+    repo.start(RepositoryHooks())
+    try:
+        alpha, beta = slots
+        clock.advance(5)
+        assert repo.lease_for_frame(alpha)
+        assert alpha.last_used == clock()
+        repo.release(alpha)
+        assert not repo.lease_for_frame(beta)  # not loaded: the frame is dropped, its load asked for
+        eventually(lambda: beta.engine is not None, what="beta loaded for the camera")
+        assert repo.lease_for_frame(beta)
+        repo.release(beta)
+    finally:
+        repo.stop()

@@ -266,6 +266,22 @@ class ModelRepository:
                 slot.source.folder = folder
             return False
 
+    def lease_for_frame(self, slot: ModelSlot) -> bool:
+        """A lease on `slot` for a source's frame when it is loaded (True: `release` it), marking it used
+        as a request does, so that eviction sees a model only a camera keeps busy. When it is not
+        loaded, its load is asked for (not again within the retry time of a failed one) and False: the
+        frame is dropped, and the source's next frames are served once it is loaded."""
+        with self._cond:
+            now = self.clock()
+            slot.last_used = now
+            if slot.engine is not None and slot.loading_since is None:
+                slot.leases += 1
+                return True
+            if slot.load_error is not None and now - slot.load_error[0] < RETRY_S:
+                return False
+        self.load(slot)
+        return False
+
     def mark_failed(self, slot: ModelSlot, error: str) -> list[Queued[Job]]:
         """`slot`'s model loaded but its start failed: it is not left loaded with no engine thread to
         run its batches. Until its retry time has passed its requests are refused as a load that

@@ -683,7 +683,7 @@ class InferenceServer:
                 req, image, geometry, reply, path, source=source, on_done=on_done
             )
         slot = self.models.get(model or None)
-        if slot is None or not self.models.lease_loaded(slot):
+        if slot is None or not self.models.lease_for_frame(slot):
             return False
         req = Request(
             id=frame_id,
@@ -735,8 +735,7 @@ class InferenceServer:
             return False
         leased = []
         for slot in (path.classifier, path.detector):
-            if not self.models.lease_loaded(slot):
-                self.models.load(slot)
+            if not self.models.lease_for_frame(slot):
                 break
             leased.append(slot)
         queued = False
